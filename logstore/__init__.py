@@ -1,0 +1,82 @@
+"""logstore: durable, append-only, per-conversation logs on the local filesystem.
+
+The public surface is what this module exports; everything in underscored or
+unlisted modules is private. See ``FORMAT.md`` beside this file for the
+on-disk format.
+"""
+
+from __future__ import annotations
+
+from .errors import (
+    BatchTooLarge,
+    ConversationFull,
+    Corrupted,
+    EmptyBatch,
+    InvalidConversationId,
+    InvalidCursor,
+    InvalidPayload,
+    Io,
+    PayloadTooLarge,
+    StoreError,
+    Timeout,
+    Unavailable,
+)
+from .filestore import FileStore, open_store
+from .ids import ConversationId, SiteName
+from .limits import (
+    MAX_BATCH_BYTES,
+    MAX_BATCH_ITEMS,
+    MAX_CONVERSATION_ITEMS,
+    MAX_ID_LENGTH,
+    MAX_ITEM_BYTES,
+    MAX_READ_ITEMS,
+    MIN_ID_LENGTH,
+)
+from .model import (
+    ConversationListing,
+    ConversationSummary,
+    ListCursor,
+    ListSelector,
+    MemoryItem,
+    Range,
+    ReadSelector,
+    SeqRange,
+    Tail,
+)
+from .store import MemoryStore
+
+__all__ = [
+    "MAX_BATCH_BYTES",
+    "MAX_BATCH_ITEMS",
+    "MAX_CONVERSATION_ITEMS",
+    "MAX_ID_LENGTH",
+    "MAX_ITEM_BYTES",
+    "MAX_READ_ITEMS",
+    "MIN_ID_LENGTH",
+    "BatchTooLarge",
+    "ConversationFull",
+    "ConversationId",
+    "ConversationListing",
+    "ConversationSummary",
+    "Corrupted",
+    "EmptyBatch",
+    "FileStore",
+    "InvalidConversationId",
+    "InvalidCursor",
+    "InvalidPayload",
+    "Io",
+    "ListCursor",
+    "ListSelector",
+    "MemoryItem",
+    "MemoryStore",
+    "PayloadTooLarge",
+    "Range",
+    "ReadSelector",
+    "SeqRange",
+    "SiteName",
+    "StoreError",
+    "Tail",
+    "Timeout",
+    "Unavailable",
+    "open_store",
+]

@@ -1,0 +1,77 @@
+"""Payload encoding: compact JSON, measured and checked against the limits.
+
+An item's size is the length in bytes of its compact UTF-8 JSON encoding (no
+insignificant whitespace, non-ASCII characters as UTF-8, not ``\\u`` escapes).
+A batch is stored as one JSON array of those encodings, so the bytes on disk
+are exactly the items' encodings plus brackets and commas.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from .errors import BatchTooLarge, EmptyBatch, InvalidPayload, PayloadTooLarge
+from .limits import MAX_BATCH_BYTES, MAX_BATCH_ITEMS, MAX_ITEM_BYTES
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(type=list[dict[str, Any]])
+
+
+def _has_non_finite(value: object) -> bool:
+    """True when a float NaN/Infinity hides in ``value`` (JSON cannot hold them)."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, float):
+            if not math.isfinite(v):
+                return True
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+    return False
+
+
+def encode_batch(payloads: Sequence[Mapping[str, Any]]) -> tuple[bytes, int]:
+    """Encode a batch for storage; return ``(json_array_bytes, item_count)``.
+
+    Checks, in this order, so the most specific error wins: the batch is not
+    empty and holds at most ``MAX_BATCH_ITEMS``; every item is a JSON object
+    of at most ``MAX_ITEM_BYTES``; the items add up to at most
+    ``MAX_BATCH_BYTES``. Raises before anything is written.
+    """
+    n = len(payloads)
+    if n == 0:
+        raise EmptyBatch()
+    if n > MAX_BATCH_ITEMS:
+        raise BatchTooLarge(MAX_BATCH_ITEMS, n, unit="items")
+    parts: list[bytes] = []
+    total = 0
+    for i, item in enumerate(payloads):
+        if not isinstance(item, Mapping):
+            raise InvalidPayload(i, f"an item must be a JSON object, not {type(item).__name__}")
+        try:
+            enc = _encoder.encode(item)
+        except (TypeError, UnicodeEncodeError, OverflowError, ValueError) as exc:
+            raise InvalidPayload(i, f"not encodable as JSON: {exc}") from exc
+        if b"NaN" in enc or b"nfinity" in enc or b"null" in enc:
+            # msgspec writes non-finite floats as null; refuse rather than alter data.
+            if _has_non_finite(item):
+                raise InvalidPayload(i, "NaN and Infinity are not JSON numbers")
+        size = len(enc)
+        if size > MAX_ITEM_BYTES:
+            raise PayloadTooLarge(MAX_ITEM_BYTES, size, index=i)
+        total += size
+        parts.append(enc)
+    if total > MAX_BATCH_BYTES:
+        raise BatchTooLarge(MAX_BATCH_BYTES, total)
+    return b"[" + b",".join(parts) + b"]", n
+
+
+def decode_batch(body: bytes | memoryview) -> list[dict[str, Any]]:
+    """Decode a stored batch body back to its items (raises msgspec.DecodeError)."""
+    return _decoder.decode(body)

@@ -1,0 +1,194 @@
+"""The error taxonomy of the store.
+
+Every failure the store reports is a :class:`StoreError`. Each subclass has one
+precise meaning and says whether retrying the same call can succeed
+(``retryable``). Client faults are permanent; I/O and contention are retryable;
+corruption is permanent and carries the file and absolute byte offset of the
+damaged record.
+
+The base is deliberately not called ``MemoryError``: that name belongs to
+Python's builtin.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+ConversationIdReason = Literal["TooShort", "TooLong", "InvalidCharacters"]
+
+
+class StoreError(Exception):
+    """Base class of every error raised by :mod:`logstore`."""
+
+    #: The spec's error code, e.g. ``"PayloadTooLarge"``.
+    code: ClassVar[str] = "StoreError"
+    #: True when the same call may succeed later (I/O, contention).
+    retryable: ClassVar[bool] = False
+
+    def details(self) -> dict[str, object]:
+        """Machine-readable details of this error (no message text)."""
+        return {}
+
+
+class InvalidConversationId(StoreError):
+    """A conversation id (or site name) breaks the id rules.
+
+    ``reason`` is one of ``TooShort``, ``TooLong``, ``InvalidCharacters``.
+    """
+
+    code = "InvalidConversationId"
+
+    def __init__(self, reason: ConversationIdReason, value: str, what: str = "conversation id") -> None:
+        self.reason: ConversationIdReason = reason
+        self.value = value
+        self.what = what
+        rules = {
+            "TooShort": "is shorter than 8 characters",
+            "TooLong": "is longer than 64 characters",
+            "InvalidCharacters": "contains characters outside [A-Za-z0-9_-]",
+        }
+        super().__init__(f"{what} {rules[reason]} (length {len(value)})")
+
+    def details(self) -> dict[str, object]:
+        return {"reason": self.reason}
+
+
+class EmptyBatch(StoreError):
+    """An append carried no items."""
+
+    code = "EmptyBatch"
+
+    def __init__(self) -> None:
+        super().__init__("an append batch must hold at least one item")
+
+
+class _SizeError(StoreError):
+    """A limit was exceeded; carries ``limit`` and ``actual``."""
+
+    unit: ClassVar[str] = "bytes"
+
+    def __init__(self, limit: int, actual: int, index: int | None = None) -> None:
+        self.limit = limit
+        self.actual = actual
+        self.index = index
+        super().__init__(self._message())
+
+    def _message(self) -> str:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def details(self) -> dict[str, object]:
+        out: dict[str, object] = {"limit": self.limit, "actual": self.actual}
+        if self.index is not None:
+            out["index"] = self.index
+        return out
+
+
+class PayloadTooLarge(_SizeError):
+    """One item's compact JSON encoding exceeds the per-item limit."""
+
+    code = "PayloadTooLarge"
+
+    def _message(self) -> str:
+        return f"item {self.index} is {self.actual} bytes as compact JSON; the limit per item is {self.limit} bytes"
+
+
+class BatchTooLarge(_SizeError):
+    """A batch exceeds the per-batch byte limit or item-count limit."""
+
+    code = "BatchTooLarge"
+
+    def __init__(self, limit: int, actual: int, unit: str = "bytes") -> None:
+        self.unit_name = unit
+        super().__init__(limit, actual)
+
+    def _message(self) -> str:
+        return f"the batch holds {self.actual} {self.unit_name}; the limit per batch is {self.limit} {self.unit_name}"
+
+    def details(self) -> dict[str, object]:
+        return {**super().details(), "unit": self.unit_name}
+
+
+class ConversationFull(_SizeError):
+    """The batch would take the conversation past its item limit."""
+
+    code = "ConversationFull"
+
+    def _message(self) -> str:
+        return f"the conversation would hold {self.actual} items; the limit per conversation is {self.limit} items"
+
+
+class InvalidPayload(StoreError):
+    """An item is not a JSON object that can be stored verbatim."""
+
+    code = "InvalidPayload"
+
+    def __init__(self, index: int, why: str) -> None:
+        self.index = index
+        self.why = why
+        super().__init__(f"item {index} cannot be stored: {why}")
+
+    def details(self) -> dict[str, object]:
+        return {"index": self.index}
+
+
+class InvalidCursor(StoreError):
+    """A listing cursor is malformed or belongs to another site."""
+
+    code = "InvalidCursor"
+
+    def __init__(self, why: str = "the cursor is not one this listing issued") -> None:
+        super().__init__(why)
+
+
+class Unavailable(StoreError):
+    """The store cannot serve right now (closed, or its directory is unusable)."""
+
+    code = "Unavailable"
+    retryable = True
+
+
+class Timeout(StoreError):
+    """Waiting for a conversation's lock took longer than the configured timeout."""
+
+    code = "Timeout"
+    retryable = True
+
+    def __init__(self, waited: float) -> None:
+        self.waited = waited
+        super().__init__(f"gave up waiting for the conversation lock after {waited:.3f}s; nothing was written")
+
+    def details(self) -> dict[str, object]:
+        return {"waited_seconds": round(self.waited, 3)}
+
+
+class Io(StoreError):
+    """An operating-system I/O call failed; nothing was acknowledged."""
+
+    code = "Io"
+    retryable = True
+
+    def __init__(self, message: str, errno: int | None = None) -> None:
+        self.errno = errno
+        super().__init__(message)
+
+    def details(self) -> dict[str, object]:
+        return {"errno": self.errno} if self.errno is not None else {}
+
+
+class Corrupted(StoreError):
+    """Acknowledged data failed verification.
+
+    ``file`` is the path of the damaged file and ``offset`` the absolute byte
+    offset of the damaged record within it.
+    """
+
+    code = "Corrupted"
+
+    def __init__(self, file: str, offset: int, why: str) -> None:
+        self.file = file
+        self.offset = offset
+        self.why = why
+        super().__init__(f"{file} is corrupted at byte offset {offset}: {why}")
+
+    def details(self) -> dict[str, object]:
+        return {"file": self.file, "offset": self.offset}

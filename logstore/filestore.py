@@ -1,0 +1,308 @@
+"""The file-based store: a data directory of sites, conversations and manifests."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from . import fileio, layout
+from .codec import encode_batch
+from .conversation import Conversation, Options, Tip
+from .errors import Io, StoreError, Timeout, Unavailable
+from .ids import ConversationId, SiteName
+from .manifest import SiteManifest
+from .model import (
+    ConversationListing,
+    ConversationSummary,
+    ListCursor,
+    ListSelector,
+    MemoryItem,
+    Range,
+    ReadSelector,
+    SeqRange,
+    Tail,
+)
+from .store import MemoryStore
+from .timefmt import format_us, parse_rfc3339
+
+FORMAT_NAME = "convmem-logstore"
+FORMAT_VERSION = 1
+
+
+def _io(exc: OSError, what: str) -> Io:
+    return Io(f"{what}: {os.strerror(exc.errno) if exc.errno else exc}", exc.errno)
+
+
+class FileStore(MemoryStore):
+    """A :class:`MemoryStore` on a local data directory.
+
+    Safe for many threads, and for several processes sharing one directory.
+    At most ``max_open`` conversations keep descriptors open (three each);
+    the least recently used are closed beyond that.
+    """
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        *,
+        lock_timeout: float = 5.0,
+        segment_bytes: int = 16 * 1024 * 1024,
+        index_interval: int = 4096,
+        max_open: int = 256,
+    ) -> None:
+        self.root = os.path.abspath(os.fspath(data_dir))
+        self.options = Options(lock_timeout=lock_timeout, segment_bytes=segment_bytes, index_interval=index_interval)
+        self._max_open = max_open
+        self._lock = threading.Lock()
+        self._convs: OrderedDict[tuple[str, str], Conversation] = OrderedDict()
+        self._manifests: dict[str, SiteManifest] = {}
+        self._closed = False
+        try:
+            self._init_dir()
+        except OSError as exc:
+            raise Unavailable(f"data directory {self.root} is not usable: {exc}") from exc
+
+    def _init_dir(self) -> None:
+        marker = os.path.join(self.root, layout.MARKER_FILE)
+        try:
+            with open(marker, "rb") as f:
+                info = msgspec.json.decode(f.read())
+        except FileNotFoundError:
+            fileio.makedirs_durable(os.path.join(self.root, layout.SITES_DIR))
+            fileio.write_file_atomic(
+                marker, msgspec.json.encode({"format": FORMAT_NAME, "version": FORMAT_VERSION}) + b"\n"
+            )
+            return
+        except msgspec.DecodeError as exc:
+            raise Unavailable(f"{marker} is not a logstore marker file") from exc
+        if not isinstance(info, dict) or info.get("format") != FORMAT_NAME or info.get("version") != FORMAT_VERSION:
+            raise Unavailable(f"{self.root} holds an unknown format {info!r}; expected {FORMAT_NAME} v{FORMAT_VERSION}")
+        fileio.makedirs_durable(os.path.join(self.root, layout.SITES_DIR))
+
+    # ------------------------------------------------------------ plumbing
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise Unavailable("the store is closed")
+
+    def _manifest(self, site: str) -> SiteManifest:
+        with self._lock:
+            m = self._manifests.get(site)
+            if m is None:
+                m = SiteManifest(
+                    layout.site_dir(self.root, site),
+                    probe=lambda conv, _s=site: self._probe(_s, conv),
+                    walk=lambda _s=site: self._walk(_s),
+                    lock_timeout=self.options.lock_timeout,
+                )
+                self._manifests[site] = m
+            return m
+
+    def _conversation(self, site: str, conversation_id: str) -> Conversation:
+        key = (site, conversation_id)
+        with self._lock:
+            conv = self._convs.get(key)
+            if conv is not None and not conv.closed:
+                self._convs.move_to_end(key)
+                return conv
+            manifest = self._manifests.get(site)
+        if manifest is None:
+            manifest = self._manifest(site)
+        with self._lock:
+            conv = self._convs.get(key)
+            if conv is None or conv.closed:
+                conv = Conversation(
+                    layout.conversation_dir(self.root, site, conversation_id), conversation_id, self.options, manifest
+                )
+                self._convs[key] = conv
+            self._convs.move_to_end(key)
+            self._evict_locked()
+            return conv
+
+    def _evict_locked(self) -> None:
+        excess = len(self._convs) - self._max_open
+        if excess <= 0:
+            return
+        for key in list(self._convs)[: excess * 2]:
+            if excess <= 0:
+                break
+            conv = self._convs[key]
+            if conv.mutex.acquire(blocking=False):
+                try:
+                    conv.close()
+                finally:
+                    conv.mutex.release()
+                del self._convs[key]
+                excess -= 1
+
+    def _acquire(self, site: str, conversation_id: str, deadline: float, started: float) -> Conversation:
+        """The conversation object, with its mutex held."""
+        while True:
+            conv = self._conversation(site, conversation_id)
+            if not conv.mutex.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
+                raise Timeout(time.monotonic() - started)
+            if not conv.closed:
+                return conv
+            conv.mutex.release()
+
+    def _probe(self, site: str, conversation_id: str) -> Tip | None:
+        """The conversation's true extent, from its segments."""
+        if not os.path.isdir(layout.conversation_dir(self.root, site, conversation_id)):
+            return None
+        started = time.monotonic()
+        conv = self._acquire(site, conversation_id, started + self.options.lock_timeout, started)
+        try:
+            return conv.tip()
+        finally:
+            conv.mutex.release()
+
+    def _walk(self, site: str) -> Iterator[str]:
+        """Every conversation id of ``site`` with at least one segment file."""
+        base = os.path.join(layout.site_dir(self.root, site), layout.CONVERSATIONS_DIR)
+        for a in sorted(_listdir(base)):
+            for b in sorted(_listdir(os.path.join(base, a))):
+                for name in sorted(_listdir(os.path.join(base, a, b))):
+                    conv = layout.decode_name(name)
+                    files = _listdir(os.path.join(base, a, b, name))
+                    if conv is not None and any(layout.parse_segment_name(f) is not None for f in files):
+                        yield conv
+
+    # ---------------------------------------------------------------- API
+
+    def append(self, site: str, conversation_id: str, payloads: Sequence[Mapping[str, Any]]) -> SeqRange:
+        self._check_open()
+        site = SiteName(site)
+        conversation_id = ConversationId(conversation_id)
+        body, count = encode_batch(payloads)
+        started = time.monotonic()
+        deadline = started + self.options.lock_timeout
+        try:
+            conv = self._acquire(site, conversation_id, deadline, started)
+            try:
+                first, last, _stamp = conv.append(body, count, deadline, started)
+            finally:
+                conv.mutex.release()
+        except StoreError:
+            raise
+        except OSError as exc:
+            raise _io(exc, "append failed") from exc
+        return SeqRange(first, last)
+
+    def read(self, site: str, conversation_id: str, selector: ReadSelector) -> list[MemoryItem]:
+        self._check_open()
+        site = SiteName(site)
+        conversation_id = ConversationId(conversation_id)
+        if isinstance(selector, Tail):
+            start, limit = None, selector.count
+        elif isinstance(selector, Range):
+            start, limit = selector.start, selector.limit
+        else:
+            raise TypeError(f"selector must be Tail or Range, not {type(selector).__name__}")
+        try:
+            if not os.path.isdir(layout.conversation_dir(self.root, site, conversation_id)):
+                return []
+            started = time.monotonic()
+            conv = self._acquire(site, conversation_id, started + self.options.lock_timeout, started)
+            try:
+                return conv.read(start, limit)
+            finally:
+                conv.mutex.release()
+        except StoreError:
+            raise
+        except OSError as exc:
+            raise _io(exc, "read failed") from exc
+
+    def list_conversations(self, site: str, selector: ListSelector) -> ConversationListing:
+        self._check_open()
+        site = SiteName(site)
+        after = None
+        if selector.cursor is not None:
+            after = (parse_rfc3339(selector.cursor.last_appended_at), selector.cursor.conversation_id)
+        if not os.path.isdir(layout.site_dir(self.root, site)):
+            return ConversationListing([], None)
+        try:
+            entries, more = self._manifest(site).page(after, selector.limit)
+        except StoreError:
+            raise
+        except OSError as exc:
+            raise _io(exc, "listing failed") from exc
+        summaries = [
+            ConversationSummary(e.conversation_id, format_us(e.created_us), format_us(e.last_us)) for e in entries
+        ]
+        nxt = None
+        if more and summaries:
+            nxt = ListCursor(summaries[-1].last_appended_at, summaries[-1].conversation_id)
+        return ConversationListing(summaries, nxt)
+
+    def sites(self) -> list[str]:
+        self._check_open()
+        names = (layout.decode_name(n) for n in _listdir(os.path.join(self.root, layout.SITES_DIR)))
+        return sorted(n for n in names if n is not None)
+
+    def drop_site(self, site: str) -> None:
+        self._check_open()
+        site = SiteName(site)
+        path = layout.site_dir(self.root, site)
+        with self._lock:
+            for key in [k for k in self._convs if k[0] == site]:
+                conv = self._convs.pop(key)
+                with conv.mutex:
+                    conv.close()
+            m = self._manifests.pop(site, None)
+        if m is not None:
+            m.close()
+        if not os.path.isdir(path):
+            return
+        trash = os.path.join(self.root, layout.SITES_DIR, f".dropped-{os.getpid()}-{time.time_ns()}")
+        try:
+            os.rename(path, trash)
+            fileio.fsync_dir(os.path.dirname(path))
+            shutil.rmtree(trash)
+        except OSError as exc:
+            raise _io(exc, f"dropping site {site} failed") from exc
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            convs = list(self._convs.values())
+            self._convs.clear()
+            manifests = list(self._manifests.values())
+            self._manifests.clear()
+        for conv in convs:
+            with conv.mutex:
+                conv.close()
+        for m in manifests:
+            m.close()
+
+    # ------------------------------------------------------- maintenance
+
+    def rebuild_manifest(self, site: str) -> None:
+        """Re-derive a site's listing from its conversations (what fsck --repair uses)."""
+        self._check_open()
+        self._manifest(SiteName(site)).rebuild()
+
+
+def open_store(data_dir: str | os.PathLike[str], **options: Any) -> FileStore:
+    """Open (creating if needed) the file store at ``data_dir``."""
+    return FileStore(data_dir, **options)
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except FileNotFoundError:
+        return []
+    except NotADirectoryError:
+        return []
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            return []
+        raise

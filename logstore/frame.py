@@ -1,0 +1,153 @@
+"""Byte layout of segment files: the file header and the framed records.
+
+See FORMAT.md for the prose version. All integers are little-endian.
+
+Segment header (40 bytes)::
+
+    0   8  magic  b"CVMSEG\\x00\\x01"
+    8   4  u32    format version (1)
+    12  4  u32    header length (40)
+    16  8  u64    base seq (seq of the first item the segment holds)
+    24  8  u64    salt (random per segment; seeds every record checksum)
+    32  8  u64    xxh3_64 of bytes 0..32, seed 0
+
+Record (32-byte header, body, 16-byte trailer)::
+
+    0   8  u64    checksum: xxh3_64 of bytes 8..32+body_len, seed = salt
+    8   4  u32    body_len
+    12  2  u16    count (items in the batch; 0 for a seal)
+    14  2  u16    kind (1 batch, 2 seal)
+    16  8  u64    first_seq
+    24  8  i64    recorded_at, microseconds since the Unix epoch, UTC
+    32  n  body   a batch: the items as one compact JSON array; a seal: empty
+    32+n 8 u64    checksum again
+    40+n 4 u32    body_len again
+    44+n 4 bytes  b"CVMT"
+
+The checksum covers the length and header fields, and is seeded with the
+segment's salt, so zeros, stale bytes and records copied from another segment
+never validate. The trailer lets recovery tell a record that was written whole
+and later damaged (trailer intact at the end of the file) from a torn write.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import NamedTuple
+
+import xxhash
+
+from .limits import MAX_BATCH_BYTES, MAX_BATCH_ITEMS
+
+SEGMENT_MAGIC = b"CVMSEG\x00\x01"
+FORMAT_VERSION = 1
+SEGMENT_HEADER = struct.Struct("<8sIIQQQ")
+SEGMENT_HEADER_SIZE = SEGMENT_HEADER.size  # 40
+
+RECORD_HEADER = struct.Struct("<QIHHQq")
+RECORD_HEADER_SIZE = RECORD_HEADER.size  # 32
+TRAILER = struct.Struct("<QI4s")
+TRAILER_SIZE = TRAILER.size  # 16
+TRAILER_MAGIC = b"CVMT"
+RECORD_OVERHEAD = RECORD_HEADER_SIZE + TRAILER_SIZE
+
+KIND_BATCH = 1
+KIND_SEAL = 2
+
+#: Largest body a valid record can have: a full batch as a JSON array.
+MAX_BODY = MAX_BATCH_BYTES + MAX_BATCH_ITEMS + 2
+
+_xxh3 = xxhash.xxh3_64_intdigest
+
+
+class SegmentHeader(NamedTuple):
+    base_seq: int
+    salt: int
+
+
+class RecordHeader(NamedTuple):
+    checksum: int
+    body_len: int
+    count: int
+    kind: int
+    first_seq: int
+    recorded_at_us: int
+
+    @property
+    def size(self) -> int:
+        """Total bytes the record occupies on disk."""
+        return RECORD_OVERHEAD + self.body_len
+
+    @property
+    def end_seq(self) -> int:
+        """One past the last seq in the record."""
+        return self.first_seq + self.count
+
+
+def new_salt() -> int:
+    """A random, non-zero 64-bit salt."""
+    while True:
+        salt = int.from_bytes(os.urandom(8), "little")
+        if salt:
+            return salt
+
+
+def encode_segment_header(base_seq: int, salt: int) -> bytes:
+    head = SEGMENT_HEADER.pack(SEGMENT_MAGIC, FORMAT_VERSION, SEGMENT_HEADER_SIZE, base_seq, salt, 0)[:32]
+    return head + _xxh3(head).to_bytes(8, "little")
+
+
+def decode_segment_header(data: bytes) -> SegmentHeader | None:
+    """The header's fields, or None when the bytes are not a valid header."""
+    if len(data) < SEGMENT_HEADER_SIZE:
+        return None
+    magic, version, hlen, base, salt, check = SEGMENT_HEADER.unpack_from(data)
+    if magic != SEGMENT_MAGIC or version != FORMAT_VERSION or hlen != SEGMENT_HEADER_SIZE:
+        return None
+    if _xxh3(bytes(data[:32])) != check:
+        return None
+    return SegmentHeader(base, salt)
+
+
+def encode_record(salt: int, kind: int, first_seq: int, count: int, recorded_at_us: int, body: bytes) -> bytes:
+    """Frame one record (header, body, trailer) ready to be written."""
+    n = len(body)
+    buf = bytearray(RECORD_OVERHEAD + n)
+    RECORD_HEADER.pack_into(buf, 0, 0, n, count, kind, first_seq, recorded_at_us)
+    buf[RECORD_HEADER_SIZE : RECORD_HEADER_SIZE + n] = body
+    checksum = _xxh3(memoryview(buf)[8 : RECORD_HEADER_SIZE + n], salt)
+    struct.pack_into("<Q", buf, 0, checksum)
+    TRAILER.pack_into(buf, RECORD_HEADER_SIZE + n, checksum, n, TRAILER_MAGIC)
+    return bytes(buf)
+
+
+def decode_record_header(data: bytes | memoryview, pos: int = 0) -> RecordHeader:
+    """Unpack a record header (no validation; see :func:`plausible`)."""
+    return RecordHeader(*RECORD_HEADER.unpack_from(data, pos))
+
+
+def plausible(h: RecordHeader) -> bool:
+    """Cheap sanity check of header fields before trusting body_len."""
+    if h.kind == KIND_BATCH:
+        return 1 <= h.count <= MAX_BATCH_ITEMS and 2 <= h.body_len <= MAX_BODY
+    if h.kind == KIND_SEAL:
+        return h.count == 0 and h.body_len == 0
+    return False
+
+
+def checksum_ok(data: bytes | memoryview, pos: int, h: RecordHeader, salt: int) -> bool:
+    """True when the record at ``pos`` of ``data`` (whole record present) validates."""
+    end = pos + RECORD_HEADER_SIZE + h.body_len
+    return _xxh3(memoryview(data)[pos + 8 : end], salt) == h.checksum
+
+
+def trailer_at_end(data: bytes | memoryview, end: int) -> tuple[int, int] | None:
+    """If bytes ``end-16 .. end`` are a record trailer, return (record_start, body_len)."""
+    if end < TRAILER_SIZE:
+        return None
+    _check, body_len, magic = TRAILER.unpack_from(data, end - TRAILER_SIZE)
+    if magic != TRAILER_MAGIC:
+        return None
+    start = end - RECORD_OVERHEAD - body_len
+    return (start, body_len) if start >= 0 else None

@@ -1,0 +1,70 @@
+"""Where things live in a data directory.
+
+Names on disk are the lowercase hex of the UTF-8 id, so ids that differ only
+in case stay distinct on case-insensitive filesystems. Conversations fan out
+over two levels of 256 directories keyed by a hash of the id, so a million
+conversations put about fifteen entries in each leaf directory.
+
+    DATA/logstore.json                       format marker
+    DATA/sites/<site-hex>/manifest.lock
+    DATA/sites/<site-hex>/manifest-<epoch>.snap
+    DATA/sites/<site-hex>/manifest-<epoch>.log
+    DATA/sites/<site-hex>/c/<aa>/<bb>/<conversation-hex>/lock
+    DATA/sites/<site-hex>/c/<aa>/<bb>/<conversation-hex>/<base-seq:020d>.seg
+    DATA/sites/<site-hex>/c/<aa>/<bb>/<conversation-hex>/<base-seq:020d>.idx
+"""
+
+from __future__ import annotations
+
+import os
+
+import xxhash
+
+MARKER_FILE = "logstore.json"
+SITES_DIR = "sites"
+CONVERSATIONS_DIR = "c"
+SEGMENT_SUFFIX = ".seg"
+INDEX_SUFFIX = ".idx"
+LOCK_FILE = "lock"
+
+
+def encode_name(ident: str) -> str:
+    """The on-disk directory name of a site or conversation id."""
+    return ident.encode("ascii").hex()
+
+
+def decode_name(name: str) -> str | None:
+    """Invert :func:`encode_name`; None when ``name`` is not one of ours."""
+    try:
+        return bytes.fromhex(name).decode("ascii") if name == name.lower() else None
+    except ValueError:
+        return None
+
+
+def site_dir(root: str, site: str) -> str:
+    return os.path.join(root, SITES_DIR, encode_name(site))
+
+
+def fanout(conversation_id: str) -> tuple[str, str]:
+    h = xxhash.xxh64_hexdigest(conversation_id.encode("ascii"))
+    return h[:2], h[2:4]
+
+
+def conversation_dir(root: str, site: str, conversation_id: str) -> str:
+    a, b = fanout(conversation_id)
+    return os.path.join(site_dir(root, site), CONVERSATIONS_DIR, a, b, encode_name(conversation_id))
+
+
+def segment_name(base_seq: int) -> str:
+    return f"{base_seq:020d}{SEGMENT_SUFFIX}"
+
+
+def index_name(base_seq: int) -> str:
+    return f"{base_seq:020d}{INDEX_SUFFIX}"
+
+
+def parse_segment_name(name: str) -> int | None:
+    """The base seq of a segment file name, or None for any other name."""
+    if len(name) == 20 + len(SEGMENT_SUFFIX) and name.endswith(SEGMENT_SUFFIX) and name[:20].isdigit():
+        return int(name[:20])
+    return None

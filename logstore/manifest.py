@@ -1,0 +1,473 @@
+"""The site manifest: which conversations a site holds, for listings.
+
+It is derived data, rebuilt from the segments whenever missing or damaged.
+On disk it is a snapshot plus an append-only activity log (FORMAT.md):
+
+* before a batch is written, its conversation logs an *intent* (synced for a
+  conversation's first batch, so a new conversation can never be lost from
+  the listing, even by a power cut);
+* after the batch is durable, a *commit* with the conversation's new extent;
+* an intent that is never followed by a commit (its writer crashed) is
+  *resolved* later by probing the conversation itself.
+
+Entries merge monotonically: a record only ever moves a conversation forward
+(larger ``next_seq``), so records may be applied twice or late without harm.
+In memory the committed entries are kept in a sorted list keyed by
+``(-last_appended_at, conversation_id)``; a page costs a bisection plus what
+it returns.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import msgspec
+import portalocker
+import xxhash
+from sortedcontainers import SortedList
+
+from . import fileio
+from .conversation import ManifestHook, Tip
+from .errors import Timeout
+
+LOG_MAGIC = b"CVMMLOG\x01"
+SNAP_MAGIC = b"CVMMSNP\x01"
+LOG_HEADER = struct.Struct("<8sQQQ")  # magic, epoch, salt, xxh3(first 24 bytes)
+SNAP_HEADER = struct.Struct("<8sQQQQQ")  # magic, epoch, complete, body_len, xxh3(body), xxh3(first 40)
+REC_MAGIC = b"\xc7\x4d"
+REC_HEADER = struct.Struct("<2sHIQ")  # magic, reserved, body_len, xxh3(body_len bytes + body, seed=salt)
+
+INTENT, COMMIT, RESOLVE = 1, 2, 3
+LOCK_FILE = "manifest.lock"
+_enc = msgspec.msgpack.Encoder()
+_dec = msgspec.msgpack.Decoder()
+
+
+def _epoch_files(site_dir: str) -> dict[int, set[str]]:
+    out: dict[int, set[str]] = {}
+    try:
+        names = os.listdir(site_dir)
+    except FileNotFoundError:
+        return out
+    for name in names:
+        if name.startswith("manifest-") and name.endswith((".snap", ".log")):
+            stem, _, kind = name.partition(".")
+            digits = stem[len("manifest-") :]
+            if digits.isdigit():
+                out.setdefault(int(digits), set()).add(kind)
+    return out
+
+
+def snap_path(site_dir: str, epoch: int) -> str:
+    return os.path.join(site_dir, f"manifest-{epoch:010d}.snap")
+
+
+def log_path(site_dir: str, epoch: int) -> str:
+    return os.path.join(site_dir, f"manifest-{epoch:010d}.log")
+
+
+def encode_log_header(epoch: int, salt: int) -> bytes:
+    head = struct.pack("<8sQQ", LOG_MAGIC, epoch, salt)
+    return head + struct.pack("<Q", xxhash.xxh3_64_intdigest(head))
+
+
+def encode_log_record(salt: int, body: bytes) -> bytes:
+    lenb = struct.pack("<I", len(body))
+    check = xxhash.xxh3_64_intdigest(lenb + body, salt)
+    return REC_HEADER.pack(REC_MAGIC, 0, len(body), check) + body
+
+
+def iter_log_records(data: bytes, salt: int, start: int) -> Iterator[tuple[int, int, list[Any] | None]]:
+    """Yield ``(offset, end, record)`` from ``start``; record None marks skipped damage.
+
+    Stops (without yielding) at a record that runs past the end of ``data``:
+    it may still be being written.
+    """
+    pos = start
+    n = len(data)
+    while pos < n:
+        if pos + REC_HEADER.size > n:
+            return
+        magic, _, blen, check = REC_HEADER.unpack_from(data, pos)
+        end = pos + REC_HEADER.size + blen
+        if magic == REC_MAGIC and end > n and blen < 4096:
+            return
+        ok = magic == REC_MAGIC and end <= n and blen < 4096
+        if ok:
+            body = data[pos + REC_HEADER.size : end]
+            ok = xxhash.xxh3_64_intdigest(data[pos + 4 : pos + 8] + body, salt) == check
+        if ok:
+            try:
+                yield pos, end, _dec.decode(body)
+            except msgspec.DecodeError:
+                yield pos, end, None
+            pos = end
+            continue
+        # Damage: resynchronise on the next record magic.
+        nxt = data.find(REC_MAGIC, pos + 1)
+        if nxt < 0:
+            # Trailing garbage with no record after it: a torn write, or a write in flight.
+            return
+        yield pos, nxt, None
+        pos = nxt
+
+
+class _Entry(msgspec.Struct, array_like=True):
+    conversation_id: str
+    created_us: int
+    last_us: int
+    next_seq: int
+    pending: tuple[int, int, int] | None = None
+
+
+class SiteManifest(ManifestHook):
+    """One site's listing, shared safely by the threads and processes using it.
+
+    ``probe(conversation_id)`` returns the conversation's true extent from its
+    segments (None when it holds nothing); ``walk()`` yields every
+    conversation id that has a directory. Both come from the store.
+    """
+
+    def __init__(
+        self,
+        site_dir: str,
+        probe: Callable[[str], Tip | None],
+        walk: Callable[[], Iterator[str]],
+        lock_timeout: float,
+        compact_bytes: int = 4 * 1024 * 1024,
+    ) -> None:
+        self.site_dir = site_dir
+        self._probe = probe
+        self._walk = walk
+        self._lock_timeout = lock_timeout
+        self._compact_bytes = compact_bytes
+        self._mutex = threading.RLock()
+        self._lock_fd: int | None = None
+        # Writer side.
+        self._wfd: int | None = None
+        self._wepoch = 0
+        self._wsalt = 0
+        self._writes = 0
+        # Reader side (the in-memory listing).
+        self._loaded = False
+        self._repo: dict[str, _Entry] = {}
+        self._order: SortedList = SortedList()
+        self._pending_seen: dict[str, float] = {}
+        self._repoch = 0
+        self._rsalt = 0
+        self._rfd: int | None = None
+        self._roff = 0
+        self._complete = True
+
+    # ------------------------------------------------------------ file lock
+
+    def _flock(self) -> None:
+        if self._lock_fd is None:
+            os.makedirs(self.site_dir, exist_ok=True)
+            self._lock_fd = os.open(os.path.join(self.site_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+        started = time.monotonic()
+        delay = 0.0005
+        while True:
+            try:
+                portalocker.lock(self._lock_fd, portalocker.LOCK_EX | portalocker.LOCK_NB)
+                return
+            except portalocker.AlreadyLocked:
+                waited = time.monotonic() - started
+                if waited > self._lock_timeout:
+                    raise Timeout(waited) from None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.02)
+
+    def _funlock(self) -> None:
+        assert self._lock_fd is not None
+        portalocker.unlock(self._lock_fd)
+
+    def close(self) -> None:
+        with self._mutex:
+            for fd in (self._wfd, self._rfd, self._lock_fd):
+                if fd is not None:
+                    os.close(fd)
+            self._wfd = self._rfd = self._lock_fd = None
+            self._loaded = False
+
+    # --------------------------------------------------------------- epochs
+
+    def _current_epoch_locked(self) -> int:
+        """The current epoch, creating the first one if there is none (EX lock held)."""
+        epochs = _epoch_files(self.site_dir)
+        snaps = [e for e, kinds in epochs.items() if "snap" in kinds]
+        if not snaps:
+            complete = not any(True for _ in self._walk())
+            self._write_epoch(1, [], complete)
+            return 1
+        epoch = max(snaps)
+        if "log" not in epochs[epoch]:
+            self._create_log(epoch)
+        for e in epochs:
+            if e < epoch:
+                for kind in epochs[e]:
+                    path = snap_path(self.site_dir, e) if kind == "snap" else log_path(self.site_dir, e)
+                    try:
+                        os.unlink(path)
+                    except FileNotFoundError:
+                        pass
+        return epoch
+
+    def _write_epoch(self, epoch: int, entries: list[_Entry], complete: bool) -> None:
+        body = _enc.encode(entries)
+        head = struct.pack("<8sQQQQ", SNAP_MAGIC, epoch, int(complete), len(body), xxhash.xxh3_64_intdigest(body))
+        head += struct.pack("<Q", xxhash.xxh3_64_intdigest(head))
+        fileio.makedirs_durable(self.site_dir)
+        fileio.write_file_atomic(snap_path(self.site_dir, epoch), head + body)
+        self._create_log(epoch)
+        fileio.crashpoint("manifest-compact")
+
+    def _create_log(self, epoch: int) -> None:
+        fileio.write_file_atomic(log_path(self.site_dir, epoch), encode_log_header(epoch, _new_salt()))
+
+    def _open_log(self, epoch: int, flags: int) -> tuple[int, int]:
+        fd = os.open(log_path(self.site_dir, epoch), flags)
+        head = os.pread(fd, LOG_HEADER.size, 0)
+        if len(head) < LOG_HEADER.size:
+            os.close(fd)
+            raise _Damaged()
+        magic, e, salt, check = LOG_HEADER.unpack(head)
+        if magic != LOG_MAGIC or e != epoch or xxhash.xxh3_64_intdigest(head[:24]) != check:
+            os.close(fd)
+            raise _Damaged()
+        return fd, salt
+
+    # --------------------------------------------------------------- writes
+
+    def intent(self, conversation_id: str, tip: Tip, *, new: bool) -> None:
+        self._write([INTENT, str(conversation_id), tip.created_us, tip.last_us, tip.next_seq], sync=new)
+
+    def commit(self, conversation_id: str, tip: Tip) -> None:
+        self._write([COMMIT, str(conversation_id), tip.created_us, tip.last_us, tip.next_seq], sync=False)
+
+    def _write(self, record: list[Any], sync: bool) -> None:
+        with self._mutex:
+            self._flock()
+            try:
+                if self._wfd is None or os.fstat(self._wfd).st_nlink == 0:
+                    if self._wfd is not None:
+                        os.close(self._wfd)
+                        self._wfd = None
+                    epoch = self._current_epoch_locked()
+                    try:
+                        self._wfd, self._wsalt = self._open_log(epoch, os.O_RDWR | os.O_APPEND)
+                    except _Damaged:
+                        self._create_log(epoch)
+                        self._wfd, self._wsalt = self._open_log(epoch, os.O_RDWR | os.O_APPEND)
+                    self._wepoch = epoch
+                os.write(self._wfd, encode_log_record(self._wsalt, _enc.encode(record)))
+                if sync:
+                    fileio.fdatasync(self._wfd)
+                self._writes += 1
+                if self._writes % 512 == 0 and os.fstat(self._wfd).st_size > self._compact_bytes:
+                    self._compact_locked()
+            finally:
+                self._funlock()
+
+    # ---------------------------------------------------------------- reads
+
+    def _load(self) -> None:
+        """(Re)load the listing from the current snapshot and log (mutex held)."""
+        self._flock()
+        try:
+            self._load_nolock()
+        finally:
+            self._funlock()
+
+    def _load_nolock(self) -> None:
+        epoch = self._current_epoch_locked()
+        try:
+            entries, complete = _decode_snapshot(_read(snap_path(self.site_dir, epoch)), epoch)
+            rfd, rsalt = self._open_log(epoch, os.O_RDONLY)
+        except _Damaged:
+            # A damaged snapshot or log header: start a fresh epoch and rebuild from the segments.
+            entries, complete = [], False
+            epoch += 1
+            self._write_epoch(epoch, [], False)
+            rfd, rsalt = self._open_log(epoch, os.O_RDONLY)
+            self._current_epoch_locked()
+        if self._rfd is not None:
+            os.close(self._rfd)
+        self._repo = {e.conversation_id: e for e in entries}
+        self._order = SortedList((-e.last_us, e.conversation_id) for e in entries if e.next_seq > 0)
+        self._pending_seen = {e.conversation_id: 0.0 for e in entries if e.pending is not None}
+        self._rfd, self._rsalt, self._repoch, self._roff = rfd, rsalt, epoch, LOG_HEADER.size
+        self._complete = complete
+        self._loaded = True
+
+    def _tail(self) -> None:
+        """Apply log records written since we last looked."""
+        assert self._rfd is not None
+        while True:
+            st = os.fstat(self._rfd)
+            if st.st_size > self._roff:
+                data = os.pread(self._rfd, st.st_size - self._roff, self._roff)
+                for _off, end, rec in iter_log_records(data, self._rsalt, 0):
+                    if rec is not None:
+                        self._apply(rec)
+                    self._roff += end - _off
+            if st.st_nlink > 0:
+                return
+            # Compacted away: everything up to its end is in the next snapshot.
+            try:
+                fd, salt = self._open_log(self._repoch + 1, os.O_RDONLY)
+            except (FileNotFoundError, _Damaged):
+                self._loaded = False
+                return
+            os.close(self._rfd)
+            self._rfd, self._rsalt, self._repoch, self._roff = fd, salt, self._repoch + 1, LOG_HEADER.size
+
+    def _apply(self, rec: list[Any]) -> None:
+        try:
+            kind, conv, created, last, nxt = rec[:5]
+        except (ValueError, TypeError):
+            return
+        e = self._repo.get(conv)
+        if kind == INTENT:
+            if e is None:
+                self._repo[conv] = e = _Entry(conv, 0, 0, 0)
+            if nxt > e.next_seq and (e.pending is None or nxt > e.pending[2]):
+                e.pending = (created, last, nxt)
+                self._pending_seen.setdefault(conv, time.monotonic())
+            return
+        if kind == RESOLVE and e is not None and e.pending is not None and len(rec) > 5 and e.pending[2] == rec[5]:
+            e.pending = None
+            self._pending_seen.pop(conv, None)
+        if nxt <= 0:
+            return
+        if e is None:
+            self._repo[conv] = e = _Entry(conv, created, last, 0)
+        if nxt > e.next_seq:
+            if e.next_seq > 0:
+                self._order.discard((-e.last_us, conv))
+            e.created_us, e.last_us, e.next_seq = created, last, nxt
+            self._order.add((-last, conv))
+        if e.pending is not None and e.pending[2] <= e.next_seq:
+            e.pending = None
+            self._pending_seen.pop(conv, None)
+
+    def _refresh(self) -> None:
+        with self._mutex:
+            if not self._loaded:
+                self._load()
+            self._tail()
+            if not self._loaded:
+                self._load()
+                self._tail()
+            rebuild = not self._complete
+            stale_after = self._lock_timeout + 1.0
+            now = time.monotonic()
+            due = [
+                (c, self._repo[c].pending)
+                for c, seen in self._pending_seen.items()
+                if now - seen > stale_after and self._repo[c].pending is not None
+            ]
+        if rebuild:
+            self.rebuild()
+            return
+        for conv, pending in due:
+            assert pending is not None
+            # Probed without holding the manifest: an appender holds the conversation, then the manifest.
+            tip = self._probe(conv)
+            rec: list[Any] = [RESOLVE, conv, 0, 0, 0, pending[2]]
+            if tip is not None:
+                rec[2:5] = [tip.created_us, tip.last_us, tip.next_seq]
+            self._write(rec, sync=False)
+        if due:
+            with self._mutex:
+                self._tail()
+
+    def rebuild(self) -> None:
+        """Re-derive every entry from the conversations themselves, then compact."""
+        for conv in self._walk():
+            tip = self._probe(conv)
+            if tip is not None:
+                self._write([COMMIT, conv, tip.created_us, tip.last_us, tip.next_seq], sync=False)
+        with self._mutex:
+            self._flock()
+            try:
+                self._loaded = False
+                self._compact_locked(complete=True)
+            finally:
+                self._funlock()
+            self._loaded = False
+            self._load()
+
+    def _compact_locked(self, complete: bool | None = None) -> None:
+        """Write the current state as the next epoch's snapshot (mutex and file lock held)."""
+        if not self._loaded:
+            self._load_nolock()
+        self._tail()
+        if not self._loaded:
+            self._load_nolock()
+            self._tail()
+        if complete is not None:
+            self._complete = complete
+        self._write_epoch(self._repoch + 1, list(self._repo.values()), self._complete)
+        self._current_epoch_locked()
+
+    def page(self, after: tuple[int, str] | None, limit: int) -> tuple[list[_Entry], bool]:
+        """Up to ``limit`` entries after keyset position ``(last_us, id)``; and whether more remain."""
+        self._refresh()
+        with self._mutex:
+            order = self._order
+            i = 0 if after is None else order.bisect_right((-after[0], after[1]))
+            keys = list(order.islice(i, i + limit + 1))
+            more = len(keys) > limit
+            out = []
+            for _neg, conv in keys[:limit]:
+                e = self._repo[conv]
+                out.append(_Entry(conv, e.created_us, e.last_us, e.next_seq))
+            return out, more
+
+    def entries(self) -> list[_Entry]:
+        """Every committed entry (for checks and tools)."""
+        self._refresh()
+        with self._mutex:
+            return [
+                _Entry(e.conversation_id, e.created_us, e.last_us, e.next_seq)
+                for e in self._repo.values()
+                if e.next_seq > 0
+            ]
+
+
+class _Damaged(Exception):
+    pass
+
+
+def _new_salt() -> int:
+    return int.from_bytes(os.urandom(8), "little") | 1
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise _Damaged() from None
+
+
+def _decode_snapshot(data: bytes, epoch: int) -> tuple[list[_Entry], bool]:
+    if len(data) < SNAP_HEADER.size:
+        raise _Damaged()
+    magic, e, complete, blen, bcheck, hcheck = SNAP_HEADER.unpack_from(data)
+    if magic != SNAP_MAGIC or e != epoch or xxhash.xxh3_64_intdigest(data[:40]) != hcheck:
+        raise _Damaged()
+    body = data[SNAP_HEADER.size : SNAP_HEADER.size + blen]
+    if len(body) != blen or xxhash.xxh3_64_intdigest(body) != bcheck:
+        raise _Damaged()
+    try:
+        entries = msgspec.msgpack.decode(body, type=list[_Entry])
+    except msgspec.DecodeError:
+        raise _Damaged() from None
+    return entries, bool(complete)

@@ -1,0 +1,107 @@
+"""Reading and verifying the records of one segment file.
+
+:func:`iter_records` walks records between two offsets and verifies each
+(plausible header, whole record present, checksum). The first record that
+fails raises :class:`BadRecord`; what that means (a torn tail to cut away, or
+damage to acknowledged data) is decided by :func:`classify_failure`, which
+encodes the recovery rule of FORMAT.md.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Literal
+
+from . import frame
+from .frame import RECORD_HEADER_SIZE, RecordHeader
+
+#: Bytes read ahead in one pread while walking records.
+CHUNK = 256 * 1024
+
+
+class BadRecord(Exception):
+    """The record at ``offset`` failed verification."""
+
+    def __init__(self, offset: int, why: str) -> None:
+        super().__init__(f"bad record at byte offset {offset}: {why}")
+        self.offset = offset
+        self.why = why
+
+
+def read_header(fd: int, path: str) -> frame.SegmentHeader | None:
+    data = os.pread(fd, frame.SEGMENT_HEADER_SIZE, 0)
+    return frame.decode_segment_header(data)
+
+
+def iter_records(fd: int, start: int, end: int, salt: int) -> Iterator[tuple[int, RecordHeader, memoryview]]:
+    """Yield ``(offset, header, body)`` for each valid record in ``[start, end)``.
+
+    Raises :class:`BadRecord` at the first record that is not whole and valid.
+    Bodies are views into a read buffer; copy or decode before the next step.
+    """
+    pos = start
+    buf: bytes = b""
+    buf_off = start
+    while pos < end:
+        if pos + RECORD_HEADER_SIZE > end:
+            raise BadRecord(pos, "incomplete record header")
+        if pos + RECORD_HEADER_SIZE > buf_off + len(buf):
+            buf = os.pread(fd, min(max(CHUNK, RECORD_HEADER_SIZE), end - pos), pos)
+            buf_off = pos
+            if len(buf) < RECORD_HEADER_SIZE:
+                raise BadRecord(pos, "file ends inside the record header")
+        h = frame.decode_record_header(buf, pos - buf_off)
+        if not frame.plausible(h):
+            raise BadRecord(pos, "record header fields are out of range")
+        rend = pos + h.size
+        if rend > end:
+            raise BadRecord(pos, f"record length {h.body_len} runs past the end of the data")
+        if rend > buf_off + len(buf):
+            buf = os.pread(fd, max(CHUNK, rend - pos), pos)
+            buf_off = pos
+            if len(buf) < rend - pos:
+                raise BadRecord(pos, "file ends inside the record")
+        rel = pos - buf_off
+        if not frame.checksum_ok(buf, rel, h, salt):
+            raise BadRecord(pos, "checksum mismatch")
+        yield pos, h, memoryview(buf)[rel + RECORD_HEADER_SIZE : rel + RECORD_HEADER_SIZE + h.body_len]
+        pos = rend
+
+
+def _valid_record_at(data: bytes, pos: int, salt: int) -> bool:
+    if pos < 0 or pos + frame.RECORD_OVERHEAD > len(data):
+        return False
+    h = frame.decode_record_header(data, pos)
+    if not frame.plausible(h) or pos + h.size > len(data):
+        return False
+    return frame.checksum_ok(data, pos, h, salt)
+
+
+Verdict = Literal["torn", "corrupt"]
+
+
+def classify_failure(fd: int, bad_offset: int, file_size: int, salt: int) -> Verdict:
+    """Decide whether a failed record at ``bad_offset`` of the last segment is a torn tail.
+
+    It is damage to acknowledged data ("corrupt") when a valid record follows
+    it anywhere in the file, or when the file ends with an intact record
+    trailer that belongs to the failed record (it was written whole, then
+    damaged). Otherwise it is a torn tail: a write that never completed, and
+    so was never acknowledged.
+    """
+    data = os.pread(fd, file_size - bad_offset, bad_offset)
+    # A valid record after the bad one: every record ends with the trailer magic.
+    probe = 1
+    while True:
+        m = data.find(frame.TRAILER_MAGIC, probe)
+        if m < 0:
+            break
+        found = frame.trailer_at_end(data, m + len(frame.TRAILER_MAGIC))
+        if found is not None and found[0] > 0 and _valid_record_at(data, found[0], salt):
+            return "corrupt"
+        probe = m + 1
+    tail = frame.trailer_at_end(data, len(data))
+    if tail is not None and tail[0] == 0:
+        return "corrupt"
+    return "torn"

@@ -1,0 +1,73 @@
+"""The backend-neutral interface every store implements.
+
+Everything above :mod:`logstore` (the MCP adapter, the tools) talks to a
+:class:`MemoryStore`. The file-based engine (:class:`logstore.FileStore`) is
+one implementation; a backend on another database implements the same methods
+with the same semantics and errors.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+from .model import ConversationListing, ListSelector, MemoryItem, ReadSelector, SeqRange
+
+
+class MemoryStore(abc.ABC):
+    """Durable, append-only, per-conversation logs, grouped by site (tenant).
+
+    Sites and conversation ids are given as ``str`` and validated on every call
+    (:class:`~logstore.InvalidConversationId`). Implementations are safe to use
+    from many threads at once.
+    """
+
+    @abc.abstractmethod
+    def append(self, site: str, conversation_id: str, payloads: Sequence[Mapping[str, Any]]) -> SeqRange:
+        """Append ``payloads`` as one atomic batch; return the seqs it occupies.
+
+        Returns only once the batch is durable. Raises ``EmptyBatch``,
+        ``BatchTooLarge``, ``PayloadTooLarge``, ``InvalidPayload`` or
+        ``ConversationFull`` (nothing written), ``Timeout`` (lock wait; nothing
+        written), ``Io`` (not acknowledged), ``Corrupted``.
+        """
+
+    @abc.abstractmethod
+    def read(self, site: str, conversation_id: str, selector: ReadSelector) -> list[MemoryItem]:
+        """Items chosen by ``selector``, in ascending seq order.
+
+        An unknown conversation, or a start past the end, reads as ``[]``.
+        Every returned item's record has had its checksum verified.
+        """
+
+    @abc.abstractmethod
+    def list_conversations(self, site: str, selector: ListSelector) -> ConversationListing:
+        """One page of the site's conversations, most recently appended first.
+
+        Ties on ``last_appended_at`` are broken by ascending conversation id.
+        """
+
+    @abc.abstractmethod
+    def sites(self) -> list[str]:
+        """Names of the sites that hold (or held) conversations, sorted."""
+
+    @abc.abstractmethod
+    def drop_site(self, site: str) -> None:
+        """Delete every conversation of ``site``. Irreversible."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release files and locks. Later calls raise ``Unavailable``."""
+
+    def __enter__(self) -> MemoryStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

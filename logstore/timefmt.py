@@ -1,0 +1,36 @@
+"""``recorded_at`` timestamps: integer microseconds since the Unix epoch, UTC.
+
+On disk and in memory a timestamp is an int of microseconds; callers see it as
+RFC 3339 text with exactly six fractional digits and a ``Z`` suffix, e.g.
+``2026-11-30T01:54:43.123456Z``. That text sorts in time order.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import time
+
+_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
+
+
+def now_us() -> int:
+    """The wall clock in microseconds (may step backwards; callers clamp)."""
+    return time.time_ns() // 1000
+
+
+def format_us(us: int) -> str:
+    """Microseconds since the epoch as RFC 3339 UTC text with microseconds."""
+    t = _EPOCH + _dt.timedelta(microseconds=us)
+    return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_rfc3339(text: str) -> int:
+    """Parse text made by :func:`format_us` back to microseconds.
+
+    Raises ValueError on anything else.
+    """
+    if len(text) != 27 or not text.endswith("Z"):
+        raise ValueError(f"not a recorded_at timestamp: {text!r}")
+    t = _dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=_dt.UTC)
+    delta = t - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
