@@ -1,0 +1,158 @@
+"""HTTP Basic authentication of tool calls: the user name is the site.
+
+Verifying a password costs one scrypt run, far too much for every call, so a
+verified ``Authorization`` header is remembered for a short time in memory.
+The cache key is an HMAC of the header under a random per-process key: the
+cache never holds a password or anything a password could be recovered from
+without that key. A failed header is remembered too, briefly, so repeating a
+wrong password cannot keep the KDF busy.
+
+The credential file is re-read (and the cache dropped) as soon as it changes on
+disk, so ``convmem site passwd`` and ``site remove`` take effect on the next
+call without restarting the server.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import secrets
+import threading
+import time
+from collections import OrderedDict
+
+import anyio
+import anyio.to_thread
+
+from logstore import InvalidConversationId, SiteName
+
+from .credentials import DUMMY_HASH, CredentialFile, PasswordHash
+from .errors import ToolFailure, unauthenticated
+
+#: How long a verified header is trusted without running the KDF again (seconds).
+DEFAULT_TTL = 60.0
+#: How long a rejected header is answered from memory (seconds).
+NEGATIVE_TTL = 5.0
+#: Most headers remembered at once (oldest evicted first).
+MAX_ENTRIES = 4096
+#: At most this many KDF runs at the same time.
+KDF_CONCURRENCY = 2
+
+
+def parse_basic(header: str | None) -> tuple[str, str]:
+    """Split a ``Basic`` header into (user, password).
+
+    Raises :class:`ToolFailure` (``Unauthenticated``) when the header is absent,
+    uses another scheme (Bearer gets its own message) or is malformed.
+    """
+    if not header:
+        raise unauthenticated()
+    scheme, _, value = header.strip().partition(" ")
+    if scheme.lower() == "bearer":
+        raise unauthenticated(bearer=True)
+    if scheme.lower() != "basic":
+        raise unauthenticated()
+    try:
+        decoded = base64.b64decode(value.strip(), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise unauthenticated() from None
+    user, sep, password = decoded.partition(":")
+    if not sep:
+        raise unauthenticated()
+    return user, password
+
+
+class Authenticator:
+    """Maps an ``Authorization`` header to a verified site name, with a short-lived cache."""
+
+    def __init__(
+        self,
+        credentials: CredentialFile,
+        *,
+        ttl: float = DEFAULT_TTL,
+        negative_ttl: float = NEGATIVE_TTL,
+        max_entries: int = MAX_ENTRIES,
+    ) -> None:
+        self._credentials = credentials
+        self._ttl = ttl
+        self._negative_ttl = negative_ttl
+        self._max_entries = max_entries
+        self._key = secrets.token_bytes(32)
+        self._lock = threading.Lock()
+        # digest -> (site or None for a rejected header, expiry on the monotonic clock)
+        self._cache: OrderedDict[bytes, tuple[str | None, float]] = OrderedDict()
+        self._stamp: tuple[int, int, int] | None = None
+        self._hashes: dict[str, PasswordHash] = {}
+        self._kdf_limiter = anyio.CapacityLimiter(KDF_CONCURRENCY)
+
+    def _digest(self, header: str) -> bytes:
+        return hmac.new(self._key, header.encode("utf-8", "surrogatepass"), hashlib.sha256).digest()
+
+    def _refresh(self) -> None:
+        """Reload the credential file if it changed since the last look (drops the cache)."""
+        stamp = self._credentials.stamp()
+        if stamp == self._stamp:
+            return
+        hashes = self._credentials.load()
+        with self._lock:
+            self._hashes = hashes
+            self._stamp = stamp
+            self._cache.clear()
+
+    def _cached(self, key: bytes) -> tuple[bool, str | None]:
+        """(hit, site) from the cache; a hit with site None is a remembered rejection."""
+        with self._lock:
+            entry = self._cache.get(key)
+            if entry is None:
+                return False, None
+            site, expiry = entry
+            if expiry < time.monotonic():
+                del self._cache[key]
+                return False, None
+            return True, site
+
+    def _remember(self, key: bytes, site: str | None) -> None:
+        ttl = self._ttl if site is not None else self._negative_ttl
+        with self._lock:
+            self._cache[key] = (site, time.monotonic() + ttl)
+            self._cache.move_to_end(key)
+            while len(self._cache) > self._max_entries:
+                self._cache.popitem(last=False)
+
+    def _verify(self, user: str, password: str) -> str | None:
+        """Run the KDF; the site name on success. Unknown sites cost the same as wrong passwords."""
+        entry = self._hashes.get(user)
+        if entry is None:
+            DUMMY_HASH.verify(password)
+            return None
+        return user if entry.verify(password) else None
+
+    async def authenticate(self, header: str | None) -> str:
+        """The site the header proves, or raise ``Unauthenticated``.
+
+        Never reveals whether a site exists: an unknown site and a wrong
+        password give the same answer.
+        """
+        user, password = parse_basic(header)
+        try:
+            SiteName(user)
+        except InvalidConversationId:
+            raise unauthenticated() from None
+        assert header is not None
+        self._refresh()
+        key = self._digest(header)
+        hit, site = self._cached(key)
+        if not hit:
+            site = await anyio.to_thread.run_sync(self._verify, user, password, limiter=self._kdf_limiter)
+            self._remember(key, site)
+        if site is None:
+            raise unauthenticated()
+        return site
+
+
+def check_password(credentials: CredentialFile, site: str, password: str) -> None:
+    """Verify a site's password once (stdio start-up). Raises ToolFailure when wrong."""
+    if not credentials.verify(site, password):
+        raise ToolFailure("Unauthenticated", "the site name or password is wrong")

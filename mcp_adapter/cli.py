@@ -1,0 +1,266 @@
+"""The ``convmem`` command: serve the MCP server and manage sites.
+
+Every option of ``serve`` can also be given as a ``CONVMEM_*`` environment
+variable (the option name in upper case, dashes as underscores, e.g.
+``CONVMEM_DATA_DIR``); a command-line option wins over the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from logstore import InvalidConversationId, ListSelector, SiteName, StoreError, open_store
+
+from . import __version__
+from .credentials import CredentialError, CredentialFile, generate_password
+
+ENV_PREFIX = "CONVMEM_"
+DEMO_SITE = "demo-site"
+MIN_PASSWORD_LENGTH = 12
+
+
+def _env(name: str, default: Any = None) -> Any:
+    return os.environ.get(ENV_PREFIX + name, default)
+
+
+def _env_flag(name: str) -> bool:
+    return str(_env(name, "")).strip().lower() in ("1", "true", "yes", "on")
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = _env(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise SystemExit(f"convmem: {ENV_PREFIX}{name} must be an integer, got {raw!r}") from None
+
+
+def _fail(message: str, code: int = 1) -> int:
+    print(f"convmem: {message}", file=sys.stderr)
+    return code
+
+
+def _site_name(name: str) -> str | None:
+    """The validated site name, or None after printing why it is invalid."""
+    try:
+        return SiteName(name)
+    except InvalidConversationId as exc:
+        _fail(
+            f"invalid site name {name!r}: {exc}. Site names follow the conversation-id rules: "
+            "8-64 characters from [A-Za-z0-9_-]."
+        )
+        return None
+
+
+def _read_password_stdin() -> str | None:
+    line = sys.stdin.readline().rstrip("\r\n")
+    if len(line) < MIN_PASSWORD_LENGTH:
+        _fail(f"the password read from stdin must be at least {MIN_PASSWORD_LENGTH} characters")
+        return None
+    return line
+
+
+# -- site commands -------------------------------------------------------------
+
+
+def cmd_site_add(args: argparse.Namespace) -> int:
+    """``convmem site add NAME``: create a site; print its password once (or take it from stdin)."""
+    site = _site_name(args.name)
+    if site is None:
+        return 2
+    password = _read_password_stdin() if args.password_stdin else generate_password()
+    if password is None:
+        return 2
+    try:
+        CredentialFile(args.data_dir).add(site, password)
+    except CredentialError as exc:
+        return _fail(str(exc))
+    print(f"created site {site!r} in {args.data_dir}", file=sys.stderr)
+    if not args.password_stdin:
+        print("its password follows; it is shown only this once, so store it now:", file=sys.stderr)
+        print(password)
+    return 0
+
+
+def cmd_site_list(args: argparse.Namespace) -> int:
+    """``convmem site list``: the sites, one per line."""
+    for site in CredentialFile(args.data_dir).sites():
+        print(site)
+    return 0
+
+
+def cmd_site_passwd(args: argparse.Namespace) -> int:
+    """``convmem site passwd NAME``: give a site a new password (generated, or from stdin)."""
+    password = _read_password_stdin() if args.password_stdin else generate_password()
+    if password is None:
+        return 2
+    creds = CredentialFile(args.data_dir)
+    try:
+        creds.set_password(args.name, password)
+    except CredentialError as exc:
+        return _fail(str(exc))
+    if args.name == DEMO_SITE and creds.read_demo_password() is not None:
+        creds.write_demo_password(password)
+    print(f"changed the password of site {args.name!r}", file=sys.stderr)
+    if not args.password_stdin:
+        print("the new password follows; it is shown only this once:", file=sys.stderr)
+        print(password)
+    return 0
+
+
+def cmd_site_remove(args: argparse.Namespace) -> int:
+    """``convmem site remove NAME [--force]``: delete a site (and, with --force, its conversations)."""
+    creds = CredentialFile(args.data_dir)
+    if args.name not in creds.sites():
+        return _fail(f"no site named {args.name!r}")
+    site = _site_name(args.name)
+    if site is None:
+        return 2
+    try:
+        with open_store(args.data_dir) as store:
+            holds = bool(store.list_conversations(site, ListSelector(limit=1)).summaries)
+            if holds and not args.force:
+                return _fail(f"site {site!r} still holds conversations; use --force to delete them with the site")
+            if holds:
+                store.drop_site(site)
+    except StoreError as exc:
+        return _fail(f"cannot open the store in {args.data_dir}: {exc}")
+    creds.remove(site)
+    if site == DEMO_SITE:
+        creds.demo_password_path.unlink(missing_ok=True)
+    print(f"removed site {site!r}" + (" and its conversations" if holds else ""), file=sys.stderr)
+    return 0
+
+
+# -- serve -----------------------------------------------------------------------
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """``convmem serve``: run the MCP server over HTTP (default) or stdio."""
+    from .serve import serve_http, serve_stdio
+
+    if args.stdio:
+        return serve_stdio(args)
+    return serve_http(args)
+
+
+# -- parser ------------------------------------------------------------------------
+
+
+def _data_dir_parent() -> argparse.ArgumentParser:
+    parent = argparse.ArgumentParser(add_help=False)
+    default = _env("DATA_DIR")
+    parent.add_argument(
+        "--data-dir",
+        default=default,
+        required=default is None,
+        help="directory holding the conversations and credentials (env CONVMEM_DATA_DIR)",
+    )
+    return parent
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argparse.ArgumentParser]]:
+    """The argument parser and its subcommand collection (for extension by ``tools.cli``)."""
+    parser = argparse.ArgumentParser(prog="convmem", description="Durable conversation memory for AI agents, over MCP.")
+    parser.add_argument("--version", action="version", version=f"convmem {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    data_dir = _data_dir_parent()
+
+    serve = sub.add_parser(
+        "serve",
+        parents=[data_dir],
+        help="run the MCP server",
+        description="Run the MCP server (streamable HTTP at /mcp, or stdio).",
+    )
+    serve.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="interface to listen on (env CONVMEM_HOST)")
+    serve.add_argument(
+        "--port", type=int, default=_env_int("PORT", 8765), help="TCP port; 0 picks a free one (env CONVMEM_PORT)"
+    )
+    serve.add_argument(
+        "--stdio",
+        action="store_true",
+        default=_env_flag("STDIO"),
+        help="serve one client over stdin/stdout instead of HTTP (env CONVMEM_STDIO)",
+    )
+    serve.add_argument(
+        "--site",
+        default=_env("SITE"),
+        help="with --stdio: the site to act for; its password comes from CONVMEM_PASSWORD (env CONVMEM_SITE)",
+    )
+    serve.add_argument(
+        "--demo-site",
+        action="store_true",
+        default=_env_flag("DEMO_SITE"),
+        help=f"create the site {DEMO_SITE!r} on first run, keep its password under DATA_DIR/auth and "
+        "print a ready-to-paste client configuration (env CONVMEM_DEMO_SITE)",
+    )
+    serve.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=_env_int("MAX_CONCURRENCY", 16),
+        help="most storage calls running at once (env CONVMEM_MAX_CONCURRENCY)",
+    )
+    serve.add_argument(
+        "--lock-timeout",
+        type=float,
+        default=float(_env("LOCK_TIMEOUT", "5.0")),
+        help="seconds an append waits for a busy conversation before Timeout (env CONVMEM_LOCK_TIMEOUT)",
+    )
+    serve.add_argument(
+        "--log-level",
+        default=_env("LOG_LEVEL", "info"),
+        choices=["debug", "info", "warning", "error"],
+        help="log verbosity (env CONVMEM_LOG_LEVEL)",
+    )
+    serve.set_defaults(func=cmd_serve)
+
+    site = sub.add_parser(
+        "site",
+        help="manage sites (tenants) and their passwords",
+        description="Manage sites. A site is a tenant: its name is the HTTP Basic user name.",
+    )
+    site_sub = site.add_subparsers(dest="site_command", required=True, metavar="ACTION")
+
+    add = site_sub.add_parser("add", parents=[data_dir], help="create a site and print its generated password")
+    add.add_argument("name", help="site name: 8-64 characters from [A-Za-z0-9_-]")
+    add.add_argument("--password-stdin", action="store_true", help="read the password from the first line of stdin")
+    add.set_defaults(func=cmd_site_add)
+
+    lst = site_sub.add_parser("list", parents=[data_dir], help="list the sites")
+    lst.set_defaults(func=cmd_site_list)
+
+    passwd = site_sub.add_parser("passwd", parents=[data_dir], help="set a new password for a site")
+    passwd.add_argument("name")
+    passwd.add_argument("--password-stdin", action="store_true", help="read the password from the first line of stdin")
+    passwd.set_defaults(func=cmd_site_passwd)
+
+    remove = site_sub.add_parser("remove", parents=[data_dir], help="delete a site")
+    remove.add_argument("name")
+    remove.add_argument("--force", action="store_true", help="also delete the site's conversations")
+    remove.set_defaults(func=cmd_site_remove)
+
+    try:
+        from tools.cli import add_subcommands
+    except ImportError:
+        pass
+    else:
+        add_subcommands(sub)
+    return parser, sub
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``convmem`` console script."""
+    parser, _ = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    return func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,233 @@
+"""The site credential file: ``DATA_DIR/auth/sites.json``.
+
+Each site (tenant) has one password, stored only as a salted scrypt hash::
+
+    {"version": 1, "sites": {"team-alpha": {"kdf": "scrypt", "n": 32768, "r": 8, "p": 1,
+                                            "salt": "<base64>", "hash": "<base64>",
+                                            "created_at": "2026-01-01T00:00:00Z"}}}
+
+The directory is mode 0700 and every file in it 0600. Writers take an
+exclusive ``flock`` on ``auth/.lock`` and replace the file atomically
+(write, fsync, rename), so concurrent ``convmem site`` commands and a running
+server never see a half-written file.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import datetime as dt
+import fcntl
+import hashlib
+import hmac
+import json
+import os
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from logstore import SiteName
+
+AUTH_DIRNAME = "auth"
+SITES_FILENAME = "sites.json"
+DEMO_PASSWORD_FILENAME = "demo-site.password"
+
+#: scrypt cost: 2**15 x 8 x 1 takes about 32 MiB and tens of milliseconds per run.
+SCRYPT_N = 2**15
+SCRYPT_R = 8
+SCRYPT_P = 1
+_HASH_BYTES = 32
+
+
+class CredentialError(Exception):
+    """A site-management command cannot be carried out (message says why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PasswordHash:
+    """One site's salted scrypt hash and its parameters."""
+
+    salt: bytes
+    digest: bytes
+    n: int = SCRYPT_N
+    r: int = SCRYPT_R
+    p: int = SCRYPT_P
+
+    @classmethod
+    def create(cls, password: str) -> PasswordHash:
+        """Hash ``password`` with a fresh random salt."""
+        salt = secrets.token_bytes(16)
+        return cls(salt, _scrypt(password, salt, SCRYPT_N, SCRYPT_R, SCRYPT_P))
+
+    def verify(self, password: str) -> bool:
+        """True when ``password`` matches (constant-time comparison)."""
+        return hmac.compare_digest(_scrypt(password, self.salt, self.n, self.r, self.p), self.digest)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kdf": "scrypt",
+            "n": self.n,
+            "r": self.r,
+            "p": self.p,
+            "salt": base64.b64encode(self.salt).decode(),
+            "hash": base64.b64encode(self.digest).decode(),
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> PasswordHash:
+        if obj.get("kdf") != "scrypt":
+            raise ValueError(f"unsupported kdf {obj.get('kdf')!r}")
+        return cls(
+            salt=base64.b64decode(obj["salt"]),
+            digest=base64.b64decode(obj["hash"]),
+            n=int(obj["n"]),
+            r=int(obj["r"]),
+            p=int(obj["p"]),
+        )
+
+
+def _scrypt(password: str, salt: bytes, n: int, r: int, p: int) -> bytes:
+    return hashlib.scrypt(
+        password.encode("utf-8"), salt=salt, n=n, r=r, p=p, maxmem=256 * n * r + (1 << 20), dklen=_HASH_BYTES
+    )
+
+
+#: A hash checked against when the site does not exist, so that an unknown
+#: site costs the same time as a wrong password.
+DUMMY_HASH = PasswordHash(salt=b"convmem-no-such-site", digest=b"\0" * _HASH_BYTES)
+
+
+def generate_password() -> str:
+    """A strong random password (32 URL-safe characters, 192 bits)."""
+    return secrets.token_urlsafe(24)
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Atomically replace ``path`` with ``data``, mode 0600."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+class CredentialFile:
+    """Read and change the site credentials under ``data_dir/auth``."""
+
+    def __init__(self, data_dir: str | os.PathLike[str]) -> None:
+        self.data_dir = Path(data_dir)
+        self.auth_dir = self.data_dir / AUTH_DIRNAME
+        self.path = self.auth_dir / SITES_FILENAME
+
+    # -- reading -----------------------------------------------------------
+
+    def stamp(self) -> tuple[int, int, int] | None:
+        """A cheap change marker (inode, size, mtime) of the file; None when absent."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def load(self) -> dict[str, PasswordHash]:
+        """All sites and their hashes (empty when the file does not exist yet)."""
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return {}
+        doc = json.loads(raw)
+        return {name: PasswordHash.from_json(entry) for name, entry in doc.get("sites", {}).items()}
+
+    def _load_doc(self) -> dict[str, Any]:
+        try:
+            doc: dict[str, Any] = json.loads(self.path.read_bytes())
+        except FileNotFoundError:
+            doc = {"version": 1, "sites": {}}
+        doc.setdefault("sites", {})
+        return doc
+
+    def sites(self) -> list[str]:
+        """Site names, sorted."""
+        return sorted(self._load_doc()["sites"])
+
+    def verify(self, site: str, password: str) -> bool:
+        """True when ``site`` exists and ``password`` is its password."""
+        entry = self.load().get(site)
+        if entry is None:
+            DUMMY_HASH.verify(password)
+            return False
+        return entry.verify(password)
+
+    # -- writing -----------------------------------------------------------
+
+    def ensure_dir(self) -> None:
+        """Create ``auth/`` (mode 0700) if needed."""
+        self.auth_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.auth_dir, 0o700)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[dict[str, Any]]:
+        """Hold the writer lock; yield the document; write it back on success."""
+        self.ensure_dir()
+        lock_fd = os.open(self.auth_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            doc = self._load_doc()
+            yield doc
+            _write_private(self.path, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
+        finally:
+            os.close(lock_fd)
+
+    def add(self, site: str, password: str) -> None:
+        """Create ``site`` with ``password``. Raises CredentialError when it exists."""
+        SiteName(site)
+        entry = PasswordHash.create(password).to_json()
+        entry["created_at"] = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        with self._locked() as doc:
+            if site in doc["sites"]:
+                raise CredentialError(f"site {site!r} already exists")
+            doc["sites"][site] = entry
+
+    def set_password(self, site: str, password: str) -> None:
+        """Replace ``site``'s password. Raises CredentialError when it does not exist."""
+        entry = PasswordHash.create(password).to_json()
+        with self._locked() as doc:
+            old = doc["sites"].get(site)
+            if old is None:
+                raise CredentialError(f"no site named {site!r}")
+            entry["created_at"] = old.get("created_at")
+            doc["sites"][site] = entry
+
+    def remove(self, site: str) -> None:
+        """Delete ``site``'s credentials. Raises CredentialError when it does not exist."""
+        with self._locked() as doc:
+            if doc["sites"].pop(site, None) is None:
+                raise CredentialError(f"no site named {site!r}")
+
+    # -- the demo site's remembered password -------------------------------
+
+    @property
+    def demo_password_path(self) -> Path:
+        return self.auth_dir / DEMO_PASSWORD_FILENAME
+
+    def read_demo_password(self) -> str | None:
+        """The remembered demo password, or None."""
+        try:
+            return self.demo_password_path.read_text().strip() or None
+        except FileNotFoundError:
+            return None
+
+    def write_demo_password(self, password: str) -> None:
+        """Remember the demo password (mode 0600, owner only)."""
+        self.ensure_dir()
+        _write_private(self.demo_password_path, (password + "\n").encode())

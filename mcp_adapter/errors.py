@@ -1,0 +1,129 @@
+"""Tool errors: what a failed call tells the agent and its client.
+
+A failed tool call is answered as a tool result with ``isError: true``, one
+text block written for the agent, and a machine-readable object in
+``_meta["convmem/error"]``::
+
+    {"code": "PayloadTooLarge", "retryable": false, "message": "...",
+     "limit": 262144, "actual": 300000, "index": 2}
+
+``code`` is the spec's error name where the spec has one; the adapter adds
+``InvalidArguments``, ``InvalidCursor``, ``Unauthenticated`` and
+``InternalError``. Detail keys sit beside ``code``: ``reason`` for
+``InvalidConversationId``; ``limit``/``actual`` (and ``index``, ``unit``) for
+size errors; ``file``/``offset`` for ``Corrupted``; ``field``/``rule`` for
+``InvalidArguments``; ``request_id`` for ``InternalError``. No
+``structuredContent`` is sent with an error, since clients check that against
+the success schema.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import mcp_types as types
+
+from logstore import Corrupted, InvalidPayload, StoreError
+
+#: The ``_meta`` key under which the machine-readable error travels.
+ERROR_META_KEY = "convmem/error"
+
+#: What an agent should do next, per code (appended to the human-readable text).
+_ADVICE: dict[str, str] = {
+    "InvalidConversationId": "Use an id of 8-64 characters from [A-Za-z0-9_-], e.g. a UUID; retrying unchanged "
+    "fails again.",
+    "EmptyBatch": "Send at least one item; retrying unchanged fails again.",
+    "PayloadTooLarge": "Shrink or split that item (at most 256 KiB of compact JSON); retrying unchanged fails again.",
+    "BatchTooLarge": "Split the batch into smaller appends (at most 250 items and 1 MiB in total); retrying "
+    "unchanged fails again.",
+    "ConversationFull": "This conversation cannot take more items; continue in a new conversation id.",
+    "Unavailable": "The memory store is temporarily unavailable; keep the batch and retry later.",
+    "Timeout": "The conversation was busy and nothing was written; keep the batch and retry.",
+    "Io": "A storage I/O error occurred and nothing was acknowledged; keep the batch and retry.",
+    "Corrupted": "Stored data failed verification; retrying will not help. Report this to the operator.",
+    "InvalidArguments": "Fix the named argument; retrying unchanged fails again.",
+    "InvalidCursor": "Pass next_cursor back exactly as received, or omit cursor to start over.",
+    "Unauthenticated": "Configure the client with HTTP Basic credentials: the site name as user name and the "
+    "site's password.",
+    "InternalError": "An unexpected server error occurred; it is safe to retry.",
+}
+
+
+class ToolFailure(Exception):
+    """A failed tool call, ready to be turned into an ``isError`` result."""
+
+    def __init__(self, code: str, message: str, *, retryable: bool = False, **details: Any) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.retryable = retryable
+        self.details = details
+
+    def error_object(self) -> dict[str, Any]:
+        """The machine-readable object sent under ``_meta["convmem/error"]``."""
+        return {"code": self.code, "retryable": self.retryable, "message": self.message, **self.details}
+
+    def text(self) -> str:
+        """One paragraph an agent can act on."""
+        kind = "retryable" if self.retryable else "permanent"
+        advice = _ADVICE.get(self.code, "")
+        return f"{self.code} ({kind}): {self.message}. {advice}".strip()
+
+    def to_result(self) -> types.CallToolResult:
+        """The tool result for this failure (no ``structuredContent``)."""
+        return types.CallToolResult(
+            content=[types.TextContent(type="text", text=self.text())],
+            is_error=True,
+            _meta={ERROR_META_KEY: self.error_object()},
+        )
+
+
+def invalid_arguments(field: str, rule: str) -> ToolFailure:
+    """An argument broke the tool's input schema; ``field`` names it, ``rule`` says how."""
+    return ToolFailure("InvalidArguments", f"argument `{field}` is invalid: {rule}", field=field, rule=rule)
+
+
+def unauthenticated(*, bearer: bool = False) -> ToolFailure:
+    """The call lacks valid Basic credentials. Never says whether the site exists."""
+    if bearer:
+        message = "Bearer tokens are not accepted; this server requires HTTP Basic authentication"
+    else:
+        message = "HTTP Basic authentication is required, with valid credentials (user name = site)"
+    return ToolFailure("Unauthenticated", message)
+
+
+def internal_error(request_id: str) -> ToolFailure:
+    """An unexpected failure; the details are in the server log under ``request_id``."""
+    return ToolFailure(
+        "InternalError",
+        f"the server failed unexpectedly (request id {request_id})",
+        retryable=True,
+        request_id=request_id,
+    )
+
+
+def _public_path(path: str, data_dir: str | None) -> str:
+    """``path`` relative to the data directory when it lies inside it (no server layout leaks)."""
+    if data_dir:
+        try:
+            rel = os.path.relpath(path, data_dir)
+        except ValueError:
+            return os.path.basename(path)
+        if not rel.startswith(".."):
+            return rel
+    return os.path.basename(path)
+
+
+def from_store_error(exc: StoreError, data_dir: str | None = None) -> ToolFailure:
+    """Map a :class:`logstore.StoreError` to the tool error the client sees."""
+    message = str(exc).rstrip(".")
+    if isinstance(exc, InvalidPayload):
+        # Not a spec code: a payload the store cannot keep verbatim is an argument problem.
+        field = f"items[{exc.index}]"
+        return ToolFailure("InvalidArguments", f"argument `{field}` is invalid: {exc.why}", field=field, rule=exc.why)
+    details = dict(exc.details())
+    if isinstance(exc, Corrupted):
+        details["file"] = _public_path(exc.file, data_dir)
+        message = f"{details['file']} is corrupted at byte offset {exc.offset}: {exc.why}"
+    return ToolFailure(exc.code, message, retryable=exc.retryable, **details)

@@ -1,0 +1,185 @@
+"""The MCP server: tool listing and tool calls over a :class:`logstore.MemoryStore`.
+
+Built on the SDK's low-level :class:`mcp.server.lowlevel.Server`, which
+publishes our exact JSON schemas. Each ``tools/call`` goes through the same
+steps: find the tool (an unknown name is a protocol error), authenticate the
+site from *this* request's ``Authorization`` header (or, on stdio, use the
+site verified at start-up), validate the arguments, run the storage call in a
+worker thread under a bounded limiter, and shape the result or the error.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import anyio
+import anyio.to_thread
+import mcp_types as types
+import msgspec
+from mcp.server import Server, ServerRequestContext
+from mcp.shared.exceptions import MCPError
+
+from logstore import ListCursor, ListSelector, MemoryStore, Range, StoreError, Tail
+
+from . import __version__
+from .auth import Authenticator
+from .errors import ToolFailure, from_store_error, internal_error, unauthenticated
+from .tools import INSTRUCTIONS, tool_definitions
+from .validation import AppendArgs, ListArgs, RecallArgs, ReplayArgs, ToolArgs, parse_arguments
+
+logger = logging.getLogger("convmem.server")
+
+#: Default number of storage calls running at the same time.
+DEFAULT_MAX_CONCURRENCY = 16
+
+_T = TypeVar("_T")
+
+
+@dataclass
+class Backend:
+    """Everything a tool call needs: the store and how callers are identified.
+
+    Exactly one of ``authenticator`` (HTTP: per-request Basic credentials) and
+    ``fixed_site`` (stdio: verified once at start-up) is normally set.
+    """
+
+    store: MemoryStore
+    data_dir: str
+    authenticator: Authenticator | None = None
+    fixed_site: str | None = None
+    max_concurrency: int = DEFAULT_MAX_CONCURRENCY
+    limiter: anyio.CapacityLimiter = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.limiter = anyio.CapacityLimiter(self.max_concurrency)
+
+    async def run(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """Run a blocking storage call in a worker thread, within the concurrency bound.
+
+        The thread is never abandoned: if the request is cancelled, the call
+        still runs to completion (an append is never left half-acknowledged).
+        """
+        return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+
+    async def drain(self, timeout: float) -> bool:
+        """Wait until no storage call is running (at most ``timeout`` seconds). True when drained."""
+        with anyio.move_on_after(timeout):
+            while self.limiter.borrowed_tokens:
+                await anyio.sleep(0.02)
+            return True
+        return False
+
+
+def _request_headers(ctx: ServerRequestContext[Any, Any]) -> Any | None:
+    request = ctx.request
+    return getattr(request, "headers", None)
+
+
+async def _resolve_site(backend: Backend, ctx: ServerRequestContext[Any, Any]) -> str:
+    """The site this call acts for, from the call's own credentials (never cached per session)."""
+    headers = _request_headers(ctx)
+    if headers is None:
+        if backend.fixed_site is not None:
+            return backend.fixed_site
+        raise unauthenticated()
+    if backend.authenticator is None:  # pragma: no cover - HTTP is always served with an authenticator
+        raise unauthenticated()
+    return await backend.authenticator.authenticate(headers.get("authorization"))
+
+
+def _success(payload: dict[str, Any]) -> types.CallToolResult:
+    text = msgspec.json.encode(payload).decode()
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], structured_content=payload)
+
+
+def _items(items: list[Any]) -> list[dict[str, Any]]:
+    return [{"seq": int(i.seq), "recorded_at": str(i.recorded_at), "payload": i.payload} for i in items]
+
+
+async def _execute(backend: Backend, site: str, args: ToolArgs) -> dict[str, Any]:
+    """Run one validated call against the store; the structured result."""
+    store = backend.store
+    if isinstance(args, AppendArgs):
+        seqs = await backend.run(store.append, site, args.conversation_id, args.items)
+        return {"first_seq": seqs.first, "last_seq": seqs.last}
+    if isinstance(args, RecallArgs):
+        items = await backend.run(store.read, site, args.conversation_id, Tail(args.count))
+        return {"items": _items(items)}
+    if isinstance(args, ReplayArgs):
+        items = await backend.run(store.read, site, args.conversation_id, Range(args.offset, args.limit))
+        return {"items": _items(items)}
+    assert isinstance(args, ListArgs)
+    cursor = ListCursor.from_token(args.cursor, site) if args.cursor is not None else None
+    listing = await backend.run(store.list_conversations, site, ListSelector(cursor=cursor, limit=args.limit))
+    return {
+        "conversations": [
+            {
+                "conversation_id": str(s.conversation_id),
+                "created_at": str(s.created_at),
+                "last_appended_at": str(s.last_appended_at),
+            }
+            for s in listing.summaries
+        ],
+        "next_cursor": listing.next_cursor.to_token(site) if listing.next_cursor is not None else None,
+    }
+
+
+async def call_tool(
+    backend: Backend, ctx: ServerRequestContext[Any, Any], name: str, arguments: Any
+) -> types.CallToolResult:
+    """Serve one ``tools/call``. Tool failures become ``isError`` results; an unknown tool is a protocol error."""
+    if name not in _TOOL_NAMES:
+        raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {name}")
+    started = time.perf_counter()
+    try:
+        site = await _resolve_site(backend, ctx)
+        if arguments is not None and not isinstance(arguments, dict):
+            raise ToolFailure("InvalidArguments", "arguments must be a JSON object", field="arguments", rule="object")
+        args = parse_arguments(name, arguments)
+        result = _success(await _execute(backend, site, args))
+        logger.debug("%s ok in %.1f ms", name, (time.perf_counter() - started) * 1000)
+        return result
+    except ToolFailure as failure:
+        logger.info("%s failed: %s", name, failure.code)
+        return failure.to_result()
+    except StoreError as exc:
+        failure = from_store_error(exc, backend.data_dir)
+        log = logger.warning if failure.retryable or failure.code == "Corrupted" else logger.info
+        log("%s failed: %s: %s", name, failure.code, exc)
+        return failure.to_result()
+    except Exception:
+        request_id = uuid.uuid4().hex[:16]
+        logger.exception("%s failed unexpectedly [request_id=%s]", name, request_id)
+        return internal_error(request_id).to_result()
+
+
+_TOOL_NAMES = frozenset(t.name for t in tool_definitions())
+
+
+def build_server(backend: Backend) -> Server[Any]:
+    """The low-level MCP server named ``convmem`` serving the four tools over ``backend``."""
+    tools = tool_definitions()
+
+    async def on_list_tools(
+        ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=tools)
+
+    async def on_call_tool(
+        ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        return await call_tool(backend, ctx, params.name, params.arguments)
+
+    return Server(
+        "convmem",
+        version=__version__,
+        title="convmem conversation memory",
+        instructions=INSTRUCTIONS,
+        on_list_tools=on_list_tools,
+        on_call_tool=on_call_tool,
+    )
