@@ -200,6 +200,7 @@ class Conversation:
         size = os.fstat(fd).st_size
         idx = index.load(self._idx_path(base), base, header.salt, size)
         start, seq = SEGMENT_HEADER_SIZE, base
+        index_ok = idx is not None and idx.complete
         if idx is None:
             idx = index.SparseIndex(base, header.salt)
         # Trust the newest index entry that points at a valid record of the right seq.
@@ -213,13 +214,19 @@ class Conversation:
             except (BadRecord, StopIteration):
                 pass
             idx.drop_from(len(idx.seqs) - 1)
+            index_ok = False
         self._idx = idx
         self._end = start
         self._next_seq = seq
         self._sealed_active = False
+        entries = len(idx.seqs)
         self._scan_forward(writable, size)
         if writable:
-            self._idx_fd = index.open_for_append(self._idx_path(base), self._idx)
+            if index_ok and len(self._idx.seqs) == entries:
+                # The file already says exactly this: keep it, so other writers' descriptors stay valid.
+                self._idx_fd = os.open(self._idx_path(base), os.O_WRONLY | os.O_APPEND)
+            else:
+                self._idx_fd = index.open_for_append(self._idx_path(base), self._idx)
 
     def _scan_forward(self, writable: bool, size: int | None = None) -> None:
         """Walk records from the committed end to EOF, adopting whole ones.
@@ -243,9 +250,8 @@ class Conversation:
                     self._sealed_active = True
                 else:
                     if off - last_indexed >= self.options.index_interval and off > SEGMENT_HEADER_SIZE:
+                        # In memory only: the process that wrote the record wrote its entry.
                         self._idx.add(h.first_seq, off)
-                        if self._idx_fd is not None:
-                            os.write(self._idx_fd, self._idx.entry_bytes(h.first_seq, off))
                         last_indexed = off
                     self._last_us = h.recorded_at_us
                     self._next_seq = h.end_seq

@@ -27,11 +27,13 @@ ENTRY_SIZE = ENTRY.size
 class SparseIndex:
     """Entries ``(seq, offset)`` in memory, strictly increasing in both."""
 
-    __slots__ = ("base_seq", "offsets", "salt", "seqs")
+    __slots__ = ("base_seq", "complete", "offsets", "salt", "seqs")
 
     def __init__(self, base_seq: int, salt: int) -> None:
         self.base_seq = base_seq
         self.salt = salt
+        #: False when loading dropped malformed entries (the file needs rewriting).
+        self.complete = True
         self.seqs: list[int] = []
         self.offsets: list[int] = []
 
@@ -87,12 +89,14 @@ def load(path: str, base_seq: int, salt: int, segment_size: int) -> SparseIndex 
     if magic != INDEX_MAGIC or version != 1 or base != base_seq or file_salt != salt:
         return None
     idx = SparseIndex(base_seq, salt)
+    idx.complete = (len(data) - INDEX_HEADER_SIZE) % ENTRY_SIZE == 0
     prev_seq, prev_off = -1, 0
     for rel, off in ENTRY.iter_unpack(
         data[INDEX_HEADER_SIZE : len(data) - (len(data) - INDEX_HEADER_SIZE) % ENTRY_SIZE]
     ):
         seq = base_seq + rel
         if seq <= prev_seq or off <= prev_off or off >= segment_size:
+            idx.complete = False
             break
         idx.add(seq, off)
         prev_seq, prev_off = seq, off

@@ -33,7 +33,7 @@ from sortedcontainers import SortedList
 
 from . import fileio
 from .conversation import ManifestHook, Tip
-from .errors import Timeout
+from .errors import StoreError, Timeout
 
 LOG_MAGIC = b"CVMMLOG\x01"
 SNAP_MAGIC = b"CVMMSNP\x01"
@@ -378,7 +378,11 @@ class SiteManifest(ManifestHook):
         for conv, pending in due:
             assert pending is not None
             # Probed without holding the manifest: an appender holds the conversation, then the manifest.
-            tip = self._probe(conv)
+            try:
+                tip = self._probe(conv)
+            except StoreError:
+                continue  # busy or damaged: listed as last committed; fsck reports damage
+
             rec: list[Any] = [RESOLVE, conv, 0, 0, 0, pending[2]]
             if tip is not None:
                 rec[2:5] = [tip.created_us, tip.last_us, tip.next_seq]
@@ -390,7 +394,10 @@ class SiteManifest(ManifestHook):
     def rebuild(self) -> None:
         """Re-derive every entry from the conversations themselves, then compact."""
         for conv in self._walk():
-            tip = self._probe(conv)
+            try:
+                tip = self._probe(conv)
+            except StoreError:
+                continue  # a damaged conversation is left for fsck to report
             if tip is not None:
                 self._write([COMMIT, conv, tip.created_us, tip.last_us, tip.next_seq], sync=False)
         with self._mutex:
