@@ -1,0 +1,242 @@
+"""The three things every workload runs against: convmem, SQLite and the floor.
+
+All three take the same payload dicts and return decoded items, so each
+figure includes encoding and decoding:
+
+* :class:`Convmem`: a :class:`logstore.FileStore` with its default durability.
+* :class:`Sqlite`: WAL mode, ``synchronous=FULL``, items keyed by
+  ``(site, conv, seq)`` ``WITHOUT ROWID``, one transaction per batch, payloads
+  as compact JSON text, tail by ``ORDER BY seq DESC LIMIT n``. A second table
+  of conversations (indexed by last append) serves listings, as anyone
+  building this on SQLite would add.
+* :class:`Floor`: the same bytes appended to one plain file per conversation
+  with one ``fdatasync`` per batch, read back with one ``pread`` using item
+  offsets kept in memory. No engine with this durability can beat it.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from typing import Any
+
+import msgspec
+
+from logstore import ListCursor, ListSelector, Range, Tail, open_store
+
+_enc = msgspec.json.Encoder()
+_dec_list = msgspec.json.Decoder(type=list[dict[str, Any]])
+_dec_obj = msgspec.json.Decoder(type=dict[str, Any])
+
+
+class Convmem:
+    """convmem through its public API."""
+
+    name = "convmem"
+
+    def __init__(self, root: str, **options: Any) -> None:
+        self.root = root
+        self.store = open_store(root, **options)
+
+    def append(self, site: str, conv: str, items: list[dict[str, Any]]) -> None:
+        self.store.append(site, conv, items)
+
+    def tail(self, site: str, conv: str, n: int) -> list[Any]:
+        return self.store.read(site, conv, Tail(n))
+
+    def range(self, site: str, conv: str, start: int, limit: int) -> list[Any]:
+        return self.store.read(site, conv, Range(start, limit))
+
+    def list_page(self, site: str, cursor: Any, limit: int) -> tuple[list[Any], Any]:
+        page = self.store.list_conversations(site, ListSelector(cursor, limit))
+        return page.summaries, page.next_cursor
+
+    def cursor_at(self, site: str, rank: int) -> ListCursor | None:
+        """The cursor whose next page starts at position ``rank`` of the listing."""
+        cursor = None
+        left = rank
+        while left > 0:
+            rows, cursor = self.list_page(site, cursor, min(left, 1000))
+            left -= len(rows)
+            if cursor is None:
+                break
+        return cursor
+
+    def close(self) -> None:
+        self.store.close()
+
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS items(
+    site TEXT NOT NULL, conv TEXT NOT NULL, seq INTEGER NOT NULL,
+    recorded_at INTEGER NOT NULL, payload TEXT NOT NULL,
+    PRIMARY KEY (site, conv, seq)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS convs(
+    site TEXT NOT NULL, conv TEXT NOT NULL, created INTEGER NOT NULL,
+    last INTEGER NOT NULL, next_seq INTEGER NOT NULL,
+    PRIMARY KEY (site, conv)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS convs_by_last ON convs(site, last DESC, conv);
+"""
+
+
+class Sqlite:
+    """The SQLite design a user would pick; one connection per thread."""
+
+    name = "sqlite"
+
+    def __init__(self, path: str, synchronous: str = "FULL") -> None:
+        self.path = path
+        self.synchronous = synchronous
+        self._local = threading.local()
+        self._conns: list[sqlite3.Connection] = []
+        self._conns_lock = threading.Lock()
+        self.db.executescript(SCHEMA)
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute(f"PRAGMA synchronous={self.synchronous}")
+            self._local.db = db
+            with self._conns_lock:
+                self._conns.append(db)
+        return db
+
+    def set_synchronous(self, mode: str) -> None:
+        """Change durability for later transactions (bulk setup uses OFF)."""
+        self.synchronous = mode
+        with self._conns_lock:
+            for db in self._conns:
+                db.execute(f"PRAGMA synchronous={mode}")
+
+    def append(self, site: str, conv: str, items: list[dict[str, Any]]) -> None:
+        texts = [_enc.encode(p).decode() for p in items]
+        db = self.db
+        stamp = time.time_ns() // 1000
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            row = db.execute(
+                "SELECT created, last, next_seq FROM convs WHERE site=? AND conv=?", (site, conv)
+            ).fetchone()
+            first = row[2] if row else 0
+            stamp = max(stamp, row[1]) if row else stamp
+            db.executemany(
+                "INSERT INTO items(site, conv, seq, recorded_at, payload) VALUES (?,?,?,?,?)",
+                [(site, conv, first + i, stamp, t) for i, t in enumerate(texts)],
+            )
+            db.execute(
+                "INSERT INTO convs(site, conv, created, last, next_seq) VALUES (?,?,?,?,?) "
+                "ON CONFLICT(site, conv) DO UPDATE SET last=excluded.last, next_seq=excluded.next_seq",
+                (site, conv, stamp, stamp, first + len(texts)),
+            )
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def tail(self, site: str, conv: str, n: int) -> list[Any]:
+        rows = self.db.execute(
+            "SELECT seq, recorded_at, payload FROM items WHERE site=? AND conv=? ORDER BY seq DESC LIMIT ?",
+            (site, conv, n),
+        ).fetchall()
+        rows.reverse()
+        return [(s, r, _dec_obj.decode(p)) for s, r, p in rows]
+
+    def range(self, site: str, conv: str, start: int, limit: int) -> list[Any]:
+        rows = self.db.execute(
+            "SELECT seq, recorded_at, payload FROM items WHERE site=? AND conv=? AND seq>=? ORDER BY seq LIMIT ?",
+            (site, conv, start, limit),
+        ).fetchall()
+        return [(s, r, _dec_obj.decode(p)) for s, r, p in rows]
+
+    def list_page(self, site: str, cursor: tuple[int, str] | None, limit: int) -> tuple[list[Any], Any]:
+        if cursor is None:
+            rows = self.db.execute(
+                "SELECT conv, created, last FROM convs WHERE site=? ORDER BY last DESC, conv LIMIT ?",
+                (site, limit + 1),
+            ).fetchall()
+        else:
+            last, conv = cursor
+            rows = self.db.execute(
+                "SELECT conv, created, last FROM convs WHERE site=? AND last<=? AND NOT (last=? AND conv<=?) "
+                "ORDER BY last DESC, conv LIMIT ?",
+                (site, last, last, conv, limit + 1),
+            ).fetchall()
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return rows, ((rows[-1][2], rows[-1][0]) if more and rows else None)
+
+    def cursor_at(self, site: str, rank: int) -> tuple[int, str] | None:
+        if rank <= 0:
+            return None
+        row = self.db.execute(
+            "SELECT last, conv FROM convs WHERE site=? ORDER BY last DESC, conv LIMIT 1 OFFSET ?", (site, rank - 1)
+        ).fetchone()
+        return (row[0], row[1]) if row else None
+
+    def close(self) -> None:
+        with self._conns_lock:
+            for db in self._conns:
+                db.close()
+            self._conns.clear()
+        self._local = threading.local()
+
+
+class Floor:
+    """Append-only flat files with one ``fdatasync`` per batch; one ``pread`` per read."""
+
+    name = "floor"
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        os.makedirs(root, exist_ok=True)
+        self._files: dict[tuple[str, str], tuple[int, list[int], threading.Lock]] = {}
+        self._lock = threading.Lock()
+
+    def path(self, site: str, conv: str) -> str:
+        return os.path.join(self.root, f"{site}.{conv}.log")
+
+    def _file(self, site: str, conv: str) -> tuple[int, list[int], threading.Lock]:
+        key = (site, conv)
+        f = self._files.get(key)
+        if f is None:
+            with self._lock:
+                f = self._files.get(key)
+                if f is None:
+                    fd = os.open(self.path(site, conv), os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+                    f = self._files[key] = (fd, [os.fstat(fd).st_size], threading.Lock())
+        return f
+
+    def append(self, site: str, conv: str, items: list[dict[str, Any]]) -> None:
+        encoded = [_enc.encode(p) for p in items]
+        data = b",".join(encoded) + b","
+        fd, offsets, lock = self._file(site, conv)
+        with lock:
+            os.write(fd, data)
+            os.fdatasync(fd)
+            pos = offsets[-1]
+            for e in encoded:
+                pos += len(e) + 1
+                offsets.append(pos)
+
+    def range(self, site: str, conv: str, start: int, limit: int) -> list[Any]:
+        fd, offsets, _lock = self._file(site, conv)
+        stop = min(start + limit, len(offsets) - 1)
+        if start >= stop:
+            return []
+        lo, hi = offsets[start], offsets[stop]
+        return _dec_list.decode(b"[" + os.pread(fd, hi - lo - 1, lo) + b"]")
+
+    def tail(self, site: str, conv: str, n: int) -> list[Any]:
+        _fd, offsets, _lock = self._file(site, conv)
+        return self.range(site, conv, max(len(offsets) - 1 - n, 0), n)
+
+    def close(self) -> None:
+        with self._lock:
+            for fd, _o, _l in self._files.values():
+                os.close(fd)
+            self._files.clear()

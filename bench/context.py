@@ -1,0 +1,102 @@
+"""The state one run shares between workloads: sizes, backends, where data lives."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from .backends import Convmem, Floor, Sqlite
+from .util import Progress, engine_sync_disabled
+
+SITE = "bench-site"
+
+
+@dataclass
+class Sizes:
+    """How big each workload is; ``quick`` shrinks them to run in under two minutes."""
+
+    rounds: int = 7
+    append_batches: dict[int, int] = field(default_factory=lambda: {1: 60, 10: 60, 100: 20})
+    conv_lengths: tuple[int, ...] = (1_000, 10_000, 100_000)
+    recall_calls: int = 200
+    replay_rounds: int = 3
+    site_sizes: tuple[int, ...] = (1_000, 10_000, 100_000)
+    list_calls: int = 200
+    concurrent_appends: int = 40
+    concurrency_rounds: int = 3
+    cold_rounds: int = 5
+    mcp_calls: int = 300
+    item_bytes: int = 1024
+
+    @classmethod
+    def quick(cls) -> Sizes:
+        return cls(
+            rounds=3,
+            append_batches={1: 20, 10: 20, 100: 8},
+            conv_lengths=(1_000, 10_000, 100_000),
+            recall_calls=50,
+            replay_rounds=2,
+            site_sizes=(1_000, 10_000),
+            list_calls=50,
+            concurrent_appends=12,
+            concurrency_rounds=2,
+            cold_rounds=3,
+            mcp_calls=60,
+            item_bytes=1024,
+        )
+
+
+@dataclass
+class Ctx:
+    """Backends opened on one work directory, plus run options."""
+
+    workdir: str
+    sizes: Sizes
+    quick: bool
+    durable_setup: bool
+    progress: Progress
+    convmem: Convmem = field(init=False)
+    sqlite: Sqlite = field(init=False)
+    floor: Floor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.convmem = Convmem(self.convmem_dir)
+        self.sqlite = Sqlite(self.sqlite_path)
+        self.floor = Floor(self.floor_dir)
+
+    @property
+    def convmem_dir(self) -> str:
+        return os.path.join(self.workdir, "convmem")
+
+    @property
+    def sqlite_path(self) -> str:
+        return os.path.join(self.workdir, "sqlite.db")
+
+    @property
+    def floor_dir(self) -> str:
+        return os.path.join(self.workdir, "floor")
+
+    def backends(self) -> list[Convmem | Sqlite | Floor]:
+        return [self.convmem, self.sqlite, self.floor]
+
+    @contextlib.contextmanager
+    def setup_mode(self) -> Iterator[None]:
+        """Bulk-load data that is only read back: syncs off unless ``--durable-setup``.
+
+        The bytes on disk are the same either way; only the build is faster.
+        """
+        if self.durable_setup:
+            yield
+            return
+        self.sqlite.set_synchronous("OFF")
+        try:
+            with engine_sync_disabled():
+                yield
+        finally:
+            self.sqlite.set_synchronous("FULL")
+
+    def close(self) -> None:
+        for b in self.backends():
+            b.close()

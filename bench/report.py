@@ -1,0 +1,119 @@
+"""The printed table, the headline ratios and the targets the engine is built to reach."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .util import CONVMEM, FLOOR, SQLITE, Row
+
+
+def _fmt(v: float | None) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if v >= 100:
+        return f"{v:,.0f}"
+    if v >= 10:
+        return f"{v:.1f}"
+    return f"{v:.2f}"
+
+
+def _ratio(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def table(rows: list[Row]) -> str:
+    """Medians per backend and convmem's speed relative to SQLite and the floor (above 1x: convmem faster)."""
+    head = ("workload", "unit", CONVMEM, SQLITE, FLOOR, "vs sqlite", "vs floor")
+    body = [
+        (r.name + (f"  [{r.note}]" if r.note else ""), r.unit, _fmt(r.value(CONVMEM)), _fmt(r.value(SQLITE)),
+         _fmt(r.value(FLOOR)), _ratio(r.speed_ratio(SQLITE)), _ratio(r.speed_ratio(FLOOR)))
+        for r in rows
+    ]
+    widths = [max(len(str(x[i])) for x in [head, *body]) for i in range(len(head))]
+    lines = []
+    for j, line in enumerate([head, *body]):
+        cells = [str(c).ljust(widths[i]) if i < 2 else str(c).rjust(widths[i]) for i, c in enumerate(line)]
+        lines.append("| " + " | ".join(cells) + " |")
+        if j == 0:
+            lines.append("|" + "|".join("-" * (w + 2) if i < 2 else "-" * (w + 1) + ":" for i, w in enumerate(widths))
+                         + "|")
+    return "\n".join(lines)
+
+
+def _find(rows: list[Row], group: str, **extra: Any) -> Row | None:
+    for r in rows:
+        if r.group == group and all(r.extra.get(k) == v for k, v in extra.items()):
+            return r
+    return None
+
+
+def _growth(rows: list[Row], group: str, key: str, small: int, large: int, **extra: Any) -> float | None:
+    """convmem's time per call at ``large`` divided by its time at ``small``."""
+    a = _find(rows, group, **{key: small}, **extra)
+    b = _find(rows, group, **{key: large}, **extra)
+    if a is None or b is None:
+        return None
+    va, vb = a.value(CONVMEM), b.value(CONVMEM)
+    return None if not va or not vb else va / vb
+
+
+def ratios(rows: list[Row]) -> dict[str, float | None]:
+    """The headline figures, named so runs can be compared over time."""
+    out: dict[str, float | None] = {}
+    app = _find(rows, "append", batch=10, conversations=1)
+    out["append_vs_sqlite"] = app.speed_ratio(SQLITE) if app else None
+    out["append_vs_floor"] = app.speed_ratio(FLOOR) if app else None
+    lengths = sorted(r.extra["length"] for r in rows if r.group == "recall")
+    top = lengths[-1] if lengths else None
+    rec = _find(rows, "recall", length=top) if top else None
+    out["recall_vs_sqlite"] = rec.speed_ratio(SQLITE) if rec else None
+    out["recall_growth_100k_vs_1k"] = _growth(rows, "recall", "length", 1_000, 100_000)
+    rep = _find(rows, "replay")
+    out["replay_vs_sqlite"] = rep.speed_ratio(SQLITE) if rep else None
+    first = _growth(rows, "list", "conversations", 1_000, 100_000, rank=0)
+    deep = [r for r in rows if r.group == "list" and r.extra.get("conversations") == 100_000 and r.extra["rank"]]
+    deep_small = [r for r in rows if r.group == "list" and r.extra.get("conversations") == 1_000 and r.extra["rank"]]
+    deep_g = None
+    if deep and deep_small and deep[0].value(CONVMEM) and deep_small[0].value(CONVMEM):
+        deep_g = deep_small[0].value(CONVMEM) / deep[0].value(CONVMEM)  # type: ignore[operator]
+    out["list_growth_100k_vs_1k"] = max((g for g in (first, deep_g) if g is not None), default=None)
+    cold = _find(rows, "open", what="conversation")
+    out["open_100k_ms"] = cold.value(CONVMEM) if cold and cold.extra.get("length") == 100_000 else None
+    mcp_r = _find(rows, "mcp", tool="recall_memory")
+    out["mcp_recall_vs_noop"] = mcp_r.extra.get("vs_noop") if mcp_r else None
+    mem = _find(rows, "memory")
+    out["replay_rss_vs_response"] = mem.extra.get("rss_vs_response") if mem else None
+    return out
+
+
+#: (ratio key, comparison, threshold, what the issue asks)
+TARGETS = [
+    ("append_vs_sqlite", ">=", 2.0, "append of 10-item batches at least 2x SQLite"),
+    ("append_vs_floor", ">=", 0.8, "append of 10-item batches at least 0.8x the floor"),
+    ("recall_vs_sqlite", ">=", 5.0, "recall of the last 50 at 100,000 items at least 5x SQLite"),
+    ("recall_growth_100k_vs_1k", "<=", 1.2, "recall at 100,000 items no more than 1.2x its time at 1,000"),
+    ("replay_vs_sqlite", ">=", 3.0, "replay at least 3x SQLite's items per second"),
+    ("list_growth_100k_vs_1k", "<=", 1.2, "a listing page at 100,000 conversations no more than 1.2x at 1,000"),
+    ("open_100k_ms", "<", 20.0, "cold open of a 100,000-item conversation under 20 ms"),
+    ("mcp_recall_vs_noop", ">=", 0.8, "recall_memory at least 0.8x the no-op's calls per second"),
+    ("replay_rss_vs_response", "<", 4.0, "replay of the largest page: peak RSS under 4x the response"),
+]
+
+
+def targets(r: dict[str, float | None]) -> list[dict[str, Any]]:
+    out = []
+    for key, op, limit, text in TARGETS:
+        v = r.get(key)
+        met = None if v is None else (v >= limit if op == ">=" else v <= limit if op == "<=" else v < limit)
+        out.append({"key": key, "target": f"{op} {limit}", "value": v, "met": met, "what": text})
+    return out
+
+
+def targets_text(ts: list[dict[str, Any]]) -> str:
+    lines = []
+    for t in ts:
+        mark = "n/a " if t["met"] is None else ("MET " if t["met"] else "MISS")
+        val = "unavailable" if t["value"] is None else f"{t['value']:.2f}"
+        lines.append(f"  {mark} {t['key']:<26} {val:>11}  (target {t['target']}: {t['what']})")
+    return "\n".join(lines)
