@@ -52,7 +52,7 @@ def encode_batch(payloads: Sequence[Mapping[str, Any]]) -> tuple[bytes, int]:
     parts: list[bytes] = []
     total = 0
     for i, item in enumerate(payloads):
-        if not isinstance(item, Mapping):
+        if type(item) is not dict and not isinstance(item, Mapping):
             raise InvalidPayload(i, f"an item must be a JSON object, not {type(item).__name__}")
         try:
             enc = _encoder.encode(item)
