@@ -1,0 +1,47 @@
+"""Fault-injection suite: soak switch and the one-line summary of what it did.
+
+Soak mode (thousands of crash rounds, many more sampled flips) is switched on
+with ``CONVMEM_SOAK=1`` (works from any directory), or ``--soak`` when pytest
+is pointed at this directory (``pytest tests/faults --soak``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from ._common import STATS
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--soak", action="store_true", default=False, help="run the fault suite for hours, not minutes")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    try:
+        if config.getoption("--soak"):
+            os.environ["CONVMEM_SOAK"] = "1"
+    except ValueError:
+        pass  # option not registered: this conftest was loaded after the command line was parsed
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not STATS:
+        return
+    parts = [
+        f"{STATS['crash rounds']} crash rounds",
+        f"{STATS['server kill rounds']} server kill rounds",
+        f"{STATS['crash points']} crash-point runs",
+        f"{STATS['acked batches verified']} acked batches verified",
+        f"{STATS['torn tails']} torn tails",
+        f"{STATS['flipped bytes']} flipped bytes",
+        f"{STATS['disk full appends']} disk-full appends",
+        f"{STATS['fsync faults']} fsync faults",
+        f"{STATS['lock timeouts']} lock timeouts",
+        f"{STATS['clock steps']} clock steps",
+        f"{STATS['derived deletions']} derived-data deletions",
+        f"{STATS['bad inputs']} bad inputs",
+        f"{STATS['lost']} acknowledged items lost",
+    ]
+    terminalreporter.write_line("faults: " + ", ".join(parts))

@@ -1,0 +1,114 @@
+"""Fault 1: writer processes killed with SIGKILL at random moments.
+
+Several writer processes append to their own conversations and to one shared
+by all of them, recording every acknowledged range. Each round kills them
+(all at once, or one by one) at a random moment, reopens the store in this
+process and checks every promise: every acknowledged item is there with its
+exact payload and seq, seqs are gapless, no partial batch is visible, every
+conversation with an acknowledged item is listed, and appends continue where
+they left off.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from logstore import FileStore
+
+from ._common import SITE, STATS, Ack, make_batch, read_acks, rounds, subprocess_env, verify, writer_cmd
+
+WRITERS = 3
+SHARED = "shared-conversation"
+
+
+def _own(w: int) -> list[str]:
+    return [f"w{w}-conv-a", f"w{w}-conv-b"]
+
+
+def _spawn(data: Path, w: int, round_no: int, seed: int) -> subprocess.Popen[bytes]:
+    convs = [*_own(w), SHARED]
+    return subprocess.Popen(
+        writer_cmd(
+            "--data-dir",
+            str(data),
+            "--id",
+            f"w{w}",
+            "--convs",
+            ",".join(convs),
+            "--acks",
+            str(data.parent / f"acks-w{w}.jsonl"),
+            "--start-batch",
+            str(round_no * 1_000_000),
+            "--seed",
+            str(seed),
+            "--segment-bytes",
+            "4096",
+            "--index-interval",
+            "512",
+            "--compact-bytes",
+            "1",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=subprocess_env(),
+    )
+
+
+def _wait_ready(p: subprocess.Popen[bytes]) -> None:
+    assert p.stdout is not None
+    line = p.stdout.readline()
+    assert line == b"ready\n", f"writer failed to start (exit {p.poll()})"
+
+
+def test_sigkill_writers(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    n_rounds = rounds(24, 2000)
+    rng = random.Random(int(os.environ.get("CONVMEM_FAULT_SEED", "0")) or None)
+    all_convs = [SHARED] + [c for w in range(WRITERS) for c in _own(w)]
+    verifier_acks: list[Ack] = []
+    for round_no in range(1, n_rounds + 1):
+        procs = [_spawn(data, w, round_no, rng.randrange(1 << 30)) for w in range(WRITERS)]
+        for p in procs:
+            _wait_ready(p)
+        if rng.random() < 0.5:
+            time.sleep(rng.uniform(0.0, 0.5))
+            for p in procs:
+                p.send_signal(signal.SIGKILL)
+        else:
+            for p in procs:
+                time.sleep(rng.uniform(0.0, 0.25))
+                p.send_signal(signal.SIGKILL)
+        for p in procs:
+            p.wait()
+            assert p.stdout is not None
+            p.stdout.close()
+            assert p.returncode == -signal.SIGKILL, f"writer exited by itself with {p.returncode}"
+        STATS["crash rounds"] += 1
+
+        acks = [a for w in range(WRITERS) for a in read_acks(str(tmp_path / f"acks-w{w}.jsonl"))]
+        acks += verifier_acks
+        store = FileStore(data, lock_timeout=10.0, segment_bytes=4096, index_interval=512)
+        try:
+            logs = verify(store, SITE, acks, all_convs)
+            # Appends continue where they left off: the next seq is the end of the log.
+            for conv in all_convs:
+                batch = make_batch("v", round_no, 2, 10)
+                r = store.append(SITE, conv, batch)
+                end = len(logs[conv])
+                assert r.first == end, f"{conv}: append after the crash got seq {r.first}, the log ends at {end}"
+                verifier_acks.append(Ack(conv, r.first, r.last, "v", round_no, 2, 10))
+        finally:
+            store.close()
+
+    store = FileStore(data, segment_bytes=4096, index_interval=512)
+    try:
+        acks = [a for w in range(WRITERS) for a in read_acks(str(tmp_path / f"acks-w{w}.jsonl"))] + verifier_acks
+        verify(store, SITE, acks, all_convs)
+        assert len(acks) > n_rounds * len(all_convs), "the writers acknowledged nothing: the test tested nothing"
+    finally:
+        store.close()
