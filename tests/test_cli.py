@@ -1,0 +1,104 @@
+"""The ``convmem site`` commands, run as real subprocesses on a temporary data directory."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import pytest
+from mcp_helpers import run_convmem
+
+from logstore import Tail, open_store
+from mcp_adapter.cli import build_parser
+from mcp_adapter.credentials import CredentialFile
+
+
+def mode_of(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_site_add_prints_a_strong_password_once(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    done = run_convmem("site", "add", "team-alpha", "--data-dir", str(data))
+    assert done.returncode == 0, done.stderr
+    password = done.stdout.strip()
+    assert len(password) >= 32 and "\n" not in password
+    assert "only this once" in done.stderr
+    creds = CredentialFile(data)
+    assert creds.verify("team-alpha", password)
+    assert not creds.verify("team-alpha", password + "x")
+    # Only a salted hash is stored, in owner-only files.
+    raw = (data / "auth" / "sites.json").read_text()
+    assert password not in raw
+    entry = json.loads(raw)["sites"]["team-alpha"]
+    assert entry["kdf"] == "scrypt" and entry["salt"] and entry["hash"]
+    assert mode_of(data / "auth") == 0o700
+    assert mode_of(data / "auth" / "sites.json") == 0o600
+    assert not (data / "sites").exists() or "team-alpha" not in str(list((data / "sites").rglob("*")))
+
+
+def test_site_add_refuses_duplicates_and_bad_names(tmp_path: Path) -> None:
+    data = str(tmp_path / "data")
+    assert run_convmem("site", "add", "team-alpha", "--data-dir", data).returncode == 0
+    again = run_convmem("site", "add", "team-alpha", "--data-dir", data)
+    assert again.returncode == 1 and "already exists" in again.stderr
+    for bad in ("demo", "x" * 65, "has space", "semi;colon"):
+        done = run_convmem("site", "add", bad, "--data-dir", data)
+        assert done.returncode == 2 and "8-64 characters" in done.stderr, bad
+
+
+def test_password_stdin_list_and_passwd(tmp_path: Path) -> None:
+    data = str(tmp_path / "data")
+    done = run_convmem("site", "add", "team-bravo", "--password-stdin", "--data-dir", data, input="correct-horse-1\n")
+    assert done.returncode == 0 and done.stdout == ""
+    too_short = run_convmem("site", "add", "team-short", "--password-stdin", "--data-dir", data, input="short\n")
+    assert too_short.returncode == 2
+    assert run_convmem("site", "add", "team-alpha", "--data-dir", data).returncode == 0
+    listed = run_convmem("site", "list", "--data-dir", data)
+    assert listed.stdout.split() == ["team-alpha", "team-bravo"]
+    creds = CredentialFile(data)
+    assert creds.verify("team-bravo", "correct-horse-1")
+    changed = run_convmem("site", "passwd", "team-bravo", "--data-dir", data)
+    assert changed.returncode == 0
+    assert creds.verify("team-bravo", changed.stdout.strip())
+    assert not creds.verify("team-bravo", "correct-horse-1")
+    missing = run_convmem("site", "passwd", "team-nobody", "--data-dir", data)
+    assert missing.returncode == 1 and "no site" in missing.stderr
+
+
+def test_remove_refuses_while_the_site_holds_conversations(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    assert run_convmem("site", "add", "team-alpha", "--data-dir", str(data)).returncode == 0
+    assert run_convmem("site", "add", "team-empty", "--data-dir", str(data)).returncode == 0
+    with open_store(data) as store:
+        store.append("team-alpha", "conv-0001", [{"a": 1}])
+    refused = run_convmem("site", "remove", "team-alpha", "--data-dir", str(data))
+    assert refused.returncode == 1 and "--force" in refused.stderr
+    assert "team-alpha" in CredentialFile(data).sites()
+    assert run_convmem("site", "remove", "team-empty", "--data-dir", str(data)).returncode == 0
+    forced = run_convmem("site", "remove", "team-alpha", "--force", "--data-dir", str(data))
+    assert forced.returncode == 0, forced.stderr
+    assert CredentialFile(data).sites() == []
+    with open_store(data) as store:
+        assert store.read("team-alpha", "conv-0001", Tail(10)) == []
+    gone = run_convmem("site", "remove", "team-alpha", "--data-dir", str(data))
+    assert gone.returncode == 1
+
+
+def test_data_dir_comes_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONVMEM_DATA_DIR", str(tmp_path / "env-data"))
+    monkeypatch.setenv("CONVMEM_PORT", "9999")
+    monkeypatch.setenv("CONVMEM_HOST", "0.0.0.0")
+    parser, _ = build_parser()
+    args = parser.parse_args(["serve"])
+    assert (args.data_dir, args.port, args.host) == (str(tmp_path / "env-data"), 9999, "0.0.0.0")
+    args = parser.parse_args(["serve", "--port", "1234"])
+    assert args.port == 1234
+    args = parser.parse_args(["site", "list"])
+    assert args.data_dir == str(tmp_path / "env-data")
+
+
+def test_version() -> None:
+    done = run_convmem("--version")
+    assert done.returncode == 0 and done.stdout.startswith("convmem ")
