@@ -34,6 +34,7 @@ from sortedcontainers import SortedList
 from . import fileio
 from .conversation import ManifestHook, Tip
 from .errors import StoreError, Timeout
+from .timefmt import now_us
 
 LOG_MAGIC = b"CVMMLOG\x01"
 SNAP_MAGIC = b"CVMMSNP\x01"
@@ -157,7 +158,8 @@ class SiteManifest(ManifestHook):
         self._loaded = False
         self._repo: dict[str, _Entry] = {}
         self._order: SortedList = SortedList()
-        self._pending_seen: dict[str, float] = {}
+        #: Conversations with an intent not yet followed by its commit.
+        self._pending: set[str] = set()
         self._repoch = 0
         self._rsalt = 0
         self._rfd: int | None = None
@@ -300,7 +302,7 @@ class SiteManifest(ManifestHook):
             os.close(self._rfd)
         self._repo = {e.conversation_id: e for e in entries}
         self._order = SortedList((-e.last_us, e.conversation_id) for e in entries if e.next_seq > 0)
-        self._pending_seen = {e.conversation_id: 0.0 for e in entries if e.pending is not None}
+        self._pending = {e.conversation_id for e in entries if e.pending is not None}
         self._rfd, self._rsalt, self._repoch, self._roff = rfd, rsalt, epoch, LOG_HEADER.size
         self._complete = complete
         self._loaded = True
@@ -338,11 +340,11 @@ class SiteManifest(ManifestHook):
                 self._repo[conv] = e = _Entry(conv, 0, 0, 0)
             if nxt > e.next_seq and (e.pending is None or nxt > e.pending[2]):
                 e.pending = (created, last, nxt)
-                self._pending_seen.setdefault(conv, time.monotonic())
+                self._pending.add(conv)
             return
         if kind == RESOLVE and e is not None and e.pending is not None and len(rec) > 5 and e.pending[2] == rec[5]:
             e.pending = None
-            self._pending_seen.pop(conv, None)
+            self._pending.discard(conv)
         if nxt <= 0:
             return
         if e is None:
@@ -354,7 +356,7 @@ class SiteManifest(ManifestHook):
             self._order.add((-last, conv))
         if e.pending is not None and e.pending[2] <= e.next_seq:
             e.pending = None
-            self._pending_seen.pop(conv, None)
+            self._pending.discard(conv)
 
     def _refresh(self) -> None:
         with self._mutex:
@@ -365,13 +367,10 @@ class SiteManifest(ManifestHook):
                 self._load()
                 self._tail()
             rebuild = not self._complete
-            stale_after = self._lock_timeout + 1.0
-            now = time.monotonic()
-            due = [
-                (c, self._repo[c].pending)
-                for c, seen in self._pending_seen.items()
-                if now - seen > stale_after and self._repo[c].pending is not None
-            ]
+            # An intent older than any lock wait belongs to a writer that died before its commit.
+            # (Its recorded_at is the writer's clock when it wrote the intent.)
+            cutoff = now_us() - int((self._lock_timeout + 1.0) * 1_000_000)
+            due = [(c, p) for c in self._pending if (p := self._repo[c].pending) is not None and p[1] < cutoff]
         if rebuild:
             self.rebuild()
             return
