@@ -1,0 +1,1 @@
+"""pytest-benchmark micro-benchmarks of the engine's hot paths (not part of ``make test``)."""
