@@ -1,0 +1,6 @@
+"""Operator tools for a convmem data directory: ``fsck``, ``dump``, ``export``, ``import``, ``stats``.
+
+Each tool is one module with ``add_parser(subparsers)``; :func:`tools.cli.add_subcommands`
+registers them all on a ``convmem`` command line. They use only :mod:`logstore`'s
+public API (:mod:`logstore.maintenance`).
+"""

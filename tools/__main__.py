@@ -1,0 +1,10 @@
+"""``python -m tools SUBCOMMAND ...``: the operator tools without the ``convmem`` entry point."""
+
+from __future__ import annotations
+
+import sys
+
+from tools.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

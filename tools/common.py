@@ -1,0 +1,40 @@
+"""Small helpers shared by the tools: exit statuses, argument errors, sizes."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import NoReturn
+
+#: Exit statuses, as ``e2fsck`` uses them.
+EXIT_CLEAN = 0
+EXIT_REPAIRED = 1
+EXIT_PROBLEMS_LEFT = 4
+EXIT_OPERATIONAL = 8
+
+
+def exit_8_on_usage_error(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Make ``parser`` exit with status 8 (not argparse's 2) on bad arguments."""
+
+    def error(message: str) -> NoReturn:
+        parser.print_usage(sys.stderr)
+        sys.stderr.write(f"{parser.prog}: error: {message}\n")
+        sys.exit(EXIT_OPERATIONAL)
+
+    parser.error = error  # type: ignore[method-assign]
+    return parser
+
+
+def human_bytes(n: float) -> str:
+    """``1536`` -> ``"1.5 KiB"``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def fail(message: str, status: int = EXIT_OPERATIONAL) -> int:
+    """Print ``convmem: message`` to stderr and return ``status``."""
+    sys.stderr.write(f"convmem: {message}\n")
+    return status
