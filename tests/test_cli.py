@@ -7,11 +7,12 @@ import stat
 from pathlib import Path
 
 import pytest
-from mcp_helpers import run_convmem
+from mcp_helpers import REPO_ROOT, run_convmem
 
 from logstore import Tail, open_store
 from mcp_adapter.cli import build_parser
 from mcp_adapter.credentials import CredentialFile
+from mcp_adapter.serve import INSPECTOR_PACKAGE
 
 
 def mode_of(path: Path) -> int:
@@ -102,3 +103,14 @@ def test_data_dir_comes_from_the_environment(tmp_path: Path, monkeypatch: pytest
 def test_version() -> None:
     done = run_convmem("--version")
     assert done.returncode == 0 and done.stdout.startswith("convmem ")
+
+
+def test_readme_matches_the_cli() -> None:
+    """The README's option table and Inspector command line stay in step with the code."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert f"npx -y {INSPECTOR_PACKAGE} --cli" in readme
+    _, sub = build_parser()
+    serve_options = {opt for action in sub.choices["serve"]._actions for opt in action.option_strings}
+    table = readme.split("### Serving", 1)[1].split("###", 1)[0]
+    documented = {line.split("`")[1].split()[0] for line in table.splitlines() if line.startswith("| `--")}
+    assert documented == serve_options - {"-h", "--help"}
