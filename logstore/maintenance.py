@@ -48,6 +48,9 @@ from .timefmt import format_us, parse_rfc3339
 #: Name of the folder, directly inside a data directory, that receives copies
 #: of segments cut by ``truncate_at_corruption``.
 QUARANTINE_DIR = "quarantine"
+#: Names a data directory may hold at its top: the engine's, the quarantine,
+#: and ``auth/``, which the MCP server keeps beside the engine's files.
+_TOP_LEVEL_NAMES = frozenset({"logstore.json", "sites", QUARANTINE_DIR, "auth"})
 #: FORMAT.md's index interval: one entry per this many bytes of segment.
 INDEX_INTERVAL = 4096
 #: Bytes read per pread while walking a segment.
@@ -557,7 +560,8 @@ class _ConvScanner:
                     why = _batch_problem(rec.body, h.count)
                     if why is not None:
                         self.damaged(path, i, rec.offset, h.first_seq, BAD_BATCH, why)
-                    if entries.get(rec.offset) == h.first_seq:
+                    entry = entries.get(rec.offset)
+                    if entry is not None and entry[0] == h.first_seq:
                         verified.add(rec.offset)
                     expected = h.end_seq
                     self.seen_end = max(self.seen_end, h.end_seq)
@@ -566,14 +570,14 @@ class _ConvScanner:
                             self.created_us = h.recorded_at_us
                         self.last_us = h.recorded_at_us
                         self.next_seq = h.end_seq
-                for off, seq in entries.items():
+                for off, (seq, at) in entries.items():
                     if off not in verified:
                         self._index_problem(
                             base,
                             INDEX_MISMATCH,
-                            off,
-                            f"entry for seq {seq} at byte {off} does not "
-                            "point at a valid batch record carrying that seq",
+                            at,
+                            f"the entry for seq {seq} points at segment byte {off}, which is not the start "
+                            "of a valid batch record carrying that seq",
                         )
                 if not last_seg and not sealed and expected is not None:
                     self.unsafe_damage = True
@@ -641,13 +645,17 @@ class _ConvScanner:
                 else "in a sealed segment"
             ),
         )
-        if rec.header is not None:
+        if rec.header is not None and rec.header.first_seq == seq:
+            # A damaged record whose header still agrees with the log: its count is likely right.
             self.seen_end = max(self.seen_end, rec.header.end_seq)
 
     # -------------------------------------------------------------- indexes
 
-    def _index_entries(self, base: int, salt: int, seg_path: str, size: int) -> dict[int, int]:
-        """The index's entries as ``{offset: seq}``, reporting a missing or stale index."""
+    def _index_entries(self, base: int, salt: int, seg_path: str, size: int) -> dict[int, tuple[int, int]]:
+        """The index's entries as ``{segment offset: (seq, offset in the index file)}``.
+
+        A missing or stale index, or entries out of order, are reported here.
+        """
         data = self.snap.indexes.get(base)
         if data is None:
             self._index_problem(base, INDEX_MISSING, None, "the segment has no index file")
@@ -661,7 +669,7 @@ class _ConvScanner:
                 base, INDEX_STALE, 0, "index header does not belong to this segment (wrong magic, base seq or salt)"
             )
             return {}
-        out: dict[int, int] = {}
+        out: dict[int, tuple[int, int]] = {}
         prev_seq, prev_off = -1, 0
         whole = len(data) - (len(data) - index.INDEX_HEADER_SIZE) % index.ENTRY_SIZE
         for n, (rel, off) in enumerate(index.ENTRY.iter_unpack(data[index.INDEX_HEADER_SIZE : whole])):
@@ -674,7 +682,7 @@ class _ConvScanner:
                     f"entry {n} (seq {seq}, byte {off}) is out of order or past the segment's end",
                 )
                 return out
-            out[off] = seq
+            out[off] = (seq, index.INDEX_HEADER_SIZE + n * index.ENTRY_SIZE)
             prev_seq, prev_off = seq, off
         return out
 
@@ -1255,7 +1263,7 @@ def check(
     report = CheckReport(sites=len(sites))
     if site is None and conversation is None:
         for name in _listdir(root):
-            if name in (layout.MARKER_FILE, layout.SITES_DIR, QUARANTINE_DIR) or ".tmp" in name:
+            if name in _TOP_LEVEL_NAMES or ".tmp" in name:
                 continue
             report.problems.append(
                 Problem(

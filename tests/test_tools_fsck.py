@@ -1,0 +1,286 @@
+"""``convmem fsck`` against real damage on disk: detection, exit statuses, repair, truncation."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from logstore import FileStore, ListSelector, frame
+from tests.tools_support import (
+    SITE,
+    cli,
+    conv_dir,
+    flip_byte,
+    fsck,
+    kinds,
+    populate,
+    read_all,
+    record_offsets,
+    salt_of,
+    segments,
+)
+
+CID = "conv-0001"
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    root = tmp_path / "data"
+    populate(root)
+    return root
+
+
+def only(report: dict, kind: str) -> dict:
+    found = [p for p in report["problems"] if p["kind"] == kind]
+    assert len(found) == 1, report["problems"]
+    return found[0]
+
+
+def test_clean_data_exits_0(data: Path) -> None:
+    status, report = fsck(data)
+    assert status == 0
+    assert report["problems"] == []
+    assert report["conversations"] == 3
+    assert report["segments"] > 3  # small segments: the logs rolled
+    assert report["records"] >= 90
+
+
+def test_torn_tail_is_truncated_by_repair(data: Path) -> None:
+    last = segments(data, CID)[-1]
+    size = last.stat().st_size
+    record = frame.encode_record(salt_of(last), frame.KIND_BATCH, 80, 1, 1, b'[{"a":1}]')
+    with open(last, "ab") as f:
+        f.write(record[: len(record) // 2])  # a write cut short by a crash
+    status, report = fsck(data)
+    assert status == 4
+    p = only(report, "torn-tail")
+    assert (p["site"], p["conversation_id"], p["file"], p["offset"], p["repaired"]) == (
+        SITE,
+        CID,
+        str(last),
+        size,
+        False,
+    )
+    assert last.stat().st_size > size  # a check alone writes nothing
+
+    status, report = fsck(data, "--repair")
+    assert status == 1
+    assert only(report, "torn-tail")["repaired"] is True
+    assert last.stat().st_size == size
+    assert fsck(data)[0] == 0
+    assert len(read_all(data, CID)) == 80
+
+
+def test_zero_filled_tail_is_torn(data: Path) -> None:
+    last = segments(data, CID)[-1]
+    with open(last, "ab") as f:
+        f.write(b"\0" * 300)
+    status, report = fsck(data, "--repair")
+    assert status == 1 and kinds(report) == ["torn-tail"]
+    assert fsck(data)[0] == 0
+
+
+def test_flipped_byte_in_sealed_segment_is_reported_and_left(data: Path) -> None:
+    seg = segments(data, CID)[0]
+    offset, _size, _kind = record_offsets(seg)[2]
+    flip_byte(seg, offset + 40)  # inside the body
+    before = seg.read_bytes()
+    status, report = fsck(data)
+    assert status == 4
+    p = only(report, "corrupt-record")
+    assert (p["file"], p["offset"], p["conversation_id"]) == (str(seg), offset, CID)
+    status, report = fsck(data, "--repair")
+    assert status == 4
+    assert only(report, "corrupt-record")["repaired"] is False
+    assert seg.read_bytes() == before  # acknowledged data is never removed by --repair
+
+
+def test_damaged_last_record_is_not_mistaken_for_a_torn_tail(data: Path) -> None:
+    last = segments(data, CID)[-1]
+    offset, size, _kind = record_offsets(last)[-1]
+    flip_byte(last, offset + 35)
+    status, report = fsck(data, "--repair")
+    assert status == 4
+    p = only(report, "corrupt-record")
+    assert p["offset"] == offset and not p["repaired"]
+    assert last.stat().st_size == offset + size  # not truncated
+
+
+def test_truncate_at_corruption_quarantines_and_reports_lost_seqs(data: Path) -> None:
+    segs = segments(data, CID)
+    seg = segs[1]
+    records = record_offsets(seg)
+    offset = records[1][0]
+    first_lost = frame.decode_record_header(seg.read_bytes(), offset).first_seq
+    originals = {s.name: s.read_bytes() for s in segs[1:]}
+    flip_byte(seg, offset + 20)  # the record's first_seq field: only the checksum can tell
+
+    status, report = fsck(data, "--truncate-at-corruption")
+    assert status == 1, report
+    p = only(report, "corrupt-record")
+    assert p["repaired"] is True
+    assert f"dropped seqs {first_lost}..79" in p["action"]
+    qdirs = list((data / "quarantine").iterdir())
+    assert len(qdirs) == 1
+    for name, content in originals.items():
+        expected = content if name != seg.name else None
+        copy = (qdirs[0] / name).read_bytes()
+        if expected is not None:
+            assert copy == expected
+    assert (qdirs[0] / seg.name).read_bytes() != originals[seg.name]  # the damaged original, as it was
+    lost = json.loads((qdirs[0] / "lost.json").read_bytes())
+    assert (lost["first_lost_seq"], lost["last_lost_seq_seen"]) == (first_lost, 79)
+
+    assert fsck(data)[0] == 0
+    items = read_all(data, CID)
+    assert [i.seq for i in items] == list(range(first_lost))
+    with FileStore(data) as store:
+        assert store.append(SITE, CID, [{"after": "repair"}]).first == first_lost
+    assert fsck(data)[0] == 0
+
+
+def test_deleted_index_is_rebuilt(data: Path) -> None:
+    idx = segments(data, CID)[0].with_suffix(".idx")
+    original = idx.read_bytes()
+    idx.unlink()
+    status, report = fsck(data)
+    assert status == 4 and kinds(report) == ["index-missing"]
+    assert only(report, "index-missing")["file"] == str(idx)
+    status, report = fsck(data, "--repair")
+    assert status == 1
+    assert idx.read_bytes() == original
+    assert fsck(data)[0] == 0
+
+
+def test_stale_and_wrong_indexes_are_rebuilt(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    populate(root, conversations=2, batches=150, segment_bytes=64 * 1024)
+    a, b = segments(root, "conv-0000")[0], segments(root, "conv-0001")[0]
+    shutil.copyfile(b.with_suffix(".idx"), a.with_suffix(".idx"))  # another segment's index: wrong salt
+    raw = bytearray(b.with_suffix(".idx").read_bytes())
+    assert len(raw) >= 48, "the segment should have index entries"
+    raw[36:40] = (int.from_bytes(raw[36:40], "little") + 3).to_bytes(4, "little")  # entry 0 points mid-record
+    b.with_suffix(".idx").write_bytes(bytes(raw))
+    status, report = fsck(root)
+    assert status == 4
+    assert kinds(report) == ["index-mismatch", "index-stale"]
+    assert only(report, "index-mismatch")["offset"] == 32
+    status, _ = fsck(root, "--repair")
+    assert status == 1
+    assert fsck(root)[0] == 0
+
+
+def test_stale_manifest_is_rewritten(data: Path) -> None:
+    site_dir = conv_dir(data, CID).parents[3]
+    saved = {p.name: p.read_bytes() for p in site_dir.glob("manifest-*")}
+    with FileStore(data, segment_bytes=4096) as store:
+        store.append(SITE, CID, [{"later": 1}])
+        store.append(SITE, "conv-new1", [{"new": 1}])
+    for p in site_dir.glob("manifest-*"):
+        p.unlink()
+    for name, content in saved.items():
+        (site_dir / name).write_bytes(content)  # an old manifest copied back
+    status, report = fsck(data)
+    assert status == 4
+    assert kinds(report) == ["manifest-stale", "manifest-stale"]
+    assert {p["conversation_id"] for p in report["problems"]} == {CID, "conv-new1"}
+    status, report = fsck(data, "--repair")
+    assert status == 1
+    assert fsck(data)[0] == 0
+    with FileStore(data) as store:
+        listing = store.list_conversations(SITE, ListSelector(None, 10))
+    assert {s.conversation_id for s in listing.summaries} == {"conv-0000", "conv-0001", "conv-0002", "conv-new1"}
+
+
+def test_missing_manifest_is_rebuilt(data: Path) -> None:
+    site_dir = conv_dir(data, CID).parents[3]
+    for p in site_dir.glob("manifest-*"):
+        p.unlink()
+    status, report = fsck(data, "--repair")
+    assert status == 1 and kinds(report) == ["manifest-missing"]
+    assert fsck(data)[0] == 0
+
+
+def test_gap_from_a_deleted_segment(data: Path) -> None:
+    segs = segments(data, CID)
+    gone = segs[1]
+    first_missing = int(gone.name[:20])
+    gone.unlink()  # its .idx stays behind: an orphan
+    status, report = fsck(data)
+    assert status == 4
+    assert kinds(report) == ["orphan-index", "seq-gap"]
+    gap = only(report, "seq-gap")
+    assert (gap["file"], gap["offset"]) == (str(segs[2]), 0)
+    assert f"seqs {first_missing}.." in gap["detail"]
+
+    status, report = fsck(data, "--repair")
+    assert status == 4
+    assert only(report, "orphan-index")["repaired"] is True
+    assert only(report, "seq-gap")["repaired"] is False
+    assert segs[2].exists()
+
+    status, report = fsck(data, "--truncate-at-corruption")
+    assert status == 1
+    assert [i.seq for i in read_all(data, CID)] == list(range(first_missing))
+    assert fsck(data)[0] == 0
+
+
+def _append_record(seg: Path, first_seq: int, count: int, recorded_at_us: int, body: bytes) -> int:
+    offset = seg.stat().st_size
+    with open(seg, "ab") as f:
+        f.write(frame.encode_record(salt_of(seg), frame.KIND_BATCH, first_seq, count, recorded_at_us, body))
+    return offset
+
+
+def test_records_that_checksum_but_break_the_rules(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    populate(root, conversations=3, batches=3)
+    last = {c: segments(root, c)[-1] for c in ("conv-0000", "conv-0001", "conv-0002")}
+    off_ts = _append_record(last["conv-0000"], 6, 1, 1_000, b'[{"old":1}]')  # recorded_at goes back in time
+    off_seq = _append_record(last["conv-0001"], 9, 1, 2**62, b'[{"x":1}]')  # seqs 6..8 skipped
+    off_batch = _append_record(last["conv-0002"], 6, 2, 2**62, b'[{"x":1},2]')  # not two objects
+    status, report = fsck(root, "--repair")
+    assert status == 4
+    assert kinds(report) == ["bad-batch", "recorded-at-decreasing", "seq-mismatch"]
+    assert only(report, "recorded-at-decreasing")["offset"] == off_ts
+    assert only(report, "seq-mismatch")["offset"] == off_seq
+    assert only(report, "bad-batch")["offset"] == off_batch
+
+
+def test_stray_files_and_operational_errors(data: Path, tmp_path: Path) -> None:
+    (conv_dir(data, CID) / "notes.txt").write_text("hello")
+    (data / "auth").mkdir()  # the MCP server's directory is expected
+    status, report = fsck(data, "--repair")
+    assert status == 4
+    p = only(report, "stray-file")
+    assert p["file"] == str(conv_dir(data, CID) / "notes.txt") and not p["repaired"]
+
+    assert cli("fsck", str(tmp_path / "nowhere")).returncode == 8
+    assert cli("fsck", str(data), "--site", "no-such-site").returncode == 8
+    assert cli("fsck", str(data), "--conversation", "bad id!").returncode == 8
+    assert cli("fsck", "--no-such-flag").returncode == 8
+
+
+def test_scope_to_one_conversation(data: Path) -> None:
+    flip_byte(segments(data, "conv-0002")[0], 100)
+    status, report = fsck(data, "--site", SITE, "--conversation", CID)
+    assert status == 0 and report["conversations"] == 1
+    status, report = fsck(data, "--site", SITE, "--conversation", "conv-0002")
+    assert status == 4 and kinds(report) == ["corrupt-record"]
+
+
+def test_human_output_names_file_offset_and_action(data: Path) -> None:
+    seg = segments(data, CID)[0]
+    offset = record_offsets(seg)[1][0]
+    flip_byte(seg, offset + 33)
+    proc = cli("fsck", str(data))
+    out = proc.stdout.decode()
+    assert proc.returncode == 4
+    assert f"corrupt-record: site {SITE} conversation {CID}: {seg} at byte {offset}" in out
+    assert "--truncate-at-corruption" in out
+    assert proc.stderr == b""  # no progress bar when stderr is not a terminal
+    assert os.path.getsize(seg) > offset
