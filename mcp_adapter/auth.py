@@ -26,10 +26,10 @@ from collections import OrderedDict
 import anyio
 import anyio.to_thread
 
-from logstore import InvalidConversationId, SiteName
+from logstore import InvalidConversationId, SiteName, Unavailable
 
 from .credentials import DUMMY_HASH, CredentialFile, PasswordHash
-from .errors import ToolFailure, unauthenticated
+from .errors import ToolFailure, from_store_error, unauthenticated
 
 #: How long a verified header is trusted without running the KDF again (seconds).
 DEFAULT_TTL = 60.0
@@ -91,8 +91,19 @@ class Authenticator:
         return hmac.new(self._key, header.encode("utf-8", "surrogatepass"), hashlib.sha256).digest()
 
     def _refresh(self) -> None:
-        """Reload the credential file if it changed since the last look (drops the cache)."""
+        """Reload the credential file if it changed since the last look (drops the cache).
+
+        Raises ``Unavailable`` (retryable) when the whole ``auth/`` directory is
+        gone, e.g. the data directory was unmounted: that is an outage, not a
+        wrong password.
+        """
         stamp = self._credentials.stamp()
+        if stamp is None and not self._credentials.auth_dir.is_dir():
+            with self._lock:
+                self._cache.clear()
+                self._stamp = None
+                self._hashes = {}
+            raise from_store_error(Unavailable("the credential store in the data directory is not available"))
         if stamp == self._stamp:
             return
         hashes = self._credentials.load()

@@ -103,7 +103,7 @@ async def test_demo_site_is_created_once_and_reused(tmp_path: Path) -> None:
         assert second.stop() == 0
 
 
-def test_healthz_reports_an_unusable_data_directory(tmp_path: Path) -> None:
+async def test_a_vanished_data_directory_is_unavailable_not_unauthenticated(tmp_path: Path) -> None:
     data = new_data_dir(tmp_path)
     server = ServerProcess(data)
     try:
@@ -112,8 +112,13 @@ def test_healthz_reports_an_unusable_data_directory(tmp_path: Path) -> None:
         data.rename(moved)
         response = httpx2.get(server.base + "/healthz")
         assert response.status_code == 503 and response.json() == {"status": "unavailable"}
-        moved.rename(data)
-        assert httpx2.get(server.base + "/healthz").status_code == 200
+        async with connect(server.url, basic(SITE, PASSWORD)) as client:
+            result = await client.call_tool("recall_memory", {"conversation_id": "gone-conv1"})
+            error = error_of(result)
+            assert error["code"] == "Unavailable" and error["retryable"] is True
+            moved.rename(data)
+            assert httpx2.get(server.base + "/healthz").status_code == 200
+            assert not (await client.call_tool("recall_memory", {"conversation_id": "gone-conv1"})).is_error
     finally:
         assert server.stop() == 0
 
@@ -190,5 +195,29 @@ async def test_listing_pagination_with_ties(tmp_path: Path, monkeypatch: pytest.
                     break
         assert ids == [*tied, "older-conv"]
         assert pages == 4
+    finally:
+        assert server.stop() == 0
+
+
+async def test_full_conversation(tmp_path: Path) -> None:
+    data = new_data_dir(tmp_path)
+    with open_store(data) as store:  # fill to one item short of the limit, without HTTP round trips
+        for _ in range(399):
+            store.append(SITE, "nearly-full", [{}] * 250)
+        store.append(SITE, "nearly-full", [{}] * 249)
+    server = ServerProcess(data)
+    try:
+        async with connect(server.url, basic(SITE, PASSWORD)) as client:
+            too_many = error_of(
+                await client.call_tool("append_memory", {"conversation_id": "nearly-full", "items": [{}, {}]})
+            )
+            last = await client.call_tool(
+                "append_memory", {"conversation_id": "nearly-full", "items": [{"last": True}]}
+            )
+            after = error_of(await client.call_tool("append_memory", {"conversation_id": "nearly-full", "items": [{}]}))
+        assert too_many["code"] == "ConversationFull" and too_many["retryable"] is False
+        assert (too_many["limit"], too_many["actual"]) == (100_000, 100_001)
+        assert last.structured_content == {"first_seq": 99_999, "last_seq": 99_999}
+        assert after["code"] == "ConversationFull"
     finally:
         assert server.stop() == 0
