@@ -22,8 +22,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import portalocker
-
 from . import fileio, frame, index, layout
 from .codec import decode_batch
 from .errors import ConversationFull, Corrupted, Io, Timeout
@@ -136,21 +134,12 @@ class Conversation:
     def _lock(self, exclusive: bool, deadline: float, started: float) -> None:
         if self._lock_fd is None:
             self._lock_fd = os.open(os.path.join(self.path, layout.LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
-        flags = (portalocker.LOCK_EX if exclusive else portalocker.LOCK_SH) | portalocker.LOCK_NB
         fd = self._lock_fd
-
-        def attempt() -> bool:
-            try:
-                portalocker.lock(fd, flags)
-                return True
-            except portalocker.AlreadyLocked:
-                return False
-
-        _lock_wait(attempt, deadline, started)
+        _lock_wait(lambda: fileio.try_lock(fd, exclusive), deadline, started)
 
     def _unlock(self) -> None:
         if self._lock_fd is not None:
-            portalocker.unlock(self._lock_fd)
+            fileio.unlock(self._lock_fd)
 
     # -------------------------------------------------------------- recovery
 

@@ -27,7 +27,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgspec
-import portalocker
 import xxhash
 from sortedcontainers import SortedList
 
@@ -175,19 +174,17 @@ class SiteManifest(ManifestHook):
         started = time.monotonic()
         delay = 0.0005
         while True:
-            try:
-                portalocker.lock(self._lock_fd, portalocker.LOCK_EX | portalocker.LOCK_NB)
+            if fileio.try_lock(self._lock_fd, True):
                 return
-            except portalocker.AlreadyLocked:
-                waited = time.monotonic() - started
-                if waited > self._lock_timeout:
-                    raise Timeout(waited) from None
-                time.sleep(delay)
-                delay = min(delay * 2, 0.02)
+            waited = time.monotonic() - started
+            if waited > self._lock_timeout:
+                raise Timeout(waited)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.02)
 
     def _funlock(self) -> None:
         assert self._lock_fd is not None
-        portalocker.unlock(self._lock_fd)
+        fileio.unlock(self._lock_fd)
 
     def close(self) -> None:
         with self._mutex:
