@@ -1,0 +1,81 @@
+"""``convmem dump``, ``convmem stats`` and the progress bar."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from logstore.maintenance import Progress
+from tests.tools_support import SITE, cli, flip_byte, populate, record_offsets, segments
+from tools.progress import ProgressBar
+
+
+def test_dump_prints_every_record(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    populate(root, conversations=1, batches=40)
+    seg = segments(root, "conv-0000")[0]
+    records = record_offsets(seg)
+    proc = cli("dump", str(seg))
+    assert proc.returncode == 0
+    out = proc.stdout.decode()
+    assert f"@40 len={records[0][1]} batch ok" in out
+    assert "seqs 0..1 items=2" in out
+    assert '    [0] {"i":0,"text":"' in out
+    assert '    [1] {"k":[0,null,true]}' in out
+    assert f"seal at seq {len([r for r in records if r[2] == 1]) * 2}" in out
+    assert f"{len(records)} records, 0 damaged" in out
+
+    quiet = cli("dump", str(seg), "--no-payloads").stdout.decode()
+    assert "[0]" not in quiet and "@40" in quiet
+    lines = [json.loads(line) for line in cli("dump", str(seg), "--json").stdout.splitlines()]
+    assert [d["offset"] for d in lines] == [r[0] for r in records]
+    assert lines[0]["payloads"][1] == {"k": [0, None, True]}
+
+
+def test_dump_shows_damage_and_resumes(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    populate(root, conversations=1, batches=40)
+    seg = segments(root, "conv-0000")[0]
+    records = record_offsets(seg)
+    flip_byte(seg, records[3][0] + 50)
+    proc = cli("dump", str(seg))
+    assert proc.returncode == 4
+    out = proc.stdout.decode()
+    assert f"@{records[3][0]} len={records[3][1]} damaged checksum mismatch" in out
+    assert f"@{records[4][0]} len=" in out  # the dump resumes at the next valid record
+    assert cli("dump", str(tmp_path / "missing.seg")).returncode == 8
+
+
+def test_stats_counts_items_and_fill(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    populate(root, conversations=3, batches=40)
+    proc = cli("stats", str(root), "--json")
+    assert proc.returncode == 0
+    [site] = json.loads(proc.stdout)
+    assert (site["site"], site["conversations"], site["items"]) == (SITE, 3, 240)
+    assert site["bytes_on_disk"] > sum(s.stat().st_size for s in segments(root, "conv-0000"))
+    assert site["largest"][0]["items"] == 80
+    assert site["largest"][0]["fill"] == 80 / 100_000
+    text = cli("stats", str(root), "--site", SITE, "--top", "2").stdout.decode()
+    assert f"site {SITE}: 3 conversations, 240 items" in text
+    assert "0.08% of limit" in text
+    assert text.count("items  ") == 2
+    assert cli("stats", str(tmp_path / "nowhere")).returncode == 8
+
+
+def test_progress_bar_draws_only_on_a_terminal() -> None:
+    quiet = io.StringIO()
+    bar = ProgressBar(quiet)
+    bar(Progress(1, 2, 100, 200))
+    bar.close()
+    assert quiet.getvalue() == ""
+
+    shown = io.StringIO()
+    bar = ProgressBar(shown, force=True, interval=0)
+    line = bar.render(Progress(5, 10, 50 * 2**20, 100 * 2**20), elapsed=2.0)
+    assert "50%" in line and "5/10 conversations" in line
+    assert "50.0 MiB/100.0 MiB" in line and "25.0 MiB/s" in line and "ETA 0:02" in line
+    bar(Progress(10, 10, 100, 100))
+    bar.close()
+    assert shown.getvalue().startswith("\r[") and shown.getvalue().endswith("\r")
