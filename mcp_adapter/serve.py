@@ -149,12 +149,17 @@ def serve_http(args: argparse.Namespace) -> int:
     if store is None:
         return 2
     creds = CredentialFile(args.data_dir)
-    creds.ensure_dir()
     demo = None
-    if args.demo_site:
-        from .cli import DEMO_SITE
+    try:
+        creds.ensure_dir()
+        if args.demo_site:
+            from .cli import DEMO_SITE
 
-        demo = (DEMO_SITE, ensure_demo_site(creds, DEMO_SITE))
+            demo = (DEMO_SITE, ensure_demo_site(creds, DEMO_SITE))
+    except OSError as exc:
+        store.close()
+        print(f"convmem: cannot set up the credentials under {creds.auth_dir}: {exc}", file=sys.stderr)
+        return 2
     try:
         sock = _bind(args.host, args.port)
     except OSError as exc:
@@ -239,8 +244,14 @@ async def _serve_stdio(server: Any, backend: Backend) -> None:
                 async for sig in signals:
                     logger.info("received %s; finishing in-flight calls", signal.Signals(sig).name)
                     await backend.drain(GRACEFUL_TIMEOUT)
-                    tg.cancel_scope.cancel()
-                    return
+                    await anyio.sleep(0.1)  # let the writer flush the answers of finished calls
+                    backend.store.close()
+                    logger.info("stopped; store closed")
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    # The stdin reader is a thread blocked in read(2) that cannot be cancelled;
+                    # everything is written and closed, so leave without waiting for it.
+                    os._exit(0)
 
         tg.start_soon(stop_on_signal)
         async with stdio_server() as (read_stream, write_stream):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import signal
 import subprocess
 from pathlib import Path
 
@@ -10,6 +12,7 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp_helpers import convmem_cmd, error_of, subprocess_env
 
+from logstore import Tail, open_store
 from mcp_adapter.credentials import CredentialFile
 
 pytestmark = pytest.mark.anyio
@@ -53,3 +56,59 @@ def test_stdio_refuses_a_wrong_password(data_dir: Path) -> None:
     assert "wrong" in done.stderr
     missing = subprocess.run(argv, input="", capture_output=True, text=True, timeout=60, env=subprocess_env())
     assert missing.returncode == 2 and "CONVMEM_PASSWORD" in missing.stderr
+
+
+def test_stdio_sigterm_exits_zero_after_answering(data_dir: Path) -> None:
+    """Raw JSON-RPC over the pipes: an acknowledged append survives SIGTERM, and the exit status is 0."""
+    argv = convmem_cmd("serve", "--stdio", "--site", SITE, "--data-dir", str(data_dir))
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(CONVMEM_PASSWORD=PASSWORD),
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def request(message: dict[str, object]) -> dict[str, object]:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(json.dumps(message) + "\n")
+        proc.stdin.flush()
+        return dict(json.loads(proc.stdout.readline()))
+
+    try:
+        init = request(
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": "2025-06-18",
+                    "capabilities": {},
+                    "clientInfo": {"name": "raw", "version": "0"},
+                },
+            }
+        )
+        assert init["result"]["serverInfo"]["name"] == "convmem"  # type: ignore[index]
+        proc.stdin.write(json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}) + "\n")
+        appended = request(
+            {
+                "jsonrpc": "2.0",
+                "id": 2,
+                "method": "tools/call",
+                "params": {
+                    "name": "append_memory",
+                    "arguments": {"conversation_id": "sigterm-conv", "items": [{"k": 1}]},
+                },
+            }
+        )
+        assert appended["result"]["structuredContent"] == {"first_seq": 0, "last_seq": 0}  # type: ignore[index]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    with open_store(data_dir) as store:
+        assert [i.payload for i in store.read(SITE, "sigterm-conv", Tail(10))] == [{"k": 1}]
