@@ -27,10 +27,9 @@ import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
-import portalocker
 import xxhash
 
 from . import fileio, frame, index, layout, manifest
@@ -53,8 +52,6 @@ QUARANTINE_DIR = "quarantine"
 _TOP_LEVEL_NAMES = frozenset({"logstore.json", "sites", QUARANTINE_DIR, "auth"})
 #: FORMAT.md's index interval: one entry per this many bytes of segment.
 INDEX_INTERVAL = 4096
-#: Bytes read per pread while walking a segment.
-_WINDOW = 4 * 1024 * 1024
 
 # Problem kinds. Damage to acknowledged data (never repaired by --repair alone):
 CORRUPT_RECORD = "corrupt-record"
@@ -159,37 +156,26 @@ class CheckReport:
 # Reading records
 
 
-class _Window:
-    """Windowed preads over one open segment, up to a fixed end."""
-
-    __slots__ = ("buf", "end", "fd", "off")
-
-    def __init__(self, fd: int, end: int) -> None:
-        self.fd = fd
-        self.end = end
-        self.buf = b""
-        self.off = 0
-
-    def get(self, pos: int, n: int) -> tuple[bytes, int] | None:
-        """``(buffer, relative position)`` holding bytes ``[pos, pos+n)``, or None past the end."""
-        if pos >= self.off and pos + n <= self.off + len(self.buf):
-            return self.buf, pos - self.off
-        if pos + n > self.end:
-            return None
-        data = os.pread(self.fd, min(max(n, _WINDOW), self.end - pos), pos)
-        self.buf, self.off = data, pos
-        return (data, 0) if len(data) >= n else None
+def _pread_range(fd: int, start: int, end: int) -> bytes:
+    """Bytes ``[start, end)`` of a file (fewer if it has shrunk), in few preads."""
+    parts: list[bytes] = []
+    pos = start
+    while pos < end:
+        chunk = os.pread(fd, min(end - pos, 1 << 30), pos)
+        if not chunk:
+            break
+        parts.append(chunk)
+        pos += len(chunk)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-@dataclass(frozen=True)
-class _Rec:
+class _Rec(NamedTuple):
     offset: int
     header: RecordHeader
-    body: memoryview  # valid until the walk moves on
+    body: memoryview
 
 
-@dataclass(frozen=True)
-class _Bad:
+class _Bad(NamedTuple):
     offset: int
     why: str
     header: RecordHeader | None  # when the header fields were plausible
@@ -197,54 +183,62 @@ class _Bad:
 
 
 def _walk(fd: int, start: int, end: int, salt: int) -> Iterator[_Rec | _Bad]:
-    """Every record in ``[start, end)``: valid ones, and damaged spans with where valid data resumes."""
-    win = _Window(fd, end)
-    pos = start
+    """Every record in ``[start, end)``: valid ones, and damaged spans with where valid data resumes.
+
+    The range is read once (a segment is bounded by the engine's segment
+    size); the loop is the scan's hot path, hence the inlined checks.
+    """
+    data = _pread_range(fd, start, end)
+    mv = memoryview(data)
+    limit = len(data)
     unpack = frame.RECORD_HEADER.unpack_from
-    while pos < end:
-        got = win.get(pos, RECORD_HEADER_SIZE)
+    xxh3 = xxhash.xxh3_64_intdigest
+    max_body = frame.MAX_BODY
+    new_header = tuple.__new__
+    pos = 0
+    while pos < limit:
         h: RecordHeader | None = None
-        if got is None:
+        if pos + RECORD_HEADER_SIZE > limit:
             why = "the file ends inside the record header"
         else:
-            h = RecordHeader(*unpack(got[0], got[1]))
-            if not frame.plausible(h):
-                why, h = "record header fields are out of range", None
-            elif pos + h.size > end:
-                why = f"record length {h.body_len} runs past the end of the file"
-            else:
-                got = win.get(pos, h.size)
-                if got is None:
-                    why = "the file ends inside the record"
-                elif not frame.checksum_ok(got[0], got[1], h, salt):
+            fields = unpack(data, pos)
+            _check, n, count, kind, _first, _ts = fields
+            if (kind == KIND_BATCH and 1 <= count <= 250 and 2 <= n <= max_body) or (
+                kind == KIND_SEAL and count == 0 and n == 0
+            ):
+                h = new_header(RecordHeader, fields)
+                rend = pos + frame.RECORD_OVERHEAD + n
+                if rend > limit:
+                    why = f"record length {n} runs past the end of the file"
+                elif xxh3(mv[pos + 8 : pos + RECORD_HEADER_SIZE + n], salt) != _check:
                     why = "checksum mismatch"
                 else:
-                    rel = got[1] + RECORD_HEADER_SIZE
-                    yield _Rec(pos, h, memoryview(got[0])[rel : rel + h.body_len])
-                    pos += h.size
+                    yield _Rec(start + pos, h, mv[pos + RECORD_HEADER_SIZE : pos + RECORD_HEADER_SIZE + n])
+                    pos = rend
                     continue
-        resume = _next_valid(fd, pos, end, salt)
-        yield _Bad(pos, why, h, resume)
+            else:
+                why = "record header fields are out of range"
+        resume = _next_valid(data, pos, salt)
+        yield _Bad(start + pos, why, h, None if resume is None else start + resume)
         if resume is None:
             return
         pos = resume
 
 
-def _next_valid(fd: int, pos: int, end: int, salt: int) -> int | None:
-    """Offset of the first valid record starting after ``pos``, found by its trailer magic."""
-    data = os.pread(fd, max(end - pos, 0), pos)
-    probe = 1
+def _next_valid(data: bytes, pos: int, salt: int) -> int | None:
+    """Position in ``data`` of the first valid record starting after ``pos``, found by its trailer magic."""
+    probe = pos + 1
     while True:
         m = data.find(frame.TRAILER_MAGIC, probe)
         if m < 0:
             return None
         found = frame.trailer_at_end(data, m + len(frame.TRAILER_MAGIC))
-        if found is not None and found[0] > 0:
+        if found is not None and found[0] > pos:
             start = found[0]
-            h = frame.decode_record_header(data, start) if start + RECORD_HEADER_SIZE <= len(data) else None
-            if h is not None and frame.plausible(h) and start + h.size <= len(data):
-                if frame.checksum_ok(data, start, h, salt):
-                    return pos + start
+            if start + RECORD_HEADER_SIZE <= len(data):
+                h = frame.decode_record_header(data, start)
+                if frame.plausible(h) and start + h.size <= len(data) and frame.checksum_ok(data, start, h, salt):
+                    return start
         probe = m + 1
 
 
@@ -371,23 +365,18 @@ def _flocked(path: str, exclusive: bool, timeout: float, create: bool) -> Iterat
         yield
         return
     try:
-        flags = (portalocker.LOCK_EX if exclusive else portalocker.LOCK_SH) | portalocker.LOCK_NB
         started = time.monotonic()
         delay = 0.0005
-        while True:
-            try:
-                portalocker.lock(fd, flags)
-                break
-            except portalocker.AlreadyLocked:
-                waited = time.monotonic() - started
-                if waited > timeout:
-                    raise Timeout(waited) from None
-                time.sleep(delay)
-                delay = min(delay * 2, 0.02)
+        while not fileio.try_lock(fd, exclusive):
+            waited = time.monotonic() - started
+            if waited > timeout:
+                raise Timeout(waited)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.02)
         try:
             yield
         finally:
-            portalocker.unlock(fd)
+            fileio.unlock(fd)
     finally:
         os.close(fd)
 
@@ -521,55 +510,60 @@ class _ConvScanner:
                 entries = self._index_entries(base, header.salt, path, size)
                 verified: set[int] = set()
                 sealed = False
+                batch_problem = _batch_problem
                 for rec in _walk(fd, SEGMENT_HEADER_SIZE, size, header.salt):
-                    if isinstance(rec, _Bad):
+                    if type(rec) is _Bad:
                         self._bad(fd, path, i, last_seg, size, header.salt, rec, expected)
                         expected = None
                         continue
-                    h = rec.header
+                    offset, h, body = rec
+                    _ck, _n, count, kind, first, ts = h
                     self.records += 1
                     if expected is None:
-                        expected = h.first_seq  # resynchronised after damage
+                        expected = first  # resynchronised after damage
                     if sealed:
                         self.damaged(
-                            path, i, rec.offset, expected, RECORD_AFTER_SEAL, "a record follows the segment's seal"
+                            path, i, offset, expected, RECORD_AFTER_SEAL, "a record follows the segment's seal"
                         )
-                    elif h.first_seq != expected:
+                    elif first != expected:
                         self.damaged(
                             path,
                             i,
-                            rec.offset,
+                            offset,
                             expected,
                             SEQ_MISMATCH,
-                            f"expected seq {expected}, record starts at {h.first_seq}",
+                            f"expected seq {expected}, record starts at {first}",
                         )
-                    if h.recorded_at_us < last_ts:
+                    if ts < last_ts:
                         self.unsafe_damage = True
                         self.problem(
                             path,
-                            rec.offset,
+                            offset,
                             RECORDED_AT_DECREASING,
-                            f"recorded_at {h.recorded_at_us} us is earlier than the previous record's {last_ts} us",
+                            f"recorded_at {ts} us is earlier than the previous record's {last_ts} us",
                             "left in place: the items themselves are intact",
                         )
-                    last_ts = max(last_ts, h.recorded_at_us)
-                    if h.kind == KIND_SEAL:
+                    else:
+                        last_ts = ts
+                    if kind == KIND_SEAL:
                         sealed = True
-                        expected = h.first_seq
+                        expected = first
                         continue
-                    why = _batch_problem(rec.body, h.count)
+                    why = batch_problem(body, count)
                     if why is not None:
-                        self.damaged(path, i, rec.offset, h.first_seq, BAD_BATCH, why)
-                    entry = entries.get(rec.offset)
-                    if entry is not None and entry[0] == h.first_seq:
-                        verified.add(rec.offset)
-                    expected = h.end_seq
-                    self.seen_end = max(self.seen_end, h.end_seq)
+                        self.damaged(path, i, offset, first, BAD_BATCH, why)
+                    if entries:
+                        entry = entries.get(offset)
+                        if entry is not None and entry[0] == first:
+                            verified.add(offset)
+                    expected = first + count
+                    if expected > self.seen_end:
+                        self.seen_end = expected
                     if self.damage is None:
                         if self.created_us is None:
-                            self.created_us = h.recorded_at_us
-                        self.last_us = h.recorded_at_us
-                        self.next_seq = h.end_seq
+                            self.created_us = ts
+                        self.last_us = ts
+                        self.next_seq = expected
                 for off, (seq, at) in entries.items():
                     if off not in verified:
                         self._index_problem(
@@ -1064,11 +1058,18 @@ def _read_manifest(site_dir: str) -> _ManifestState:
     if magic != manifest.LOG_MAGIC or e != epoch or xxhash.xxh3_64_intdigest(head[:24]) != check:
         state.problems.append((MANIFEST_DAMAGED, lpath, 0, "the activity log's header fails its checksum"))
         return state
-    for off, _end, rec in manifest.iter_log_records(data, salt, manifest.LOG_HEADER.size):
+    done = manifest.LOG_HEADER.size
+    for off, end, rec in manifest.iter_log_records(data, salt, manifest.LOG_HEADER.size):
         if rec is None:
             state.problems.append((MANIFEST_DAMAGED, lpath, off, "an activity log record fails its checksum"))
         else:
             _apply_log_record(state.entries, rec)
+        done = end
+    if done < len(data):
+        # Read under the manifest lock, so no writer is half way through a record.
+        state.problems.append(
+            (MANIFEST_DAMAGED, lpath, done, f"{len(data) - done} bytes at the end of the activity log are not a record")
+        )
     return state
 
 

@@ -284,3 +284,40 @@ def test_human_output_names_file_offset_and_action(data: Path) -> None:
     assert "--truncate-at-corruption" in out
     assert proc.stderr == b""  # no progress bar when stderr is not a terminal
     assert os.path.getsize(seg) > offset
+
+
+def test_damaged_manifest_snapshot_is_rewritten(data: Path) -> None:
+    site_dir = conv_dir(data, CID).parents[3]
+    [snap] = site_dir.glob("manifest-*.snap")
+    flip_byte(snap, snap.stat().st_size - 1)
+    status, report = fsck(data)
+    assert status == 4
+    p = only(report, "manifest-damaged")
+    assert (p["site"], p["file"], p["offset"]) == (SITE, str(snap), 0)
+    assert fsck(data, "--repair")[0] == 1
+    assert fsck(data)[0] == 0
+
+
+def test_progress_bar_on_a_terminal(data: Path) -> None:
+    import pty
+    import subprocess
+    import sys
+
+    from tests.tools_support import REPO
+
+    master, slave = pty.openpty()
+    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="100")
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools", "fsck", str(data)], stderr=slave, stdout=subprocess.PIPE, env=env, timeout=60
+    )
+    os.close(slave)
+    drawn = b""
+    try:
+        while chunk := os.read(master, 65536):
+            drawn += chunk
+    except OSError:
+        pass  # EIO once the terminal's other end is closed
+    os.close(master)
+    assert proc.returncode == 0
+    assert b"\r[" in drawn and b"3/3 conversations" in drawn and b"ETA" in drawn
+    assert b"conversations" in proc.stdout and b"\r" not in proc.stdout
