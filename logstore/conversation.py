@@ -157,9 +157,15 @@ class Conversation:
         self._loaded = True
         if not self._segments:
             return
-        self._open_active(self._segments[-1], writable)
-        if self._next_seq > 0:
-            self._created_us = self._first_record_time(self._segments[0])
+        try:
+            self._open_active(self._segments[-1], writable)
+            if self._next_seq > 0:
+                self._created_us = self._first_record_time(self._segments[0])
+        except BaseException:
+            # Never keep a half-loaded state (e.g. a damaged segment header): the
+            # next call must load again and report the damage again.
+            self._close_files()
+            raise
 
     def _first_record_time(self, base: int) -> int | None:
         """recorded_at of the conversation's first batch (verified), or None."""
@@ -300,7 +306,11 @@ class Conversation:
                 self._segments = nxt
                 self._sealed_cache.clear()
                 self._close_active()
-                self._open_active(nxt[-1], writable)
+                try:
+                    self._open_active(nxt[-1], writable)
+                except BaseException:
+                    self._close_files()
+                    raise
 
     def _close_active(self) -> None:
         for fd in (self._fd, self._idx_fd):

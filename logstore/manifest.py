@@ -206,7 +206,13 @@ class SiteManifest(ManifestHook):
             return 1
         epoch = max(snaps)
         if "log" not in epochs[epoch]:
-            self._create_log(epoch)
+            if any(e < epoch and "log" in kinds for e, kinds in epochs.items()):
+                # A crash between this epoch's snapshot and its log: the snapshot holds it all.
+                self._create_log(epoch)
+            else:
+                # The log is gone (deleted): what it held is in no snapshot, so a rebuild is owed.
+                epoch += 1
+                self._write_epoch(epoch, [], False)
         for e in epochs:
             if e < epoch:
                 for kind in epochs[e]:
@@ -261,7 +267,10 @@ class SiteManifest(ManifestHook):
                     try:
                         self._wfd, self._wsalt = self._open_log(epoch, os.O_RDWR | os.O_APPEND)
                     except _Damaged:
-                        self._create_log(epoch)
+                        # Its records are in no snapshot: start an epoch that owes a rebuild.
+                        epoch += 1
+                        self._write_epoch(epoch, [], False)
+                        self._current_epoch_locked()
                         self._wfd, self._wsalt = self._open_log(epoch, os.O_RDWR | os.O_APPEND)
                     self._wepoch = epoch
                 os.write(self._wfd, encode_log_record(self._wsalt, _enc.encode(record)))
@@ -304,8 +313,12 @@ class SiteManifest(ManifestHook):
         self._complete = complete
         self._loaded = True
 
-    def _tail(self) -> None:
-        """Apply log records written since we last looked."""
+    def _tail(self, locked: bool = False) -> None:
+        """Apply log records written since we last looked (``locked``: the file lock is held).
+
+        Damaged records lose whatever they said, so they mark the listing
+        incomplete: the next refresh rebuilds it from the segments.
+        """
         assert self._rfd is not None
         while True:
             st = os.fstat(self._rfd)
@@ -314,8 +327,21 @@ class SiteManifest(ManifestHook):
                 for _off, end, rec in iter_log_records(data, self._rsalt, 0):
                     if rec is not None:
                         self._apply(rec)
+                    else:
+                        self._complete = False
                     self._roff += end - _off
             if st.st_nlink > 0:
+                if self._roff < st.st_size and self._complete:
+                    # Bytes that are not a whole record: a write in flight, unless they are
+                    # still there under the file lock (writers append whole records under it).
+                    if locked:
+                        self._complete = False
+                    else:
+                        self._flock()
+                        try:
+                            self._tail(locked=True)
+                        finally:
+                            self._funlock()
                 return
             # Compacted away: everything up to its end is in the next snapshot.
             try:
@@ -389,31 +415,36 @@ class SiteManifest(ManifestHook):
 
     def rebuild(self) -> None:
         """Re-derive every entry from the conversations themselves, then compact."""
+        found: list[list[Any]] = []
         for conv in self._walk():
             try:
                 tip = self._probe(conv)
             except StoreError:
                 continue  # a damaged conversation is left for fsck to report
             if tip is not None:
-                self._write([COMMIT, conv, tip.created_us, tip.last_us, tip.next_seq], sync=False)
+                found.append([COMMIT, conv, tip.created_us, tip.last_us, tip.next_seq])
+                self._write(found[-1], sync=False)
         with self._mutex:
             self._flock()
             try:
                 self._loaded = False
-                self._compact_locked(complete=True)
+                # Applied directly too: a damaged length field in the log can swallow what was just written.
+                self._compact_locked(complete=True, extra=found)
             finally:
                 self._funlock()
             self._loaded = False
             self._load()
 
-    def _compact_locked(self, complete: bool | None = None) -> None:
-        """Write the current state as the next epoch's snapshot (mutex and file lock held)."""
+    def _compact_locked(self, complete: bool | None = None, extra: list[list[Any]] | None = None) -> None:
+        """Write the current state (plus ``extra`` records) as the next epoch's snapshot (mutex and file lock held)."""
         if not self._loaded:
             self._load_nolock()
-        self._tail()
+        self._tail(locked=True)
         if not self._loaded:
             self._load_nolock()
-            self._tail()
+            self._tail(locked=True)
+        for rec in extra or ():
+            self._apply(rec)
         if complete is not None:
             self._complete = complete
         self._write_epoch(self._repoch + 1, list(self._repo.values()), self._complete)

@@ -228,13 +228,41 @@ def snapshot_dir(root: str) -> dict[str, bytes]:
 
 
 def restore_dir(root: str, image: dict[str, bytes]) -> None:
-    """Make ``root`` hold exactly ``image`` again."""
-    shutil.rmtree(root, ignore_errors=True)
+    """Make ``root`` hold exactly ``image`` again.
+
+    Files this function wrote are stamped with an mtime of 1 ns past the
+    epoch; any later write (by the engine or a test) moves it to the present.
+    Files still carrying the stamp are not rewritten: the tests run thousands
+    of cases against one small image.
+    """
+    stamps = _RESTORED.setdefault(root, {})
+    if stamps.get("\0image") != (id(image), 0):
+        shutil.rmtree(root, ignore_errors=True)
+        stamps.clear()
+        stamps["\0image"] = (id(image), 0)
+    present: set[str] = set()
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, root)
+            if rel not in image:
+                os.unlink(path)
+                continue
+            st = os.stat(path)
+            if st.st_mtime_ns == 1 and stamps.get(rel) == st.st_size:
+                present.add(rel)
     for rel, data in image.items():
+        if rel in present:
+            continue
         path = os.path.join(root, rel)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "wb") as f:
             f.write(data)
+        os.utime(path, ns=(1, 1))
+        stamps[rel] = len(data)
+
+
+_RESTORED: dict[str, dict[str, object]] = {}
 
 
 def conversation_dir(root: str, site: str, conv: str) -> str:
