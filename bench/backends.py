@@ -193,6 +193,8 @@ class Floor:
 
     def __init__(self, root: str) -> None:
         self.root = root
+        #: False only while bulk-loading data that is read back (``Ctx.setup_mode``).
+        self.sync = True
         os.makedirs(root, exist_ok=True)
         self._files: dict[tuple[str, str], tuple[int, list[int], threading.Lock]] = {}
         self._lock = threading.Lock()
@@ -217,7 +219,8 @@ class Floor:
         fd, offsets, lock = self._file(site, conv)
         with lock:
             os.write(fd, data)
-            os.fdatasync(fd)
+            if self.sync:
+                os.fdatasync(fd)
             pos = offsets[-1]
             for e in encoded:
                 pos += len(e) + 1

@@ -91,11 +91,13 @@ class Ctx:
             yield
             return
         self.sqlite.set_synchronous("OFF")
+        self.floor.sync = False
         try:
             with engine_sync_disabled():
                 yield
         finally:
             self.sqlite.set_synchronous("FULL")
+            self.floor.sync = True
 
     def close(self) -> None:
         for b in self.backends():

@@ -1,9 +1,12 @@
 """Workloads 2 and 3: recall the last 50 items, and replay a whole conversation.
 
 Conversations of 1,000, 10,000 and 100,000 items of about 1 KiB each are
-built once (batches of 250) in every backend, then:
+built once in every backend, in 10-item batches (an agent's turn: the
+append workload's headline batch), then:
 
-* recall: ``Tail(50)`` calls per second at each length;
+* recall: ``Tail(50)`` calls per second at each length; and, in a full run,
+  at 100,000 items built from 250-item batches, convmem's worst case (a
+  record is the unit of reading, so the tail's whole record is decoded);
 * replay: the 100,000-item conversation read start to end in pages of 1,000,
   as items per second.
 """
@@ -15,31 +18,52 @@ from collections.abc import Callable
 from .context import SITE, Ctx
 from .util import Row, interleaved, payloads, rate, seconds
 
-SETUP_BATCH = 250
+SETUP_BATCH = 10
+WIDE_BATCH = 250
 RECALL_COUNT = 50
 REPLAY_PAGE = 1000
 
 
-def conv_name(length: int) -> str:
-    return f"read-{length:07d}"
+def conv_name(length: int, batch: int = SETUP_BATCH) -> str:
+    return f"read-{length:07d}" if batch == SETUP_BATCH else f"read-{length:07d}-b{batch}"
 
 
 def steps(ctx: Ctx) -> int:
-    return 1 + len(ctx.sizes.conv_lengths) + 1
+    return 1 + len(ctx.sizes.conv_lengths) + (0 if ctx.quick else 1) + 1
+
+
+def _build_one(ctx: Ctx, length: int, batch: int) -> None:
+    chunk = payloads(1000, ctx.sizes.item_bytes)
+    for b in ctx.backends():
+        for start in range(0, length, batch):
+            items = [dict(p, n=start + i) for i, p in enumerate(chunk[start % 1000 : start % 1000 + batch])]
+            b.append(SITE, conv_name(length, batch), items)
 
 
 def build(ctx: Ctx) -> None:
     """Create the read conversations in every backend (once per run)."""
     if getattr(ctx, "_reads_built", False):
         return
-    longest = max(ctx.sizes.conv_lengths)
-    batches = [payloads(SETUP_BATCH, ctx.sizes.item_bytes, start=s) for s in range(0, longest, SETUP_BATCH)]
     with ctx.setup_mode():
         for length in ctx.sizes.conv_lengths:
-            for b in ctx.backends():
-                for batch in batches[: length // SETUP_BATCH]:
-                    b.append(SITE, conv_name(length), batch)
+            ctx.progress.step(f"reads: building a {length:,}-item conversation")
+            _build_one(ctx, length, SETUP_BATCH)
+        if not ctx.quick:
+            _build_one(ctx, max(ctx.sizes.conv_lengths), WIDE_BATCH)
     ctx._reads_built = True  # type: ignore[attr-defined]
+
+
+def _recall(ctx: Ctx, length: int, batch: int) -> Row:
+    conv = conv_name(length, batch)
+    fns: dict[str, Callable[[], float]] = {}
+    for b in ctx.backends():
+        assert len(b.tail(SITE, conv, RECALL_COUNT)) == RECALL_COUNT
+        fns[b.name] = (lambda b=b, conv=conv:
+                       rate(lambda: b.tail(SITE, conv, RECALL_COUNT), ctx.sizes.recall_calls))
+    wide = "" if batch == SETUP_BATCH else f" ({batch}-item batches)"
+    label = f"recall last {RECALL_COUNT} at {length:,} items{wide}"
+    return Row("recall", label, "calls/s", samples=interleaved(ctx.sizes.rounds, fns),
+               extra={"length": length, "batch": batch})
 
 
 def run(ctx: Ctx) -> list[Row]:
@@ -49,16 +73,13 @@ def run(ctx: Ctx) -> list[Row]:
     rows = []
     for length in ctx.sizes.conv_lengths:
         ctx.progress.step(f"recall last {RECALL_COUNT} at {length:,} items")
-        conv = conv_name(length)
-        fns: dict[str, Callable[[], float]] = {}
-        for b in ctx.backends():
-            assert len(b.tail(SITE, conv, RECALL_COUNT)) == RECALL_COUNT
-            fns[b.name] = (lambda b=b, conv=conv:
-                           rate(lambda: b.tail(SITE, conv, RECALL_COUNT), ctx.sizes.recall_calls))
-        rows.append(Row("recall", f"recall last {RECALL_COUNT} at {length:,} items", "calls/s",
-                        samples=interleaved(ctx.sizes.rounds, fns), extra={"length": length}))
+        rows.append(_recall(ctx, length, SETUP_BATCH))
         ctx.progress.step(f"recall at {length:,}", advance=1)
     length = max(ctx.sizes.conv_lengths)
+    if not ctx.quick:
+        ctx.progress.step(f"recall at {length:,} items of {WIDE_BATCH}-item batches")
+        rows.append(_recall(ctx, length, WIDE_BATCH))
+        ctx.progress.step("recall (wide batches)", advance=1)
     ctx.progress.step(f"replay {length:,} items in pages of {REPLAY_PAGE}")
     conv = conv_name(length)
     fns = {b.name: (lambda b=b: length / seconds(lambda: _replay(b, conv, length))) for b in ctx.backends()}

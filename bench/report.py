@@ -66,9 +66,9 @@ def ratios(rows: list[Row]) -> dict[str, float | None]:
     out["append_vs_floor"] = app.speed_ratio(FLOOR) if app else None
     lengths = sorted(r.extra["length"] for r in rows if r.group == "recall")
     top = lengths[-1] if lengths else None
-    rec = _find(rows, "recall", length=top) if top else None
+    rec = _find(rows, "recall", length=top, batch=10) if top else None
     out["recall_vs_sqlite"] = rec.speed_ratio(SQLITE) if rec else None
-    out["recall_growth_100k_vs_1k"] = _growth(rows, "recall", "length", 1_000, 100_000)
+    out["recall_growth_100k_vs_1k"] = _growth(rows, "recall", "length", 1_000, 100_000, batch=10)
     rep = _find(rows, "replay")
     out["replay_vs_sqlite"] = rep.speed_ratio(SQLITE) if rep else None
     first = _growth(rows, "list", "conversations", 1_000, 100_000, rank=0)
