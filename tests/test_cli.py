@@ -114,3 +114,16 @@ def test_readme_matches_the_cli() -> None:
     table = readme.split("### Serving", 1)[1].split("###", 1)[0]
     documented = {line.split("`")[1].split()[0] for line in table.splitlines() if line.startswith("| `--")}
     assert documented == serve_options - {"-h", "--help"}
+
+
+def test_operator_tools_plug_into_the_same_command() -> None:
+    """Subcommands from ``tools.cli`` (when present) are dispatched like the built-in ones."""
+    _, sub = build_parser()
+    assert {"serve", "site"} <= set(sub.choices)
+    try:
+        import tools.cli  # noqa: F401
+    except ImportError:
+        pytest.skip("tools.cli is not present")
+    assert {"fsck", "dump", "export", "import", "stats"} <= set(sub.choices)
+    for name in ("fsck", "dump", "export", "import", "stats"):
+        assert callable(sub.choices[name].get_default("func")), name

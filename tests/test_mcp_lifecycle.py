@@ -221,3 +221,42 @@ async def test_full_conversation(tmp_path: Path) -> None:
         assert after["code"] == "ConversationFull"
     finally:
         assert server.stop() == 0
+
+
+async def test_a_blocked_storage_call_does_not_stall_other_requests(tmp_path: Path) -> None:
+    """An append stuck waiting for its conversation runs in a worker thread; other calls go on meanwhile."""
+    data = new_data_dir(tmp_path)
+    server = ServerProcess(data, "--lock-timeout", "5")
+    auth = basic(SITE, PASSWORD)
+    try:
+        async with connect(server.url, auth) as client:
+            assert not (
+                await client.call_tool("append_memory", {"conversation_id": "blocked-conv", "items": [{}]})
+            ).is_error
+        lock = os.open(conversation_dir(data, SITE, "blocked-conv") / "lock", os.O_RDWR)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        outcome: dict[str, Any] = {}
+
+        async def blocked_append() -> None:
+            async with connect(server.url, auth) as client:
+                args = {"conversation_id": "blocked-conv", "items": [{"late": True}]}
+                outcome["append"] = await client.call_tool("append_memory", args)
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(blocked_append)
+                await anyio.sleep(0.3)
+                started = anyio.current_time()
+                async with connect(server.url, auth) as client:
+                    other = await client.call_tool("append_memory", {"conversation_id": "free-conv1", "items": [{}]})
+                    listed = await client.call_tool("list_conversations", {})
+                elapsed = anyio.current_time() - started
+                assert "append" not in outcome  # still waiting for the lock
+                fcntl.flock(lock, fcntl.LOCK_UN)
+        finally:
+            os.close(lock)
+        assert not other.is_error and not listed.is_error
+        assert elapsed < 2.0
+        assert outcome["append"].structured_content == {"first_seq": 1, "last_seq": 1}
+    finally:
+        assert server.stop() == 0
