@@ -112,6 +112,9 @@ class Problem:
     detail: str
     action: str
     repaired: bool = False
+    #: Set by ``truncate_at_corruption`` on the problem where the log was cut:
+    #: ``(first, last)`` seqs dropped; ``last`` is None when no later record was readable.
+    lost_seqs: tuple[int, int | None] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -123,6 +126,7 @@ class Problem:
             "detail": self.detail,
             "action": self.action,
             "repaired": self.repaired,
+            "lost_seqs": list(self.lost_seqs) if self.lost_seqs is not None else None,
         }
 
 
@@ -454,6 +458,7 @@ class _ConvScanner:
         self.records = 0
         self.bytes = 0
         self.torn: tuple[Problem, int, int] | None = None
+        self.damage_problem: Problem | None = None
 
     def _path(self, name: str) -> str:
         return os.path.join(self.snap.path, name)
@@ -465,9 +470,10 @@ class _ConvScanner:
 
     def damaged(self, file: str, seg_i: int, offset: int, seq: int | None, kind: str, detail: str) -> None:
         seq = self.next_seq if seq is None else seq
-        if self.damage is None:
+        first = self.damage is None
+        if first:
             self.damage = _Damage(seg_i, offset, seq)
-        self.problem(
+        p = self.problem(
             file,
             offset,
             kind,
@@ -475,6 +481,8 @@ class _ConvScanner:
             "left in place: acknowledged data is never removed by --repair; inspect with `convmem dump`, "
             "or drop the log from here with --truncate-at-corruption",
         )
+        if first:
+            self.damage_problem = p
 
     # ------------------------------------------------------------- the scan
 
@@ -776,13 +784,16 @@ class _ConvScanner:
         keep_first = dmg.offset >= SEGMENT_HEADER_SIZE
         for base, _size in reversed(cut):
             seg = self._path(layout.segment_name(base))
-            with _open_rw(seg) as fd:
-                # Shrink before unlinking, so a live engine holding it open sees it changed and reloads.
-                fileio.truncate(fd, dmg.offset if (base == first_base and keep_first) else 0)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._path(layout.index_name(base)))
-            if base != first_base or not keep_first:
-                os.unlink(seg)
+            with _open_rw(seg) as fd:
+                if base == first_base and keep_first:
+                    _replace_with_prefix(seg, fd, dmg.offset)
+                else:
+                    os.unlink(seg)
+                # Shrink the old file to nothing: an engine holding it open sees its size
+                # change, drops what it knew (including a remembered Corrupted) and reloads.
+                fileio.truncate(fd, 0)
         fileio.fsync_dir(self.snap.path)
         self.snap.segments = segs[: dmg.seg_i] + ([(first_base, dmg.offset)] if keep_first else [])
         if keep_first:
@@ -802,6 +813,8 @@ class _ConvScanner:
                 if base >= first_base and not (keep_first and base == first_base):
                     p.repaired, p.action = True, action
         self.rebuild_index = {b for b in self.rebuild_index if b < first_base or (keep_first and b == first_base)}
+        if self.damage_problem is not None:
+            self.damage_problem.lost_seqs = (dmg.seq, lost_last if lost_last >= dmg.seq else None)
         self.unsafe_damage = any(
             not p.repaired for p in self.problems if p.kind in (RECORDED_AT_DECREASING, UNSEALED_SEGMENT)
         )
@@ -820,6 +833,24 @@ def _at_or_after(p: Problem, segs: list[tuple[int, int]], dmg: _Damage, conv_dir
         return False
     first_base = segs[dmg.seg_i][0]
     return base > first_base or (base == first_base and (p.offset or 0) >= dmg.offset)
+
+
+def _replace_with_prefix(path: str, fd: int, length: int) -> None:
+    """Replace the file at ``path`` (open as ``fd``) with a new file holding its first ``length`` bytes.
+
+    Written as the engine creates a segment: ``<name>.tmp``, synced, renamed
+    into place, directory synced.
+    """
+    prefix = _pread_range(fd, 0, length)
+    tmp = path + ".tmp"
+    out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        fileio.pwrite_all(out, prefix, 0)
+        fileio.fdatasync(out)
+    finally:
+        os.close(out)
+    os.rename(tmp, path)
+    fileio.fsync_dir(os.path.dirname(path))
 
 
 @contextlib.contextmanager
@@ -1296,9 +1327,13 @@ def check(
     for s in sites:
         if conversation is not None:
             cdir = layout.conversation_dir(root, s, conversation)
-            plan.append((s, [(conversation, cdir)] if os.path.isdir(cdir) else []))
+            if os.path.isdir(cdir):
+                plan.append((s, [(conversation, cdir)]))
         else:
             plan.append((s, iter_conversations(root, s, report.problems)))
+    if conversation is not None and not plan:
+        where = f"site {site!r}" if site is not None else "any site"
+        raise MaintenanceError(f"conversation {conversation!r} does not exist in {where}")
     totals = (0, 0)
     if progress is not None:
         plan = [(s, list(convs)) for s, convs in plan]
@@ -1610,15 +1645,16 @@ def stats(
     for s in _select_sites(root, site):
         convs: list[ConversationStats] = []
         damaged: list[ConversationStats] = []
-        items = 0
+        items = count = 0
         for cid, cdir in iter_conversations(root, s):
             try:
                 n, nbytes, err = _probe_items(cdir, lock_timeout)
             except (OSError, Timeout) as exc:
                 n, nbytes, err = 0, 0, str(exc)
             if n == 0 and err is None:
-                continue
+                continue  # a directory without items (its first append never completed)
             cs = ConversationStats(cid, n, nbytes, n / MAX_CONVERSATION_ITEMS, err)
+            count += 1
             items += n
             convs.append(cs)
             if err is not None:
@@ -1627,6 +1663,5 @@ def stats(
                 convs.sort(key=lambda c: (-c.items, c.conversation_id))
                 del convs[top:]
         convs.sort(key=lambda c: (-c.items, c.conversation_id))
-        count = sum(1 for _ in iter_conversations(root, s) if True)
         out.append(SiteStats(s, count, items, _tree_bytes(layout.site_dir(root, s)), convs[:top], damaged))
     return out

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from logstore import FileStore, ListSelector, frame
+from logstore import Corrupted, FileStore, ListSelector, frame
 from tests.tools_support import (
     SITE,
     cli,
@@ -124,6 +124,7 @@ def test_truncate_at_corruption_quarantines_and_reports_lost_seqs(data: Path) ->
     p = only(report, "corrupt-record")
     assert p["repaired"] is True
     assert f"dropped seqs {first_lost}..79" in p["action"]
+    assert p["lost_seqs"] == [first_lost, 79]
     qdirs = list((data / "quarantine").iterdir())
     assert len(qdirs) == 1
     for name, content in originals.items():
@@ -262,6 +263,7 @@ def test_stray_files_and_operational_errors(data: Path, tmp_path: Path) -> None:
     assert cli("fsck", str(tmp_path / "nowhere")).returncode == 8
     assert cli("fsck", str(data), "--site", "no-such-site").returncode == 8
     assert cli("fsck", str(data), "--conversation", "bad id!").returncode == 8
+    assert cli("fsck", str(data), "--conversation", "conv-9999").returncode == 8
     assert cli("fsck", "--no-such-flag").returncode == 8
 
 
@@ -321,3 +323,19 @@ def test_progress_bar_on_a_terminal(data: Path) -> None:
     assert proc.returncode == 0
     assert b"\r[" in drawn and b"3/3 conversations" in drawn and b"ETA" in drawn
     assert b"conversations" in proc.stdout and b"\r" not in proc.stdout
+
+
+def test_truncation_reaches_a_store_that_has_the_log_open(data: Path) -> None:
+    last = segments(data, CID)[-1]
+    offset, _size, _kind = record_offsets(last)[-2]
+    flip_byte(last, offset + 40)
+    with FileStore(data, segment_bytes=4096) as store:  # as a running server would
+        with pytest.raises(Corrupted):
+            store.append(SITE, CID, [{"refused": True}])
+        status, report = fsck(data, "--truncate-at-corruption")
+        assert status == 1
+        lost = only(report, "corrupt-record")["lost_seqs"]
+        assert lost == [lost[0], 79]
+        # The open store notices the cut log (no restart needed) and continues after it.
+        assert store.append(SITE, CID, [{"after": 1}]).first == lost[0]
+    assert fsck(data)[0] == 0
