@@ -87,22 +87,43 @@ def fsync(fd: int) -> None:
     os.fsync(fd)
 
 
+#: Directories whose sync failed: an entry made in them (a new directory or
+#: segment) may exist only in memory. :func:`makedirs_durable` syncs them again
+#: before the path below them is used, so nothing is acknowledged on top of them.
+_unsynced_dirs: set[str] = set()
+
+
 def fsync_dir(path: str) -> None:
     """Make a directory's entries (creations, renames, removals) durable."""
-    _fault("fsync")
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        _fault("fsync")
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        _unsynced_dirs.add(path)
+        raise
+    _unsynced_dirs.discard(path)
+
+
+def _resync_dirs(path: str) -> None:
+    """Sync again every directory at or above ``path`` whose earlier sync failed."""
+    for d in sorted(_unsynced_dirs):
+        if path == d or path.startswith(d + os.sep):
+            fsync_dir(d)
 
 
 def makedirs_durable(path: str) -> bool:
     """Create ``path`` and missing parents, syncing each parent that changed.
 
-    Returns True when anything was created.
+    Also syncs again any directory at or above ``path`` whose sync failed
+    before. Returns True when anything was created.
     """
     if os.path.isdir(path):
+        if _unsynced_dirs:
+            _resync_dirs(path)
         return False
     parent = os.path.dirname(path)
     makedirs_durable(parent)
