@@ -1,0 +1,132 @@
+"""The engine's maintenance surface: verify, repair, dump, export, restore, stats.
+
+This is the public API the operator tools (``convmem fsck``, ``dump``,
+``export``, ``import``, ``stats``) are built on. It reads the files exactly
+as FORMAT.md describes them and takes the engine's own locks, so it is safe
+against a live data directory:
+
+* a conversation's ``lock`` is held *shared* only while its file list, sizes
+  and index files are snapshotted; the bytes below that committed end never
+  change, so they are read without a lock. A conversation where something
+  looks wrong is scanned again under the lock (shared to report, exclusive
+  to repair) before anything is reported or changed;
+* a site's ``manifest.lock`` is held shared while the manifest is read and
+  exclusive while a repaired one is written, always after any conversation
+  lock (the engine's lock order).
+
+Nothing here ever deletes acknowledged data, except :func:`check` with
+``truncate_at_corruption=True``, which first copies every segment it cuts
+into ``DATA/quarantine/`` and reports the seqs it dropped.
+
+Entry points: :func:`check` (fsck), :func:`scan_segment` (dump),
+:func:`export_items` (export), :class:`Restorer` (import), :func:`stats`.
+The private submodules hold one concern each; only the names below are public.
+"""
+
+from __future__ import annotations
+
+from ._check import (
+    check,
+)
+from ._export import (
+    ExportedItem,
+    export_items,
+    iter_conversation_items,
+)
+from ._files import (
+    iter_conversations,
+    list_sites,
+)
+from ._records import (
+    RecordInfo,
+    SegmentInfo,
+    build_index,
+    scan_segment,
+)
+from ._restore import (
+    RestoreConflict,
+    Restorer,
+)
+from ._stats import (
+    ConversationStats,
+    SiteStats,
+    stats,
+)
+from ._types import (
+    BAD_BATCH,
+    BAD_SEGMENT_HEADER,
+    CORRUPT_RECORD,
+    INDEX_INTERVAL,
+    INDEX_MISMATCH,
+    INDEX_MISSING,
+    INDEX_STALE,
+    LOCK_TIMEOUT,
+    MANIFEST_DAMAGED,
+    MANIFEST_INCOMPLETE,
+    MANIFEST_MISSING,
+    MANIFEST_STALE,
+    MISPLACED_CONVERSATION,
+    ORPHAN_INDEX,
+    QUARANTINE_DIR,
+    RECORD_AFTER_SEAL,
+    RECORDED_AT_DECREASING,
+    SEQ_GAP,
+    SEQ_MISMATCH,
+    STRAY_FILE,
+    TORN_TAIL,
+    TRUNCATABLE_KINDS,
+    UNSEALED_SEGMENT,
+    CheckReport,
+    MaintenanceError,
+    Problem,
+    Progress,
+    format_timestamp,
+    parse_timestamp,
+)
+
+__all__ = [
+    "BAD_BATCH",
+    "BAD_SEGMENT_HEADER",
+    "CORRUPT_RECORD",
+    "INDEX_INTERVAL",
+    "INDEX_MISMATCH",
+    "INDEX_MISSING",
+    "INDEX_STALE",
+    "LOCK_TIMEOUT",
+    "MANIFEST_DAMAGED",
+    "MANIFEST_INCOMPLETE",
+    "MANIFEST_MISSING",
+    "MANIFEST_STALE",
+    "MISPLACED_CONVERSATION",
+    "ORPHAN_INDEX",
+    "QUARANTINE_DIR",
+    "RECORDED_AT_DECREASING",
+    "RECORD_AFTER_SEAL",
+    "SEQ_GAP",
+    "SEQ_MISMATCH",
+    "STRAY_FILE",
+    "TORN_TAIL",
+    "TRUNCATABLE_KINDS",
+    "UNSEALED_SEGMENT",
+    "CheckReport",
+    "ConversationStats",
+    "ExportedItem",
+    "MaintenanceError",
+    "Problem",
+    "Progress",
+    "RecordInfo",
+    "RestoreConflict",
+    "Restorer",
+    "SegmentInfo",
+    "SiteStats",
+    "build_index",
+    "check",
+    "export_items",
+    "format_timestamp",
+    "iter_conversation_items",
+    "iter_conversations",
+    "list_sites",
+    "parse_timestamp",
+    "scan_segment",
+    "stats",
+]

@@ -1,0 +1,149 @@
+"""``check``: the whole-directory verification behind ``convmem fsck``."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+
+from .. import layout
+from ..conversation import Tip
+from ..errors import Timeout
+from ..ids import ConversationId, SiteName
+from ._files import (
+    _listdir,
+    _segment_bytes,
+    _select_sites,
+    _valid_id,
+    iter_conversations,
+)
+from ._manifest import (
+    _check_manifest,
+    _write_manifest,
+)
+from ._scanner import _check_conversation
+from ._types import (
+    _TOP_LEVEL_NAMES,
+    LOCK_TIMEOUT,
+    STRAY_FILE,
+    CheckReport,
+    MaintenanceError,
+    Problem,
+    Progress,
+)
+
+
+def check(
+    data_dir: str | os.PathLike[str],
+    site: str | None = None,
+    conversation: str | None = None,
+    *,
+    repair: bool = False,
+    truncate_at_corruption: bool = False,
+    progress: Callable[[Progress], None] | None = None,
+    lock_timeout: float = 30.0,
+) -> CheckReport:
+    """Verify a data directory (or one site, or one conversation) and optionally repair it.
+
+    Checks every record's framing and checksum, seqs gapless within and across
+    segments, batches whole, ``recorded_at`` never decreasing, every sparse
+    index against its segment, the site manifest against the conversations, and
+    stray files. With ``repair`` it truncates torn tails, rebuilds indexes,
+    removes orphan indexes and rewrites stale manifests; damage to acknowledged
+    data is left in place unless ``truncate_at_corruption`` (which implies
+    ``repair``) cuts the log at its first damaged record, after copying the
+    segments it cuts into ``DATA/quarantine/``.
+
+    Raises :class:`MaintenanceError` for a directory that is not a data
+    directory, a site that does not exist, or a malformed id.
+    """
+    root = os.path.abspath(os.fspath(data_dir))
+    repair = repair or truncate_at_corruption
+    sites = _select_sites(root, site)
+    if conversation is not None and not _valid_id(conversation, ConversationId):
+        raise MaintenanceError(f"{conversation!r} is not a valid conversation id")
+    report = CheckReport(sites=len(sites))
+    if site is None and conversation is None:
+        for name in _listdir(root):
+            if name in _TOP_LEVEL_NAMES or ".tmp" in name:
+                continue
+            report.problems.append(
+                Problem(
+                    None,
+                    None,
+                    os.path.join(root, name),
+                    None,
+                    STRAY_FILE,
+                    "a file the engine does not create",
+                    "left in place",
+                )
+            )
+        for name in _listdir(os.path.join(root, layout.SITES_DIR)):
+            decoded = layout.decode_name(name)
+            if name.startswith(".dropped-") or (decoded is not None and _valid_id(decoded, SiteName)):
+                continue
+            report.problems.append(
+                Problem(
+                    None,
+                    None,
+                    os.path.join(root, layout.SITES_DIR, name),
+                    None,
+                    STRAY_FILE,
+                    "not a site directory",
+                    "left in place",
+                )
+            )
+    plan: list[tuple[str, list[tuple[str, str]] | Iterator[tuple[str, str]]]] = []
+    for s in sites:
+        if conversation is not None:
+            cdir = layout.conversation_dir(root, s, conversation)
+            if os.path.isdir(cdir):
+                plan.append((s, [(conversation, cdir)]))
+        else:
+            plan.append((s, iter_conversations(root, s, report.problems)))
+    if conversation is not None and not plan:
+        where = f"site {site!r}" if site is not None else "any site"
+        raise MaintenanceError(f"conversation {conversation!r} does not exist in {where}")
+    totals = (0, 0)
+    if progress is not None:
+        plan = [(s, list(convs)) for s, convs in plan]
+        totals = (
+            sum(len(c) for _, c in plan),  # type: ignore[arg-type]
+            sum(_segment_bytes(d) for _, c in plan for _, d in c),
+        )
+    done = 0
+    for s, convs in plan:
+        tips: dict[str, Tip | None] = {}
+        damaged: set[str] = set()
+        truncated: set[str] = set()
+        for cid, cdir in convs:
+            res = _check_conversation(root, s, cid, cdir, repair, truncate_at_corruption, lock_timeout)
+            done += 1
+            if res is not None:
+                report.problems.extend(res.problems)
+                report.conversations += 1
+                report.records += res.records
+                report.bytes_scanned += res.bytes
+                report.segments += res.segments
+                if res.damaged:
+                    damaged.add(cid)
+                else:
+                    tips[cid] = res.tip
+                if res.truncated:
+                    truncated.add(cid)
+            if progress is not None:
+                progress(Progress(done, totals[0], report.bytes_scanned, totals[1]))
+        if conversation is not None and conversation not in tips and conversation not in damaged:
+            tips[conversation] = None
+        mproblems = _check_manifest(root, s, tips, damaged, conversation, lock_timeout)
+        if truncated or (repair and any(p.kind != LOCK_TIMEOUT for p in mproblems)):
+            try:
+                _write_manifest(root, s, tips, truncated, conversation is None, lock_timeout)
+                for p in mproblems:
+                    if p.kind != LOCK_TIMEOUT:
+                        p.repaired = True
+                        p.action = "rewrote the manifest from the conversations"
+            except (Timeout, OSError) as exc:
+                for p in mproblems:
+                    p.action = f"rewriting the manifest failed: {exc}"
+        report.problems.extend(mproblems)
+    return report

@@ -1,0 +1,89 @@
+"""Streaming a site's items out exactly as stored (``convmem export``)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from .. import frame, layout
+from ..errors import Corrupted
+from ..frame import KIND_BATCH, SEGMENT_HEADER_SIZE
+from ..ids import ConversationId, SiteName
+from ..segment import classify_failure
+from ._files import (
+    _committed_segments,
+    _open_ro,
+    _select_sites,
+    iter_conversations,
+)
+from ._records import (
+    _BATCH_RAW,
+    _Bad,
+    _batch_problem,
+    _walk,
+)
+
+
+@dataclass(frozen=True)
+class ExportedItem:
+    """One item as stored: ``payload`` is its exact compact JSON bytes."""
+
+    conversation_id: str
+    seq: int
+    recorded_at_us: int
+    payload: bytes
+
+
+def iter_conversation_items(
+    data_dir: str | os.PathLike[str], site: str, conversation_id: str, *, lock_timeout: float = 30.0
+) -> Iterator[ExportedItem]:
+    """Every item of one conversation in seq order, verified, as it stood when the read began.
+
+    Reads one record at a time (constant memory). A torn tail (never
+    acknowledged) ends the log; any damage to acknowledged data raises
+    :class:`~logstore.Corrupted` with its file and offset.
+    """
+    root = os.path.abspath(os.fspath(data_dir))
+    conv_dir = layout.conversation_dir(root, SiteName(site), ConversationId(conversation_id))
+    segs = _committed_segments(conv_dir, lock_timeout)
+    expected = 0
+    decode = _BATCH_RAW.decode
+    for i, (base, size) in enumerate(segs):
+        path = os.path.join(conv_dir, layout.segment_name(base))
+        with _open_ro(path) as fd:
+            header = frame.decode_segment_header(os.pread(fd, SEGMENT_HEADER_SIZE, 0))
+            if header is None or header.base_seq != base:
+                raise Corrupted(path, 0, "segment header is missing or invalid")
+            if base != expected:
+                raise Corrupted(path, 0, f"segment starts at seq {base}, expected {expected}")
+            for rec in _walk(fd, SEGMENT_HEADER_SIZE, size, header.salt):
+                if isinstance(rec, _Bad):
+                    if i == len(segs) - 1 and rec.resume is None:
+                        if classify_failure(fd, rec.offset, size, header.salt) == "torn":
+                            return
+                    raise Corrupted(path, rec.offset, rec.why)
+                h = rec.header
+                if h.first_seq != expected:
+                    raise Corrupted(path, rec.offset, f"expected seq {expected}, record starts at {h.first_seq}")
+                if h.kind != KIND_BATCH:
+                    break
+                why = _batch_problem(rec.body, h.count)
+                if why is not None:
+                    raise Corrupted(path, rec.offset, why)
+                for n, raw in enumerate(decode(rec.body)):
+                    yield ExportedItem(conversation_id, h.first_seq + n, h.recorded_at_us, bytes(raw))
+                expected = h.end_seq
+
+
+def export_items(
+    data_dir: str | os.PathLike[str], site: str, conversation_id: str | None = None, *, lock_timeout: float = 30.0
+) -> Iterator[ExportedItem]:
+    """Every item of a site (or of one conversation), conversation by conversation, in constant memory."""
+    root = os.path.abspath(os.fspath(data_dir))
+    _select_sites(root, site)
+    if conversation_id is not None:
+        yield from iter_conversation_items(root, site, conversation_id, lock_timeout=lock_timeout)
+        return
+    for cid, _dir in iter_conversations(root, site):
+        yield from iter_conversation_items(root, site, cid, lock_timeout=lock_timeout)

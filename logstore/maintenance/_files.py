@@ -1,0 +1,258 @@
+"""Files and locks: data-directory walking, conversation snapshots under the engine's flock."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import msgspec
+
+from .. import fileio, layout, manifest
+from ..errors import StoreError, Timeout
+from ..ids import ConversationId, SiteName
+from ._types import (
+    MISPLACED_CONVERSATION,
+    STRAY_FILE,
+    MaintenanceError,
+    Problem,
+)
+
+
+def _pread_range(fd: int, start: int, end: int) -> bytes:
+    """Bytes ``[start, end)`` of a file (fewer if it has shrunk), in few preads."""
+    parts: list[bytes] = []
+    pos = start
+    while pos < end:
+        chunk = os.pread(fd, min(end - pos, 1 << 30), pos)
+        if not chunk:
+            break
+        parts.append(chunk)
+        pos += len(chunk)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+@contextlib.contextmanager
+def _open_ro(path: str) -> Iterator[int]:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _flocked(path: str, exclusive: bool, timeout: float, create: bool) -> Iterator[None]:
+    """Hold ``flock`` on ``path`` (as the engine does); without ``create`` a missing file means no lock."""
+    try:
+        fd = os.open(path, (os.O_RDWR | os.O_CREAT) if create else os.O_RDONLY, 0o644)
+    except FileNotFoundError:
+        yield
+        return
+    try:
+        started = time.monotonic()
+        delay = 0.0005
+        while not fileio.try_lock(fd, exclusive):
+            waited = time.monotonic() - started
+            if waited > timeout:
+                raise Timeout(waited)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.02)
+        try:
+            yield
+        finally:
+            fileio.unlock(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class _ConvSnapshot:
+    """A conversation directory as it stood under its lock."""
+
+    path: str
+    names: list[str]
+    segments: list[tuple[int, int]]  # (base seq, size), ascending
+    indexes: dict[int, bytes]  # base seq -> index file bytes
+
+
+def _snapshot(path: str) -> _ConvSnapshot | None:
+    try:
+        names = sorted(os.listdir(path))
+    except FileNotFoundError:
+        return None
+    segments: list[tuple[int, int]] = []
+    indexes: dict[int, bytes] = {}
+    for name in names:
+        base = layout.parse_segment_name(name)
+        try:
+            if base is not None:
+                segments.append((base, os.stat(os.path.join(path, name)).st_size))
+            elif len(name) == 24 and name.endswith(layout.INDEX_SUFFIX) and name[:20].isdigit():
+                with open(os.path.join(path, name), "rb") as f:
+                    indexes[int(name[:20])] = f.read()
+        except FileNotFoundError:
+            continue
+    return _ConvSnapshot(path, names, segments, indexes)
+
+
+def _replace_with_prefix(path: str, fd: int, length: int) -> None:
+    """Replace the file at ``path`` (open as ``fd``) with a new file holding its first ``length`` bytes.
+
+    Written as the engine creates a segment: ``<name>.tmp``, synced, renamed
+    into place, directory synced.
+    """
+    prefix = _pread_range(fd, 0, length)
+    tmp = path + ".tmp"
+    out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        fileio.pwrite_all(out, prefix, 0)
+        fileio.fdatasync(out)
+    finally:
+        os.close(out)
+    os.rename(tmp, path)
+    fileio.fsync_dir(os.path.dirname(path))
+
+
+@contextlib.contextmanager
+def _open_rw(path: str) -> Iterator[int]:
+    fd = os.open(path, os.O_RDWR)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _require_data_dir(root: str) -> None:
+    marker = os.path.join(root, layout.MARKER_FILE)
+    try:
+        with open(marker, "rb") as f:
+            info = msgspec.json.decode(f.read())
+    except FileNotFoundError:
+        raise MaintenanceError(f"{root} is not a logstore data directory (no {layout.MARKER_FILE})") from None
+    except (OSError, msgspec.DecodeError) as exc:
+        raise MaintenanceError(f"cannot read {marker}: {exc}") from exc
+    if not isinstance(info, dict) or info.get("format") != "convmem-logstore" or info.get("version") != 1:
+        raise MaintenanceError(f"{marker} names an unknown format: {info!r}")
+    if not os.access(root, os.R_OK | os.X_OK):
+        raise MaintenanceError(f"{root} is not readable")
+
+
+def _valid_id(value: str, kind: type[str]) -> bool:
+    try:
+        kind(value)
+    except (StoreError, TypeError):
+        return False
+    return True
+
+
+def list_sites(data_dir: str | os.PathLike[str]) -> list[str]:
+    """Names of the sites in a data directory, sorted (raises MaintenanceError when it is not one)."""
+    root = os.path.abspath(os.fspath(data_dir))
+    _require_data_dir(root)
+    names = (layout.decode_name(n) for n in _listdir(os.path.join(root, layout.SITES_DIR)))
+    return sorted(n for n in names if n is not None and _valid_id(n, SiteName))
+
+
+def _select_sites(root: str, site: str | None) -> list[str]:
+    _require_data_dir(root)
+    if site is None:
+        return list_sites(root)
+    if not _valid_id(site, SiteName):
+        raise MaintenanceError(f"{site!r} is not a valid site name (8-64 characters of [A-Za-z0-9_-])")
+    if not os.path.isdir(layout.site_dir(root, site)):
+        raise MaintenanceError(f"site {site!r} does not exist in {root}")
+    return [site]
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _is_hex2(name: str) -> bool:
+    return len(name) == 2 and all(c in "0123456789abcdef" for c in name)
+
+
+def iter_conversations(
+    data_dir: str | os.PathLike[str], site: str, strays: list[Problem] | None = None
+) -> Iterator[tuple[str, str]]:
+    """``(conversation_id, directory)`` of every conversation directory of ``site``, in directory order.
+
+    Names the engine does not create are appended to ``strays`` as problems.
+    """
+    root = os.path.abspath(os.fspath(data_dir))
+    sdir = layout.site_dir(root, site)
+
+    def stray(path: str, kind: str = STRAY_FILE, detail: str = "a file the engine does not create") -> None:
+        if strays is not None:
+            strays.append(
+                Problem(
+                    site,
+                    None,
+                    path,
+                    None,
+                    kind,
+                    detail,
+                    "left in place: move it out of the data directory if it is not needed",
+                )
+            )
+
+    for name in _listdir(sdir):
+        if name in (manifest.LOCK_FILE, layout.CONVERSATIONS_DIR) or ".tmp" in name:
+            continue
+        stem, _, ext = name.partition(".")
+        if stem.startswith("manifest-") and stem[9:].isdigit() and ext in ("snap", "log"):
+            continue
+        stray(os.path.join(sdir, name))
+    cdir = os.path.join(sdir, layout.CONVERSATIONS_DIR)
+    for a in _listdir(cdir):
+        if not _is_hex2(a) or not os.path.isdir(os.path.join(cdir, a)):
+            stray(os.path.join(cdir, a))
+            continue
+        for b in _listdir(os.path.join(cdir, a)):
+            bdir = os.path.join(cdir, a, b)
+            if not _is_hex2(b) or not os.path.isdir(bdir):
+                stray(bdir)
+                continue
+            for name in _listdir(bdir):
+                path = os.path.join(bdir, name)
+                cid = layout.decode_name(name)
+                if cid is None or not _valid_id(cid, ConversationId) or not os.path.isdir(path):
+                    stray(path)
+                elif layout.fanout(cid) != (a, b):
+                    stray(
+                        path,
+                        MISPLACED_CONVERSATION,
+                        f"conversation {cid!r} sits under {a}/{b}, the engine looks for it under "
+                        f"{'/'.join(layout.fanout(cid))}, so its data is unreachable",
+                    )
+                else:
+                    yield cid, path
+
+
+def _segment_bytes(conv_dir: str) -> int:
+    total = 0
+    try:
+        with os.scandir(conv_dir) as it:
+            for entry in it:
+                if layout.parse_segment_name(entry.name) is not None:
+                    with contextlib.suppress(FileNotFoundError):
+                        total += entry.stat().st_size
+    except FileNotFoundError:
+        pass
+    return total
+
+
+def _has_segments(conv_dir: str) -> bool:
+    return any(layout.parse_segment_name(n) is not None for n in _listdir(conv_dir))
+
+
+def _committed_segments(conv_dir: str, lock_timeout: float) -> list[tuple[int, int]]:
+    with _flocked(os.path.join(conv_dir, layout.LOCK_FILE), False, lock_timeout, create=False):
+        snap = _snapshot(conv_dir)
+    return [] if snap is None else snap.segments

@@ -1,0 +1,239 @@
+"""Reading the site manifest read-only, comparing it with the conversations, writing a repaired one."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import xxhash
+
+from .. import layout, manifest
+from ..conversation import Tip
+from ..errors import Timeout
+from ._files import (
+    _flocked,
+    _has_segments,
+    _snapshot,
+)
+from ._scanner import _ConvScanner
+from ._types import (
+    LOCK_TIMEOUT,
+    MANIFEST_DAMAGED,
+    MANIFEST_INCOMPLETE,
+    MANIFEST_MISSING,
+    MANIFEST_STALE,
+    Problem,
+)
+
+
+@dataclass
+class _ManifestState:
+    epoch: int | None
+    complete: bool
+    entries: dict[str, manifest._Entry]
+    problems: list[tuple[str, str, int | None, str]]  # kind, file, offset, detail
+
+
+def _read_manifest(site_dir: str) -> _ManifestState:
+    """The committed listing as the engine would load it, without changing anything."""
+    epochs = manifest._epoch_files(site_dir)
+    snaps = [e for e, kinds in epochs.items() if "snap" in kinds]
+    if not snaps:
+        return _ManifestState(
+            None,
+            False,
+            {},
+            [(MANIFEST_MISSING, os.path.join(site_dir, "manifest-*.snap"), None, "the site has no manifest snapshot")],
+        )
+    epoch = max(snaps)
+    spath = manifest.snap_path(site_dir, epoch)
+    try:
+        entries, complete = manifest._decode_snapshot(manifest._read(spath), epoch)
+    except manifest._Damaged:
+        return _ManifestState(epoch, False, {}, [(MANIFEST_DAMAGED, spath, 0, "the snapshot fails its checksums")])
+    state = _ManifestState(epoch, complete, {e.conversation_id: e for e in entries}, [])
+    if not complete:
+        state.problems.append(
+            (MANIFEST_INCOMPLETE, spath, 16, "the snapshot is marked incomplete (a full rebuild is owed)")
+        )
+    lpath = manifest.log_path(site_dir, epoch)
+    try:
+        with open(lpath, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        state.problems.append((MANIFEST_DAMAGED, lpath, None, "the current epoch has no activity log"))
+        return state
+    head = data[: manifest.LOG_HEADER.size]
+    if len(head) < manifest.LOG_HEADER.size:
+        state.problems.append((MANIFEST_DAMAGED, lpath, 0, "the activity log's header is truncated"))
+        return state
+    magic, e, salt, check = manifest.LOG_HEADER.unpack(head)
+    if magic != manifest.LOG_MAGIC or e != epoch or xxhash.xxh3_64_intdigest(head[:24]) != check:
+        state.problems.append((MANIFEST_DAMAGED, lpath, 0, "the activity log's header fails its checksum"))
+        return state
+    done = manifest.LOG_HEADER.size
+    for off, end, rec in manifest.iter_log_records(data, salt, manifest.LOG_HEADER.size):
+        if rec is None:
+            state.problems.append((MANIFEST_DAMAGED, lpath, off, "an activity log record fails its checksum"))
+        else:
+            _apply_log_record(state.entries, rec)
+        done = end
+    if done < len(data):
+        # Read under the manifest lock, so no writer is half way through a record.
+        state.problems.append(
+            (MANIFEST_DAMAGED, lpath, done, f"{len(data) - done} bytes at the end of the activity log are not a record")
+        )
+    return state
+
+
+def _apply_log_record(entries: dict[str, manifest._Entry], rec: list[Any]) -> None:
+    """Merge one activity-log record, monotonically, as the engine does."""
+    try:
+        kind, conv, created, last, nxt = rec[:5]
+    except (ValueError, TypeError):
+        return
+    e = entries.get(conv)
+    if kind == manifest.INTENT:
+        if e is None:
+            e = entries[conv] = manifest._Entry(conv, 0, 0, 0)
+        if nxt > e.next_seq and (e.pending is None or nxt > e.pending[2]):
+            e.pending = (created, last, nxt)
+        return
+    if kind == manifest.RESOLVE and e is not None and e.pending is not None and len(rec) > 5 and e.pending[2] == rec[5]:
+        e.pending = None
+    if nxt <= 0:
+        return
+    if e is None:
+        e = entries[conv] = manifest._Entry(conv, created, last, 0)
+    if nxt > e.next_seq:
+        e.created_us, e.last_us, e.next_seq = created, last, nxt
+    if e.pending is not None and e.pending[2] <= e.next_seq:
+        e.pending = None
+
+
+def _committed(e: manifest._Entry | None) -> Tip | None:
+    return Tip(e.created_us, e.last_us, e.next_seq) if e is not None and e.next_seq > 0 else None
+
+
+def _describe(t: Tip | None) -> str:
+    return "no items" if t is None else f"next_seq={t.next_seq} created_us={t.created_us} last_us={t.last_us}"
+
+
+def _read_manifest_locked(site_dir: str, lock_timeout: float) -> _ManifestState:
+    with _flocked(os.path.join(site_dir, manifest.LOCK_FILE), False, lock_timeout, create=False):
+        return _read_manifest(site_dir)
+
+
+def _write_manifest(
+    root: str, site: str, tips: Mapping[str, Tip | None], truncated: set[str], whole_site: bool, lock_timeout: float
+) -> None:
+    """Write the site's listing as a new, complete epoch (under the manifest lock).
+
+    The scanned extents are the truth, except that a larger committed extent in
+    the current manifest is newer (an append since the scan) and wins, unless
+    the log was cut by this run. Pending intents are carried over for the
+    engine to resolve.
+    """
+    sdir = layout.site_dir(root, site)
+    m = manifest.SiteManifest(sdir, probe=lambda _c: None, walk=lambda: iter(()), lock_timeout=lock_timeout)
+    try:
+        m._flock()
+        try:
+            state = _read_manifest(sdir)
+            out: dict[str, manifest._Entry] = (
+                {}
+                if whole_site
+                else {
+                    c: manifest._Entry(c, e.created_us, e.last_us, e.next_seq, e.pending)
+                    for c, e in state.entries.items()
+                }
+            )
+            for conv, tip in tips.items():
+                out.pop(conv, None)
+                if tip is not None:
+                    out[conv] = manifest._Entry(conv, tip.created_us, tip.last_us, tip.next_seq)
+            for conv, e in state.entries.items():
+                mine = out.get(conv)
+                if conv in truncated:
+                    continue
+                if e.next_seq > 0 and (mine is None or e.next_seq > mine.next_seq):
+                    if mine is not None or (
+                        conv not in tips and _has_segments(layout.conversation_dir(root, site, conv))
+                    ):
+                        out[conv] = mine = manifest._Entry(conv, e.created_us, e.last_us, e.next_seq)
+                if e.pending is not None and (mine is None or e.pending[2] > mine.next_seq):
+                    if mine is None:
+                        out[conv] = mine = manifest._Entry(conv, 0, 0, 0)
+                    mine.pending = e.pending
+            epochs = manifest._epoch_files(sdir)
+            epoch = max(epochs, default=0) + 1
+            m._write_epoch(epoch, sorted(out.values(), key=lambda e: e.conversation_id), True)
+            m._current_epoch_locked()
+        finally:
+            m._funlock()
+    finally:
+        m.close()
+
+
+def _check_manifest(
+    root: str,
+    site: str,
+    tips: dict[str, Tip | None],
+    damaged: set[str],
+    only: str | None,
+    lock_timeout: float,
+) -> list[Problem]:
+    """Compare the site's listing with the scanned conversations; re-verify each difference under locks."""
+    sdir = layout.site_dir(root, site)
+    try:
+        state = _read_manifest_locked(sdir, lock_timeout)
+    except Timeout as exc:
+        return [Problem(site, None, sdir, None, LOCK_TIMEOUT, f"could not lock the manifest: {exc}", "not checked")]
+    out: list[Problem] = []
+    action = "rewrite the manifest from the conversations (--repair)"
+    if only is None:
+        has_data = any(t is not None for t in tips.values()) or bool(damaged)
+        for kind, file, offset, detail in state.problems:
+            if kind == MANIFEST_MISSING and not has_data:
+                continue
+            out.append(Problem(site, None, file, offset, kind, detail, action))
+        if any(p.kind in (MANIFEST_MISSING, MANIFEST_DAMAGED) and p.offset in (None, 0) for p in out):
+            return out  # nothing to compare against
+    suspects = [c for c, t in tips.items() if c not in damaged and _committed(state.entries.get(c)) != t]
+    if only is None:
+        suspects += [c for c, e in state.entries.items() if e.next_seq > 0 and c not in tips and c not in damaged]
+    spath = manifest.snap_path(sdir, state.epoch or 0)
+    for conv in suspects:
+        conv_dir = layout.conversation_dir(root, site, conv)
+        try:
+            # Under the conversation's lock no append of it is half done, so its
+            # commit (if any) is in the manifest: lock order conversation, then manifest.
+            with _flocked(os.path.join(conv_dir, layout.LOCK_FILE), False, lock_timeout, create=False):
+                snap = _snapshot(conv_dir)
+                truth: Tip | None = None
+                if snap is not None:
+                    sc = _ConvScanner(root, site, conv, snap)
+                    sc.scan()
+                    if sc.damage is not None:
+                        continue
+                    truth = sc.result(False).tip
+                now = _read_manifest_locked(sdir, lock_timeout)
+        except Timeout:
+            continue
+        listed = _committed(now.entries.get(conv))
+        tips[conv] = truth
+        if listed != truth:
+            out.append(
+                Problem(
+                    site,
+                    conv,
+                    spath,
+                    None,
+                    MANIFEST_STALE,
+                    f"the listing has {_describe(listed)}, the log holds {_describe(truth)}",
+                    action,
+                )
+            )
+    return out

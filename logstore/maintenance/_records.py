@@ -1,0 +1,206 @@
+"""Reading a segment's records, verifying each and resynchronising after damage; ``scan_segment`` for dump."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import msgspec
+import xxhash
+
+from .. import frame, index
+from ..frame import KIND_BATCH, KIND_SEAL, RECORD_HEADER_SIZE, SEGMENT_HEADER_SIZE, RecordHeader
+from ._files import (
+    _open_ro,
+    _pread_range,
+)
+from ._types import (
+    INDEX_INTERVAL,
+)
+
+
+class _Rec(NamedTuple):
+    offset: int
+    header: RecordHeader
+    body: memoryview
+
+
+class _Bad(NamedTuple):
+    offset: int
+    why: str
+    header: RecordHeader | None  # when the header fields were plausible
+    resume: int | None  # start of the next valid record, None when none follows
+
+
+def _walk(fd: int, start: int, end: int, salt: int) -> Iterator[_Rec | _Bad]:
+    """Every record in ``[start, end)``: valid ones, and damaged spans with where valid data resumes.
+
+    The range is read once (a segment is bounded by the engine's segment
+    size); the loop is the scan's hot path, hence the inlined checks.
+    """
+    data = _pread_range(fd, start, end)
+    mv = memoryview(data)
+    limit = len(data)
+    unpack = frame.RECORD_HEADER.unpack_from
+    xxh3 = xxhash.xxh3_64_intdigest
+    max_body = frame.MAX_BODY
+    new_header = tuple.__new__
+    pos = 0
+    while pos < limit:
+        h: RecordHeader | None = None
+        if pos + RECORD_HEADER_SIZE > limit:
+            why = "the file ends inside the record header"
+        else:
+            fields = unpack(data, pos)
+            _check, n, count, kind, _first, _ts = fields
+            if (kind == KIND_BATCH and 1 <= count <= 250 and 2 <= n <= max_body) or (
+                kind == KIND_SEAL and count == 0 and n == 0
+            ):
+                h = new_header(RecordHeader, fields)
+                rend = pos + frame.RECORD_OVERHEAD + n
+                if rend > limit:
+                    why = f"record length {n} runs past the end of the file"
+                elif xxh3(mv[pos + 8 : pos + RECORD_HEADER_SIZE + n], salt) != _check:
+                    why = "checksum mismatch"
+                else:
+                    yield _Rec(start + pos, h, mv[pos + RECORD_HEADER_SIZE : pos + RECORD_HEADER_SIZE + n])
+                    pos = rend
+                    continue
+            else:
+                why = "record header fields are out of range"
+        resume = _next_valid(data, pos, salt)
+        yield _Bad(start + pos, why, h, None if resume is None else start + resume)
+        if resume is None:
+            return
+        pos = resume
+
+
+def _next_valid(data: bytes, pos: int, salt: int) -> int | None:
+    """Position in ``data`` of the first valid record starting after ``pos``, found by its trailer magic."""
+    probe = pos + 1
+    while True:
+        m = data.find(frame.TRAILER_MAGIC, probe)
+        if m < 0:
+            return None
+        found = frame.trailer_at_end(data, m + len(frame.TRAILER_MAGIC))
+        if found is not None and found[0] > pos:
+            start = found[0]
+            if start + RECORD_HEADER_SIZE <= len(data):
+                h = frame.decode_record_header(data, start)
+                if frame.plausible(h) and start + h.size <= len(data) and frame.checksum_ok(data, start, h, salt):
+                    return start
+        probe = m + 1
+
+
+class _AnyObject(msgspec.Struct):
+    """Decodes any JSON object without building it (validation only)."""
+
+
+_BATCH_CHECK = msgspec.json.Decoder(type=list[_AnyObject])
+
+
+_BATCH_RAW = msgspec.json.Decoder(type=list[msgspec.Raw])
+
+
+def _batch_problem(body: memoryview, count: int) -> str | None:
+    """Why a checksummed batch body is not a JSON array of ``count`` objects, or None."""
+    try:
+        items = _BATCH_CHECK.decode(body)
+    except msgspec.DecodeError as exc:
+        return f"batch body is not a JSON array of objects: {exc}"
+    if len(items) != count:
+        return f"batch holds {len(items)} items, its header says {count}"
+    return None
+
+
+@dataclass(frozen=True)
+class RecordInfo:
+    """One record of a segment as :func:`scan_segment` sees it.
+
+    ``kind`` is ``"batch"``, ``"seal"`` or ``"damaged"``; ``verdict`` is
+    ``"ok"`` or why the record failed. For a damaged record ``size`` is the
+    span up to the next valid record (or the end of the file) and the header
+    fields are given when they were plausible. ``payloads`` holds the items'
+    stored JSON bytes, for valid batches.
+    """
+
+    offset: int
+    size: int
+    kind: str
+    verdict: str
+    first_seq: int | None
+    count: int | None
+    recorded_at_us: int | None
+    checksum: int | None
+    payloads: tuple[bytes, ...] = ()
+
+
+@dataclass(frozen=True)
+class SegmentInfo:
+    """A segment file's header, as :func:`scan_segment` reads it."""
+
+    path: str
+    size: int
+    header_ok: bool
+    base_seq: int | None
+    salt: int | None
+
+
+def scan_segment(path: str | os.PathLike[str], *, payloads: bool = True) -> tuple[SegmentInfo, list[RecordInfo]]:
+    """Read every record of one segment file, verifying each (no locks; read-only).
+
+    A segment whose header is invalid yields one damaged span covering the
+    file. Raises OSError when the file cannot be read.
+    """
+    path = os.fspath(path)
+    with _open_ro(path) as fd:
+        size = os.fstat(fd).st_size
+        header = frame.decode_segment_header(os.pread(fd, SEGMENT_HEADER_SIZE, 0))
+        info = SegmentInfo(path, size, header is not None, header and header.base_seq, header and header.salt)
+        if header is None:
+            return info, [RecordInfo(0, size, "damaged", "segment header is missing or invalid", *[None] * 4)]
+        out: list[RecordInfo] = []
+        for rec in _walk(fd, SEGMENT_HEADER_SIZE, size, header.salt):
+            if isinstance(rec, _Bad):
+                stop = rec.resume if rec.resume is not None else size
+                h = rec.header
+                out.append(
+                    RecordInfo(
+                        rec.offset,
+                        stop - rec.offset,
+                        "damaged",
+                        rec.why,
+                        h.first_seq if h else None,
+                        h.count if h else None,
+                        h.recorded_at_us if h else None,
+                        h.checksum if h else None,
+                    )
+                )
+                continue
+            h = rec.header
+            items: tuple[bytes, ...] = ()
+            verdict = "ok"
+            if h.kind == KIND_BATCH:
+                verdict = _batch_problem(rec.body, h.count) or "ok"
+                if payloads and verdict == "ok":
+                    items = tuple(bytes(r) for r in _BATCH_RAW.decode(rec.body))
+            kind = "batch" if h.kind == KIND_BATCH else "seal"
+            out.append(
+                RecordInfo(rec.offset, h.size, kind, verdict, h.first_seq, h.count, h.recorded_at_us, h.checksum, items)
+            )
+        return info, out
+
+
+def build_index(fd: int, base_seq: int, salt: int, size: int, interval: int = INDEX_INTERVAL) -> index.SparseIndex:
+    """The sparse index of a segment as the engine builds it, up to its first bad record."""
+    idx = index.SparseIndex(base_seq, salt)
+    last = 0
+    for rec in _walk(fd, SEGMENT_HEADER_SIZE, size, salt):
+        if isinstance(rec, _Bad):
+            break
+        if rec.header.kind == KIND_BATCH and rec.offset - last >= interval and rec.offset > SEGMENT_HEADER_SIZE:
+            idx.add(rec.header.first_seq, rec.offset)
+            last = rec.offset
+    return idx

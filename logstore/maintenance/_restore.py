@@ -1,0 +1,131 @@
+"""Writing items back with their original seqs and ``recorded_at`` (``convmem import``)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .. import fileio, layout
+from ..codec import encode_batch
+from ..conversation import Conversation, Tip
+from ..errors import ConversationFull, Io, StoreError
+from ..filestore import FileStore
+from ..ids import ConversationId, SiteName
+from ..limits import MAX_CONVERSATION_ITEMS
+from ..model import SeqRange
+from ._files import (
+    _has_segments,
+)
+
+
+class RestoreConflict(StoreError):
+    """A restored batch does not continue its conversation (wrong seq or earlier ``recorded_at``)."""
+
+    code = "RestoreConflict"
+
+
+class _RestoringConversation(Conversation):
+    """A conversation that appends batches with given seqs and ``recorded_at``."""
+
+    def restore(self, body: bytes, count: int, first_seq: int, stamp: int, deadline: float, started: float) -> None:
+        """Append one encoded batch at ``first_seq`` stamped ``stamp``, durably, as ``append`` does."""
+        fileio.makedirs_durable(self.path)
+        self._lock(True, deadline, started)
+        try:
+            try:
+                self._refresh(True)
+            except OSError as exc:
+                self._close_files()
+                raise Io(f"reading the conversation's tail failed: {exc}", exc.errno) from exc
+            if self._damage is not None:
+                raise self._damage
+            if first_seq != self._next_seq:
+                raise RestoreConflict(f"batch starts at seq {first_seq}, the conversation holds {self._next_seq}")
+            if stamp < self._last_us:
+                raise RestoreConflict(f"recorded_at {stamp} us is earlier than the last batch's {self._last_us} us")
+            if first_seq + count > MAX_CONVERSATION_ITEMS:
+                raise ConversationFull(MAX_CONVERSATION_ITEMS, first_seq + count)
+            created = self._created_us if self._created_us is not None else stamp
+            tip = Tip(created, stamp, first_seq + count)
+            self.manifest.intent(self.conversation_id, tip, new=first_seq == 0)
+            self._pending_end = None
+            try:
+                self._write_batch(body, count, first_seq, stamp)
+            except OSError as exc:
+                self._poison()
+                raise Io(f"appending to the log failed: {exc}", exc.errno) from exc
+            self._created_us = created
+            self.manifest.commit(self.conversation_id, tip)
+        finally:
+            self._unlock()
+
+
+class Restorer:
+    """Writes items back with their original seqs and ``recorded_at`` (for ``convmem import``).
+
+    Each batch is framed, written and ``fdatasync``\\ ed exactly as an append
+    is, under the conversation's exclusive lock, with the manifest's intent and
+    commit records. Use as a context manager.
+    """
+
+    def __init__(
+        self, data_dir: str | os.PathLike[str], *, lock_timeout: float = 30.0, segment_bytes: int = 16 * 1024 * 1024
+    ) -> None:
+        self._store = FileStore(data_dir, lock_timeout=lock_timeout, segment_bytes=segment_bytes)
+        self._convs: dict[tuple[str, str], _RestoringConversation] = {}
+
+    def site_is_empty(self, site: str) -> bool:
+        """True when ``site`` holds no conversation with a segment."""
+        return not any(True for _ in self._store._walk(SiteName(site)))
+
+    def conversation_is_empty(self, site: str, conversation_id: str) -> bool:
+        return not _has_segments(
+            layout.conversation_dir(self._store.root, SiteName(site), ConversationId(conversation_id))
+        )
+
+    def restore_batch(
+        self,
+        site: str,
+        conversation_id: str,
+        first_seq: int,
+        recorded_at_us: int,
+        payloads: Sequence[Mapping[str, Any]],
+    ) -> SeqRange:
+        """Append ``payloads`` as one batch occupying seqs ``first_seq..``, stamped ``recorded_at_us``.
+
+        Raises :class:`RestoreConflict` unless the conversation holds exactly
+        ``first_seq`` items and its last batch is not later than
+        ``recorded_at_us``; the payload limits apply as for an append.
+        """
+        site, conversation_id = SiteName(site), ConversationId(conversation_id)
+        body, count = encode_batch(payloads)
+        key = (site, conversation_id)
+        conv = self._convs.get(key)
+        if conv is None:
+            if len(self._convs) >= 64:
+                old = self._convs.pop(next(iter(self._convs)))
+                old.close()
+            conv = _RestoringConversation(
+                layout.conversation_dir(self._store.root, site, conversation_id),
+                conversation_id,
+                self._store.options,
+                self._store._manifest(site),
+            )
+            self._convs[key] = conv
+        started = time.monotonic()
+        conv.restore(body, count, first_seq, recorded_at_us, started + self._store.options.lock_timeout, started)
+        return SeqRange(first_seq, first_seq + count - 1)
+
+    def close(self) -> None:
+        for conv in self._convs.values():
+            conv.close()
+        self._convs.clear()
+        self._store.close()
+
+    def __enter__(self) -> Restorer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,505 @@
+"""Checking (and, under the exclusive lock, repairing) one conversation."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import time
+from dataclasses import dataclass
+
+import msgspec
+
+from .. import fileio, frame, index, layout
+from ..conversation import Tip
+from ..errors import Timeout
+from ..frame import KIND_SEAL, SEGMENT_HEADER_SIZE
+from ..segment import classify_failure
+from ._files import (
+    _ConvSnapshot,
+    _flocked,
+    _open_ro,
+    _open_rw,
+    _replace_with_prefix,
+    _snapshot,
+)
+from ._records import (
+    _Bad,
+    _batch_problem,
+    _walk,
+    build_index,
+)
+from ._types import (
+    BAD_BATCH,
+    BAD_SEGMENT_HEADER,
+    CORRUPT_RECORD,
+    INDEX_MISMATCH,
+    INDEX_MISSING,
+    INDEX_STALE,
+    LOCK_TIMEOUT,
+    ORPHAN_INDEX,
+    QUARANTINE_DIR,
+    RECORD_AFTER_SEAL,
+    RECORDED_AT_DECREASING,
+    SEQ_GAP,
+    SEQ_MISMATCH,
+    STRAY_FILE,
+    TORN_TAIL,
+    TRUNCATABLE_KINDS,
+    UNSEALED_SEGMENT,
+    Problem,
+)
+
+
+@dataclass
+class _Damage:
+    """The first place a conversation's log stops being trustworthy."""
+
+    seg_i: int
+    offset: int
+    seq: int  # first seq that is not readable from here on
+
+
+@dataclass
+class _ConvResult:
+    problems: list[Problem]
+    tip: Tip | None
+    damaged: bool  # damage to acknowledged data remains
+    truncated: bool  # truncate_at_corruption cut this log
+    records: int
+    bytes: int
+    segments: int = 0
+
+
+class _ConvScanner:
+    """Scans (and, holding the exclusive lock, repairs) one conversation."""
+
+    def __init__(self, root: str, site: str, cid: str, snap: _ConvSnapshot) -> None:
+        self.root = root
+        self.site = site
+        self.cid = cid
+        self.snap = snap
+        self.problems: list[Problem] = []
+        self.damage: _Damage | None = None
+        self.unsafe_damage = False  # damage that truncate_at_corruption does not cut
+        self.rebuild_index: set[int] = set()
+        self.created_us: int | None = None
+        self.last_us = 0
+        self.next_seq = 0
+        self.seen_end = 0  # largest end seq of any valid record, even past damage
+        self.records = 0
+        self.bytes = 0
+        self.torn: tuple[Problem, int, int] | None = None
+        self.damage_problem: Problem | None = None
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.snap.path, name)
+
+    def problem(self, file: str, offset: int | None, kind: str, detail: str, action: str) -> Problem:
+        p = Problem(self.site, self.cid, file, offset, kind, detail, action)
+        self.problems.append(p)
+        return p
+
+    def damaged(self, file: str, seg_i: int, offset: int, seq: int | None, kind: str, detail: str) -> None:
+        seq = self.next_seq if seq is None else seq
+        first = self.damage is None
+        if first:
+            self.damage = _Damage(seg_i, offset, seq)
+        p = self.problem(
+            file,
+            offset,
+            kind,
+            detail,
+            "left in place: acknowledged data is never removed by --repair; inspect with `convmem dump`, "
+            "or drop the log from here with --truncate-at-corruption",
+        )
+        if first:
+            self.damage_problem = p
+
+    # ------------------------------------------------------------- the scan
+
+    def scan(self) -> None:
+        expected: int | None = 0
+        last_ts = 0
+        segs = self.snap.segments
+        for i, (base, size) in enumerate(segs):
+            last_seg = i == len(segs) - 1
+            path = self._path(layout.segment_name(base))
+            self.bytes += size
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue  # removed under us: only possible for a dropped site
+            try:
+                header = frame.decode_segment_header(os.pread(fd, SEGMENT_HEADER_SIZE, 0))
+                if header is None or header.base_seq != base:
+                    self.damaged(path, i, 0, expected, BAD_SEGMENT_HEADER, "segment header is missing or invalid")
+                    expected = None
+                    continue
+                if expected is not None and base != expected:
+                    what = f"seqs {expected}..{base - 1} are missing" if base > expected else "segments overlap"
+                    self.damaged(
+                        path,
+                        i,
+                        0,
+                        expected,
+                        SEQ_GAP,
+                        f"segment starts at seq {base}, the log before it ends at {expected}: {what}",
+                    )
+                expected = base
+                entries = self._index_entries(base, header.salt, path, size)
+                verified: set[int] = set()
+                sealed = False
+                batch_problem = _batch_problem
+                for rec in _walk(fd, SEGMENT_HEADER_SIZE, size, header.salt):
+                    if type(rec) is _Bad:
+                        self._bad(fd, path, i, last_seg, size, header.salt, rec, expected)
+                        expected = None
+                        continue
+                    offset, h, body = rec
+                    _ck, _n, count, kind, first, ts = h
+                    self.records += 1
+                    if expected is None:
+                        expected = first  # resynchronised after damage
+                    if sealed:
+                        self.damaged(
+                            path, i, offset, expected, RECORD_AFTER_SEAL, "a record follows the segment's seal"
+                        )
+                    elif first != expected:
+                        self.damaged(
+                            path,
+                            i,
+                            offset,
+                            expected,
+                            SEQ_MISMATCH,
+                            f"expected seq {expected}, record starts at {first}",
+                        )
+                    if ts < last_ts:
+                        self.unsafe_damage = True
+                        self.problem(
+                            path,
+                            offset,
+                            RECORDED_AT_DECREASING,
+                            f"recorded_at {ts} us is earlier than the previous record's {last_ts} us",
+                            "left in place: the items themselves are intact",
+                        )
+                    else:
+                        last_ts = ts
+                    if kind == KIND_SEAL:
+                        sealed = True
+                        expected = first
+                        continue
+                    why = batch_problem(body, count)
+                    if why is not None:
+                        self.damaged(path, i, offset, first, BAD_BATCH, why)
+                    if entries:
+                        entry = entries.get(offset)
+                        if entry is not None and entry[0] == first:
+                            verified.add(offset)
+                    expected = first + count
+                    if expected > self.seen_end:
+                        self.seen_end = expected
+                    if self.damage is None:
+                        if self.created_us is None:
+                            self.created_us = ts
+                        self.last_us = ts
+                        self.next_seq = expected
+                for off, (seq, at) in entries.items():
+                    if off not in verified:
+                        self._index_problem(
+                            base,
+                            INDEX_MISMATCH,
+                            at,
+                            f"the entry for seq {seq} points at segment byte {off}, which is not the start "
+                            "of a valid batch record carrying that seq",
+                        )
+                if not last_seg and not sealed and expected is not None:
+                    self.unsafe_damage = True
+                    self.problem(
+                        path,
+                        size,
+                        UNSEALED_SEGMENT,
+                        "a segment that is not the last one has no seal",
+                        "left in place: the items are readable; report this as an engine defect",
+                    )
+            finally:
+                os.close(fd)
+        self._check_names()
+
+    def _check_names(self) -> None:
+        """Report files the engine would not have left in a conversation directory."""
+        bases = {b for b, _ in self.snap.segments}
+        for name in self.snap.names:
+            if name == layout.LOCK_FILE or layout.parse_segment_name(name) is not None or ".tmp" in name:
+                continue
+            if len(name) == 24 and name.endswith(layout.INDEX_SUFFIX) and name[:20].isdigit():
+                if int(name[:20]) not in bases:
+                    self.problem(
+                        self._path(name),
+                        None,
+                        ORPHAN_INDEX,
+                        "an index file without its segment",
+                        "remove it (--repair); indexes are derived data",
+                    )
+                continue
+            self.problem(
+                self._path(name),
+                None,
+                STRAY_FILE,
+                "a file the engine does not create",
+                "left in place: move it out of the data directory if it is not needed",
+            )
+
+    def _bad(
+        self, fd: int, path: str, seg_i: int, last_seg: bool, size: int, salt: int, rec: _Bad, expected: int | None
+    ) -> None:
+        if last_seg and rec.resume is None and classify_failure(fd, rec.offset, size, salt) == "torn":
+            p = self.problem(
+                path,
+                rec.offset,
+                TORN_TAIL,
+                f"{size - rec.offset} bytes of an unfinished write ({rec.why}); never acknowledged",
+                "truncate the segment here (--repair)",
+            )
+            self.torn = (p, seg_i, rec.offset)
+            return
+        seq = expected if expected is not None else (rec.header.first_seq if rec.header else None)
+        self.damaged(
+            path,
+            seg_i,
+            rec.offset,
+            seq,
+            CORRUPT_RECORD,
+            f"{rec.why}; "
+            + (
+                "valid records follow"
+                if rec.resume is not None
+                else "record written whole, then damaged"
+                if last_seg
+                else "in a sealed segment"
+            ),
+        )
+        if rec.header is not None and rec.header.first_seq == seq:
+            # A damaged record whose header still agrees with the log: its count is likely right.
+            self.seen_end = max(self.seen_end, rec.header.end_seq)
+
+    # -------------------------------------------------------------- indexes
+
+    def _index_entries(self, base: int, salt: int, seg_path: str, size: int) -> dict[int, tuple[int, int]]:
+        """The index's entries as ``{segment offset: (seq, offset in the index file)}``.
+
+        A missing or stale index, or entries out of order, are reported here.
+        """
+        data = self.snap.indexes.get(base)
+        if data is None:
+            self._index_problem(base, INDEX_MISSING, None, "the segment has no index file")
+            return {}
+        if len(data) < index.INDEX_HEADER_SIZE:
+            self._index_problem(base, INDEX_STALE, 0, "index header is truncated")
+            return {}
+        magic, version, _r, ibase, isalt = index.INDEX_HEADER.unpack_from(data)
+        if magic != index.INDEX_MAGIC or version != 1 or ibase != base or isalt != salt:
+            self._index_problem(
+                base, INDEX_STALE, 0, "index header does not belong to this segment (wrong magic, base seq or salt)"
+            )
+            return {}
+        out: dict[int, tuple[int, int]] = {}
+        prev_seq, prev_off = -1, 0
+        whole = len(data) - (len(data) - index.INDEX_HEADER_SIZE) % index.ENTRY_SIZE
+        for n, (rel, off) in enumerate(index.ENTRY.iter_unpack(data[index.INDEX_HEADER_SIZE : whole])):
+            seq = base + rel
+            if seq <= prev_seq or off <= prev_off or off >= size:
+                self._index_problem(
+                    base,
+                    INDEX_MISMATCH,
+                    index.INDEX_HEADER_SIZE + n * index.ENTRY_SIZE,
+                    f"entry {n} (seq {seq}, byte {off}) is out of order or past the segment's end",
+                )
+                return out
+            out[off] = (seq, index.INDEX_HEADER_SIZE + n * index.ENTRY_SIZE)
+            prev_seq, prev_off = seq, off
+        return out
+
+    def _index_problem(self, base: int, kind: str, offset: int | None, detail: str) -> None:
+        if base in self.rebuild_index and kind == INDEX_MISMATCH:
+            return  # one problem per index file is enough
+        self.rebuild_index.add(base)
+        self.problem(
+            self._path(layout.index_name(base)), offset, kind, detail, "rebuild the index from its segment (--repair)"
+        )
+
+    # --------------------------------------------------------------- repair
+
+    def repair(self, truncate_at_corruption: bool) -> bool:
+        """Carry out what can be repaired (caller holds the exclusive lock). True when the log was cut."""
+        torn = self.torn
+        cut = False
+        if torn is not None and self.damage is None:
+            p, seg_i, offset = torn
+            base = self.snap.segments[seg_i][0]
+            with _open_rw(self._path(layout.segment_name(base))) as fd:
+                fileio.truncate(fd, offset)
+            self.snap.segments[seg_i] = (base, offset)
+            self.rebuild_index.add(base)
+            p.repaired = True
+            p.action = f"truncated the segment to {offset} bytes (the torn write was never acknowledged)"
+        elif torn is not None:
+            torn[0].action = "left in place: the log is damaged before it (see above)"
+        if self.damage is not None and truncate_at_corruption:
+            self._truncate_at_corruption()
+            cut = True
+        self._repair_orphans()
+        for base in sorted(self.rebuild_index):
+            ok = self._rebuild_index(base)
+            for p in self.problems:
+                if p.kind in (INDEX_MISSING, INDEX_STALE, INDEX_MISMATCH) and p.file == self._path(
+                    layout.index_name(base)
+                ):
+                    p.repaired = ok
+                    p.action = "rebuilt the index from its segment" if ok else p.action
+        return cut
+
+    def _rebuild_index(self, base: int) -> bool:
+        segs = dict(self.snap.segments)
+        if base not in segs:
+            return True  # the segment went to quarantine with its index
+        path = self._path(layout.segment_name(base))
+        with _open_ro(path) as fd:
+            size = os.fstat(fd).st_size
+            header = frame.decode_segment_header(os.pread(fd, SEGMENT_HEADER_SIZE, 0))
+            if header is None:
+                return False
+            idx = build_index(fd, header.base_seq, header.salt, size)
+        index.write(self._path(layout.index_name(base)), idx)
+        return True
+
+    def _repair_orphans(self) -> None:
+        for p in self.problems:
+            if p.kind == ORPHAN_INDEX and not p.repaired:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(p.file)
+                p.repaired = True
+                p.action = "removed the index (derived data; its segment does not exist)"
+
+    def _truncate_at_corruption(self) -> None:
+        dmg = self.damage
+        assert dmg is not None
+        segs = self.snap.segments
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        qdir = os.path.join(
+            self.root,
+            QUARANTINE_DIR,
+            f"{stamp}-{layout.encode_name(self.site)}-"
+            f"{layout.encode_name(self.cid)}-{time.time_ns() % 1_000_000_000:09d}",
+        )
+        fileio.makedirs_durable(qdir)
+        cut = segs[dmg.seg_i :]
+        for base, _size in cut:
+            name = layout.segment_name(base)
+            shutil.copyfile(self._path(name), os.path.join(qdir, name))
+            with _open_ro(os.path.join(qdir, name)) as qfd:
+                fileio.fsync(qfd)
+        lost_last = max(self.seen_end, dmg.seq) - 1
+        lost = f"seqs {dmg.seq}..{lost_last}" if lost_last >= dmg.seq else f"seqs from {dmg.seq} on"
+        info = {
+            "site": self.site,
+            "conversation_id": self.cid,
+            "first_lost_seq": dmg.seq,
+            "last_lost_seq_seen": lost_last if lost_last >= dmg.seq else None,
+            "cut_file": self._path(layout.segment_name(cut[0][0])),
+            "cut_offset": dmg.offset,
+            "segments": [layout.segment_name(b) for b, _ in cut],
+        }
+        fileio.write_file_atomic(os.path.join(qdir, "lost.json"), msgspec.json.encode(info) + b"\n")
+        fileio.fsync_dir(qdir)
+        first_base = cut[0][0]
+        keep_first = dmg.offset >= SEGMENT_HEADER_SIZE
+        for base, _size in reversed(cut):
+            seg = self._path(layout.segment_name(base))
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._path(layout.index_name(base)))
+            with _open_rw(seg) as fd:
+                if base == first_base and keep_first:
+                    _replace_with_prefix(seg, fd, dmg.offset)
+                else:
+                    os.unlink(seg)
+                # Shrink the old file to nothing: an engine holding it open sees its size
+                # change, drops what it knew (including a remembered Corrupted) and reloads.
+                fileio.truncate(fd, 0)
+        fileio.fsync_dir(self.snap.path)
+        self.snap.segments = segs[: dmg.seg_i] + ([(first_base, dmg.offset)] if keep_first else [])
+        if keep_first:
+            self.rebuild_index.add(first_base)
+        action = (
+            f"dropped {lost} from byte {dmg.offset} of {cut[0][0]:020d}.seg on; the original segments are in {qdir}"
+        )
+        for p in self.problems:
+            if p.kind in TRUNCATABLE_KINDS or (
+                p.kind in (TORN_TAIL, RECORDED_AT_DECREASING, UNSEALED_SEGMENT)
+                and _at_or_after(p, segs, dmg, self.snap.path)
+            ):
+                p.repaired = True
+                p.action = action
+            elif p.kind in (INDEX_MISSING, INDEX_STALE, INDEX_MISMATCH):
+                base = int(os.path.basename(p.file)[:20])
+                if base >= first_base and not (keep_first and base == first_base):
+                    p.repaired, p.action = True, action
+        self.rebuild_index = {b for b in self.rebuild_index if b < first_base or (keep_first and b == first_base)}
+        if self.damage_problem is not None:
+            self.damage_problem.lost_seqs = (dmg.seq, lost_last if lost_last >= dmg.seq else None)
+        self.unsafe_damage = any(
+            not p.repaired for p in self.problems if p.kind in (RECORDED_AT_DECREASING, UNSEALED_SEGMENT)
+        )
+
+    def result(self, truncated: bool) -> _ConvResult:
+        tip = Tip(self.created_us, self.last_us, self.next_seq) if self.created_us is not None else None
+        damaged = (self.damage is not None and not truncated) or self.unsafe_damage
+        return _ConvResult(self.problems, tip, damaged, truncated, self.records, self.bytes, len(self.snap.segments))
+
+
+def _at_or_after(p: Problem, segs: list[tuple[int, int]], dmg: _Damage, conv_dir: str) -> bool:
+    """True when problem ``p`` lies in the part of the log that was cut."""
+    name = os.path.basename(p.file)
+    base = layout.parse_segment_name(name)
+    if base is None:
+        return False
+    first_base = segs[dmg.seg_i][0]
+    return base > first_base or (base == first_base and (p.offset or 0) >= dmg.offset)
+
+
+def _check_conversation(
+    root: str, site: str, cid: str, conv_dir: str, repair: bool, truncate: bool, lock_timeout: float
+) -> _ConvResult | None:
+    """Scan one conversation: first from a snapshot taken under its shared lock, then, if
+    anything looks wrong, again under the lock (exclusive when repairing)."""
+    lock_path = os.path.join(conv_dir, layout.LOCK_FILE)
+    try:
+        with _flocked(lock_path, False, lock_timeout, create=False):
+            snap = _snapshot(conv_dir)
+        if snap is None:
+            return None
+        sc = _ConvScanner(root, site, cid, snap)
+        sc.scan()
+        if not sc.problems:
+            return sc.result(False)
+        # Something looks wrong: look again with appenders held off, so a write
+        # in flight (or a tail the engine just cut) is never reported as damage.
+        with _flocked(lock_path, repair, lock_timeout, create=repair):
+            snap = _snapshot(conv_dir)
+            if snap is None:
+                return None
+            sc = _ConvScanner(root, site, cid, snap)
+            sc.scan()
+            cut = sc.repair(truncate) if repair and sc.problems else False
+        return sc.result(cut)
+    except Timeout as exc:
+        p = Problem(
+            site,
+            cid,
+            conv_dir,
+            None,
+            LOCK_TIMEOUT,
+            f"could not lock the conversation: {exc}",
+            "not checked: run fsck again when the conversation is less busy",
+        )
+        return _ConvResult([p], None, True, False, 0, 0)
