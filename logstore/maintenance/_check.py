@@ -74,7 +74,7 @@ def check(
                     None,
                     STRAY_FILE,
                     "a file the engine does not create",
-                    "left in place",
+                    "none: not engine data; move it out of the data directory if it is not needed",
                 )
             )
         for name in _listdir(os.path.join(root, layout.SITES_DIR)):
@@ -89,7 +89,7 @@ def check(
                     None,
                     STRAY_FILE,
                     "not a site directory",
-                    "left in place",
+                    "none: not engine data; move it out of the data directory if it is not needed",
                 )
             )
     plan: list[tuple[str, list[tuple[str, str]] | Iterator[tuple[str, str]]]] = []

@@ -198,7 +198,7 @@ def iter_conversations(
                     None,
                     kind,
                     detail,
-                    "left in place: move it out of the data directory if it is not needed",
+                    "none: not engine data; move it out of the data directory if it is not needed",
                 )
             )
 

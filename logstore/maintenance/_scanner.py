@@ -109,9 +109,9 @@ class _ConvScanner:
             file,
             offset,
             kind,
-            detail,
-            "left in place: acknowledged data is never removed by --repair; inspect with `convmem dump`, "
-            "or drop the log from here with --truncate-at-corruption",
+            f"{detail} (first affected seq: {seq})",
+            "none: acknowledged data is never removed by --repair; inspect it with `convmem dump FILE`, "
+            "restore the conversation from a backup, or drop the log from here on with --truncate-at-corruption",
         )
         if first:
             self.damage_problem = p
@@ -181,7 +181,7 @@ class _ConvScanner:
                             offset,
                             RECORDED_AT_DECREASING,
                             f"recorded_at {ts} us is earlier than the previous record's {last_ts} us",
-                            "left in place: the items themselves are intact",
+                            "none: the items themselves are intact and readable",
                         )
                     else:
                         last_ts = ts
@@ -220,7 +220,7 @@ class _ConvScanner:
                         size,
                         UNSEALED_SEGMENT,
                         "a segment that is not the last one has no seal",
-                        "left in place: the items are readable; report this as an engine defect",
+                        "none: the items are readable; report this as an engine defect",
                     )
             finally:
                 os.close(fd)
@@ -247,7 +247,7 @@ class _ConvScanner:
                 None,
                 STRAY_FILE,
                 "a file the engine does not create",
-                "left in place: move it out of the data directory if it is not needed",
+                "none: not engine data; move it out of the data directory if it is not needed",
             )
 
     def _bad(
@@ -344,7 +344,7 @@ class _ConvScanner:
             p.repaired = True
             p.action = f"truncated the segment to {offset} bytes (the torn write was never acknowledged)"
         elif torn is not None:
-            torn[0].action = "left in place: the log is damaged before it (see above)"
+            torn[0].action = "none: the log is damaged before it (see above); --truncate-at-corruption cuts both"
         if self.damage is not None and truncate_at_corruption:
             self._truncate_at_corruption()
             cut = True
