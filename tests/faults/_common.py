@@ -274,6 +274,8 @@ def conversation_dir(root: str, site: str, conv: str) -> str:
 def segments(root: str, site: str, conv: str) -> list[str]:
     """Paths of a conversation's segments, in seq order."""
     d = conversation_dir(root, site, conv)
+    if not os.path.isdir(d):
+        return []
     return sorted(os.path.join(d, n) for n in os.listdir(d) if n.endswith(".seg"))
 
 
