@@ -74,7 +74,9 @@ async def test_signal_finishes_in_flight_appends_and_exits_zero(tmp_path: Path, 
     # Every acknowledged item is there after the shutdown, in order.
     with open_store(data) as store:
         for cid, info in acked.items():
-            seqs = [item.seq for item in store.read(SITE, cid, logstore.Range(0, 1000))]
+            seqs: list[int] = []
+            while page := store.read(SITE, cid, logstore.Range(len(seqs), 1000)):
+                seqs += [item.seq for item in page]
             assert len(seqs) >= info["count"] and seqs == list(range(len(seqs)))
 
 
