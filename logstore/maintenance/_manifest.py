@@ -34,6 +34,11 @@ class _ManifestState:
     complete: bool
     entries: dict[str, manifest._Entry]
     problems: list[tuple[str, str, int | None, str]]  # kind, file, offset, detail
+    #: Where reading the activity log can resume: its inode, salt and the end of
+    #: the last whole record (0 when the log is unusable).
+    log_ino: int = 0
+    log_salt: int = 0
+    log_done: int = 0
 
 
 def _read_manifest(site_dir: str) -> _ManifestState:
@@ -73,18 +78,47 @@ def _read_manifest(site_dir: str) -> _ManifestState:
     if magic != manifest.LOG_MAGIC or e != epoch or xxhash.xxh3_64_intdigest(head[:24]) != check:
         state.problems.append((MANIFEST_DAMAGED, lpath, 0, "the activity log's header fails its checksum"))
         return state
-    done = manifest.LOG_HEADER.size
-    for off, end, rec in manifest.iter_log_records(data, salt, manifest.LOG_HEADER.size):
+    state.log_salt, state.log_done = salt, manifest.LOG_HEADER.size
+    state.log_ino = os.stat(lpath).st_ino
+    _apply_log(state, lpath, data[manifest.LOG_HEADER.size :], manifest.LOG_HEADER.size)
+    return state
+
+
+def _apply_log(state: _ManifestState, lpath: str, data: bytes, base: int) -> None:
+    """Apply the log records in ``data`` (the log's bytes from offset ``base``) to ``state``."""
+    done = 0
+    for off, end, rec in manifest.iter_log_records(data, state.log_salt, 0):
         if rec is None:
-            state.problems.append((MANIFEST_DAMAGED, lpath, off, "an activity log record fails its checksum"))
+            state.problems.append((MANIFEST_DAMAGED, lpath, base + off, "an activity log record fails its checksum"))
         else:
             _apply_log_record(state.entries, rec)
         done = end
-    if done < len(data):
+    state.log_done = base + done if done else state.log_done
+    if state.log_done < base + len(data):
         # Read under the manifest lock, so no writer is half way through a record.
+        extra = base + len(data) - state.log_done
         state.problems.append(
-            (MANIFEST_DAMAGED, lpath, done, f"{len(data) - done} bytes at the end of the activity log are not a record")
+            (MANIFEST_DAMAGED, lpath, state.log_done, f"{extra} bytes at the end of the activity log are not a record")
         )
+
+
+def _refresh_manifest(site_dir: str, state: _ManifestState | None) -> _ManifestState:
+    """``state`` brought up to date by reading only what was appended to its log, or a full re-read."""
+    if state is None or state.epoch is None or not state.log_done:
+        return _read_manifest(site_dir)
+    epochs = manifest._epoch_files(site_dir)
+    if max((e for e, kinds in epochs.items() if "snap" in kinds), default=None) != state.epoch:
+        return _read_manifest(site_dir)  # compacted since: a new snapshot holds it all
+    lpath = manifest.log_path(site_dir, state.epoch)
+    try:
+        with open(lpath, "rb") as f:
+            if os.fstat(f.fileno()).st_ino != state.log_ino:
+                return _read_manifest(site_dir)
+            f.seek(state.log_done)
+            data = f.read()
+    except FileNotFoundError:
+        return _read_manifest(site_dir)
+    _apply_log(state, lpath, data, state.log_done)
     return state
 
 
@@ -121,9 +155,10 @@ def _describe(t: Tip | None) -> str:
     return "no items" if t is None else f"next_seq={t.next_seq} created_us={t.created_us} last_us={t.last_us}"
 
 
-def _read_manifest_locked(site_dir: str, lock_timeout: float) -> _ManifestState:
+def _read_manifest_locked(site_dir: str, lock_timeout: float, state: _ManifestState | None = None) -> _ManifestState:
+    """:func:`_refresh_manifest` under the manifest's lock, held shared: no writer is mid-record."""
     with _flocked(os.path.join(site_dir, manifest.LOCK_FILE), False, lock_timeout, create=False):
-        return _read_manifest(site_dir)
+        return _refresh_manifest(site_dir, state)
 
 
 def _write_manifest(
@@ -219,7 +254,7 @@ def _check_manifest(
                     if sc.damage is not None:
                         continue
                     truth = sc.result(False).tip
-                now = _read_manifest_locked(sdir, lock_timeout)
+                state = now = _read_manifest_locked(sdir, lock_timeout, state)
         except Timeout:
             continue
         listed = _committed(now.entries.get(conv))
