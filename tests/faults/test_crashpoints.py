@@ -1,0 +1,88 @@
+"""Fault 8: named crash points.
+
+``CONVMEM_CRASH_AT=NAME[:N]`` (inert unless set) makes the engine exit with
+status 86 the N-th time it reaches a point: mid-record write, before and
+after the data sync, between a file's creation and its directory's sync,
+after a directory creation, during a segment roll (sealed / next created),
+after the manifest intent and commit, and after a manifest compaction. Each
+is crashed at, for several N, and then checked as in the SIGKILL test: every
+acknowledged item is there, seqs are gapless, no partial batch, every
+conversation with an acknowledged item is listed, and appends (by this
+process and by a fresh writer process) continue where they left off.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from logstore import FileStore, fileio
+
+from ._common import SITE, STATS, Ack, make_batch, read_acks, soak, subprocess_env, verify, writer_cmd
+
+POINTS = [
+    "record-mid-write",
+    "before-data-sync",
+    "after-data-sync",
+    "after-file-create",
+    "after-dir-create",
+    "segment-roll-sealed",
+    "segment-roll-created",
+    "manifest-intent",
+    "manifest-commit",
+    "manifest-compact",
+]
+HITS = list(range(1, 120)) if soak() else [1, 2, 3, 5, 9, 17]
+CONVS = [f"cp-conv-{i:04d}" for i in range(5)]
+OPTS = {"segment_bytes": 1024, "index_interval": 256}
+
+
+def _run_writer(root: Path, acks: Path, wid: str, seed: int, crash: str | None, batches: int) -> int:
+    env = subprocess_env(CONVMEM_CRASH_AT=crash) if crash else subprocess_env()
+    proc = subprocess.run(
+        writer_cmd(
+            *("--data-dir", str(root), "--id", wid, "--convs", ",".join(CONVS), "--acks", str(acks)),
+            *("--batches", str(batches), "--seed", str(seed), "--segment-bytes", "1024", "--index-interval", "256"),
+            *("--compact-bytes", "1", "--max-pad", "200"),
+        ),
+        env=env,
+        capture_output=True,
+        timeout=120,
+    )
+    assert proc.returncode in (0, fileio.CRASH_EXIT_STATUS), proc.stderr.decode(errors="replace")[-2000:]
+    return proc.returncode
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_crash_point(tmp_path: Path, point: str) -> None:
+    crashed = 0
+    for n in HITS:
+        root = tmp_path / f"{point}-{n}" / "data"
+        acks = root.parent / "acks.jsonl"
+        rc = _run_writer(root, acks, "c", n, f"{point}:{n}", 300)
+        if rc != fileio.CRASH_EXIT_STATUS:
+            continue  # the point is reached fewer than n times in this workload
+        crashed += 1
+        STATS["crash points"] += 1
+        acked = read_acks(str(acks))
+        store = FileStore(root, **OPTS)  # type: ignore[arg-type]
+        try:
+            logs = verify(store, SITE, acked, CONVS)
+            for conv in CONVS:
+                r = store.append(SITE, conv, make_batch("v", n, 2, 3))
+                assert r.first == len(logs[conv]), f"{point}:{n}: {conv} continued at {r.first}, not {len(logs[conv])}"
+                acked.append(Ack(conv, r.first, r.last, "v", n, 2, 3))
+        finally:
+            store.close()
+        # A fresh writer process carries on too, then everything is checked once more.
+        rc = _run_writer(root, acks, "d", n + 1000, None, 40)
+        assert rc == 0
+        acked += [a for a in read_acks(str(acks)) if a.w == "d"]
+        store = FileStore(root, **OPTS)  # type: ignore[arg-type]
+        try:
+            verify(store, SITE, acked, CONVS)
+        finally:
+            store.close()
+    assert crashed, f"the workload never reached crash point {point}"
