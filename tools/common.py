@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import functools
+import os
 import sys
+from collections.abc import Callable
 from typing import NoReturn
 
 #: Exit statuses, as ``e2fsck`` uses them.
@@ -11,6 +14,8 @@ EXIT_CLEAN = 0
 EXIT_REPAIRED = 1
 EXIT_PROBLEMS_LEFT = 4
 EXIT_OPERATIONAL = 8
+#: A reader of our output went away.
+EXIT_BROKEN_PIPE = 141
 
 
 def exit_8_on_usage_error(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -38,3 +43,27 @@ def fail(message: str, status: int = EXIT_OPERATIONAL) -> int:
     """Print ``convmem: message`` to stderr and return ``status``."""
     sys.stderr.write(f"convmem: {message}\n")
     return status
+
+
+def plural(n: int, word: str) -> str:
+    """``plural(1, "site")`` -> ``"1 site"``; ``plural(2, "site")`` -> ``"2 sites"``."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def command(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Wrap a tool's ``run``: a reader that goes away (``convmem dump ... | head``) ends it quietly.
+
+    The exit status is then 141 (128 + SIGPIPE), as a shell pipeline expects.
+    """
+
+    @functools.wraps(run)
+    def wrapped(args: argparse.Namespace) -> int:
+        try:
+            return run(args)
+        except BrokenPipeError:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # nothing more can be written; don't fail at exit either
+            os.close(devnull)
+            return EXIT_BROKEN_PIPE
+
+    return wrapped

@@ -13,7 +13,7 @@ import json
 import sys
 
 from logstore.maintenance import RecordInfo, format_timestamp, scan_segment
-from tools.common import EXIT_CLEAN, EXIT_PROBLEMS_LEFT, exit_8_on_usage_error, fail
+from tools.common import EXIT_CLEAN, EXIT_PROBLEMS_LEFT, command, exit_8_on_usage_error, fail
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -26,7 +26,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("segment", metavar="SEGMENT_FILE")
     p.add_argument("--no-payloads", action="store_true", help="omit the items' payloads")
     p.add_argument("--json", action="store_true", help="one JSON object per record (JSON Lines)")
-    p.set_defaults(func=run)
+    p.set_defaults(func=command(run))
     exit_8_on_usage_error(p)
 
 

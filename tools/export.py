@@ -17,7 +17,7 @@ from typing import BinaryIO
 
 from logstore import Corrupted, StoreError
 from logstore.maintenance import MaintenanceError, export_items, format_timestamp
-from tools.common import EXIT_CLEAN, EXIT_OPERATIONAL, EXIT_PROBLEMS_LEFT, exit_8_on_usage_error, fail
+from tools.common import EXIT_CLEAN, EXIT_OPERATIONAL, EXIT_PROBLEMS_LEFT, command, exit_8_on_usage_error, fail
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -30,7 +30,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--site", metavar="S", required=True)
     p.add_argument("--conversation", metavar="ID", help="export only this conversation")
     p.add_argument("--output", metavar="FILE", help="write here instead of stdout")
-    p.set_defaults(func=run)
+    p.set_defaults(func=command(run))
     exit_8_on_usage_error(p)
 
 

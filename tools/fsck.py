@@ -12,7 +12,16 @@ import sys
 import time
 
 from logstore.maintenance import CheckReport, MaintenanceError, Problem, check
-from tools.common import EXIT_CLEAN, EXIT_OPERATIONAL, EXIT_PROBLEMS_LEFT, EXIT_REPAIRED, exit_8_on_usage_error, fail
+from tools.common import (
+    EXIT_CLEAN,
+    EXIT_OPERATIONAL,
+    EXIT_PROBLEMS_LEFT,
+    EXIT_REPAIRED,
+    command,
+    exit_8_on_usage_error,
+    fail,
+    plural,
+)
 from tools.progress import ProgressBar
 
 
@@ -46,7 +55,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         metavar="SECONDS",
         help="how long to wait for a busy conversation (default 30)",
     )
-    p.set_defaults(func=run)
+    p.set_defaults(func=command(run))
     exit_8_on_usage_error(p)
 
 
@@ -112,8 +121,9 @@ def run(args: argparse.Namespace) -> int:
     rate = report.bytes_scanned / elapsed / 2**20 if elapsed > 0 else 0.0
     left = len(report.unrepaired)
     sys.stdout.write(
-        f"{args.data_dir}: {report.sites} sites, {report.conversations} conversations, {report.segments} segments, "
-        f"{report.records} records, {report.bytes_scanned} bytes in {elapsed:.2f} s ({rate:.1f} MiB/s); "
-        f"{len(report.problems)} problems, {len(report.problems) - left} repaired, {left} left\n"
+        f"{args.data_dir}: {plural(report.sites, 'site')}, {plural(report.conversations, 'conversation')}, "
+        f"{plural(report.segments, 'segment')}, {plural(report.records, 'record')}, "
+        f"{report.bytes_scanned} bytes in {elapsed:.2f} s ({rate:.1f} MiB/s); "
+        f"{plural(len(report.problems), 'problem')}, {len(report.problems) - left} repaired, {left} left\n"
     )
     return status

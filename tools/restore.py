@@ -20,7 +20,7 @@ import msgspec
 
 from logstore import MAX_BATCH_BYTES, MAX_BATCH_ITEMS, StoreError
 from logstore.maintenance import MaintenanceError, Restorer, parse_timestamp
-from tools.common import EXIT_CLEAN, EXIT_OPERATIONAL, exit_8_on_usage_error, fail
+from tools.common import EXIT_CLEAN, EXIT_OPERATIONAL, command, exit_8_on_usage_error, fail
 
 EXIT_BAD_INPUT = 1
 
@@ -52,7 +52,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("data_dir", metavar="DATA_DIR")
     p.add_argument("--site", metavar="S", required=True)
     p.add_argument("--input", metavar="FILE", help="read this file instead of stdin")
-    p.set_defaults(func=run)
+    p.set_defaults(func=command(run))
     exit_8_on_usage_error(p)
 
 

@@ -12,7 +12,7 @@ import sys
 
 from logstore import MAX_CONVERSATION_ITEMS
 from logstore.maintenance import MaintenanceError, SiteStats, stats
-from tools.common import EXIT_CLEAN, EXIT_OPERATIONAL, exit_8_on_usage_error, fail, human_bytes
+from tools.common import EXIT_CLEAN, EXIT_OPERATIONAL, command, exit_8_on_usage_error, fail, human_bytes, plural
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -26,12 +26,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--site", metavar="S", help="only this site")
     p.add_argument("--top", type=int, default=10, metavar="N", help="how many of the largest to show (default 10)")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=run)
+    p.set_defaults(func=command(run))
     exit_8_on_usage_error(p)
 
 
 def format_site(s: SiteStats) -> str:
-    lines = [f"site {s.site}: {s.conversations} conversations, {s.items} items, {human_bytes(s.bytes_on_disk)} on disk"]
+    lines = [
+        f"site {s.site}: {plural(s.conversations, 'conversation')}, {plural(s.items, 'item')}, "
+        f"{human_bytes(s.bytes_on_disk)} on disk"
+    ]
     if s.largest:
         lines.append(f"  largest conversations (limit {MAX_CONVERSATION_ITEMS} items):")
         width = max(len(c.conversation_id) for c in s.largest)
