@@ -291,7 +291,7 @@ class Conversation:
         if not self._loaded or self._fd is None:
             self._load(writable)
             return
-        if writable and self._idx_fd is None:
+        if (writable and self._idx_fd is None) or self._damage is not None:
             self._load(writable)
             return
         size = os.fstat(self._fd).st_size
@@ -320,8 +320,8 @@ class Conversation:
 
     def _stale(self) -> bool:
         """True when another process may have changed the files since we looked."""
-        if not self._loaded or self._fd is None:
-            return True
+        if not self._loaded or self._fd is None or self._damage is not None:
+            return True  # known damage is re-checked each time: an operator may have repaired it
         return os.fstat(self._fd).st_size != self._end or self._sealed_active
 
     # ---------------------------------------------------------------- append

@@ -91,7 +91,7 @@ class ListCursor(msgspec.Struct, frozen=True):
     def to_token(self, site: str) -> str:
         """The opaque, URL-safe text form handed to clients of ``site``."""
         raw = msgspec.json.encode(
-            [_CURSOR_VERSION, _site_tag(site), parse_rfc3339(self.last_appended_at), self.conversation_id]
+            [_CURSOR_VERSION, _site_tag(site), parse_rfc3339(self.last_appended_at), str(self.conversation_id)]
         )
         return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
