@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from logstore import FileStore, ListSelector, Tail
 from tests.tools_support import SITE, cli, flip_byte, read_all, record_offsets, segments
@@ -12,7 +13,7 @@ OTHER = "site-restore"
 
 
 def _build(root: Path) -> dict[str, int]:
-    payloads = [
+    payloads: list[dict[str, Any]] = [
         {"role": "user", "text": "héllo wörld ✓", "n": 1.5e-7},
         {"nested": {"a": [1, 2, {"b": None}], "t": True}, "big": 2**62},
         {"quote": 'he said "hi"\n\ttab \\ slash \u0001', "emoji": "🙂"},
@@ -22,7 +23,7 @@ def _build(root: Path) -> dict[str, int]:
         for c in range(3):
             cid = f"conversation-{c}"
             for i in range(25 + c):
-                store.append(SITE, cid, [*payloads[:1 + (i + c) % 3], {"i": i}])
+                store.append(SITE, cid, [*payloads[: 1 + (i + c) % 3], {"i": i}])
             counts[cid] = store.read(SITE, cid, Tail(1))[0].seq + 1
     return counts
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from logstore import FileStore, Range, frame, layout
+from logstore import FileStore, MemoryItem, Range, frame, layout
 
 REPO = Path(__file__).resolve().parent.parent
 SITE = "site-alpha"
@@ -60,9 +60,10 @@ def flip_byte(path: Path, offset: int) -> None:
         f.write(bytes([b[0] ^ 0x40]))
 
 
-def read_all(root: Path, cid: str, site: str = SITE) -> list[Any]:
+def read_all(root: Path, cid: str, site: str = SITE) -> list[MemoryItem]:
+    """Every item of a conversation, read through the engine."""
     with FileStore(root) as store:
-        out = []
+        out: list[MemoryItem] = []
         while True:
             page = store.read(site, cid, Range(len(out), 1000))
             out.extend(page)

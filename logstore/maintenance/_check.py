@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable
 
 from .. import layout
 from ..conversation import Tip
@@ -92,7 +92,7 @@ def check(
                     "none: not engine data; move it out of the data directory if it is not needed",
                 )
             )
-    plan: list[tuple[str, list[tuple[str, str]] | Iterator[tuple[str, str]]]] = []
+    plan: list[tuple[str, Iterable[tuple[str, str]]]] = []
     for s in sites:
         if conversation is not None:
             cdir = layout.conversation_dir(root, s, conversation)
@@ -105,16 +105,15 @@ def check(
         raise MaintenanceError(f"conversation {conversation!r} does not exist in {where}")
     totals = (0, 0)
     if progress is not None:
-        plan = [(s, list(convs)) for s, convs in plan]
-        totals = (
-            sum(len(c) for _, c in plan),  # type: ignore[arg-type]
-            sum(_segment_bytes(d) for _, c in plan for _, d in c),
-        )
+        listed = [(s, list(convs)) for s, convs in plan]
+        totals = (sum(len(c) for _, c in listed), sum(_segment_bytes(d) for _, c in listed for _, d in c))
+        plan = [(s, c) for s, c in listed]
     done = 0
     for s, convs in plan:
         tips: dict[str, Tip | None] = {}
         damaged: set[str] = set()
         truncated: set[str] = set()
+        first_problem = len(report.problems)
         for cid, cdir in convs:
             res = _check_conversation(root, s, cid, cdir, repair, truncate_at_corruption, lock_timeout)
             done += 1
@@ -132,18 +131,38 @@ def check(
                     truncated.add(cid)
             if progress is not None:
                 progress(Progress(done, totals[0], report.bytes_scanned, totals[1]))
+        if not os.path.isdir(layout.site_dir(root, s)):
+            del report.problems[first_problem:]  # the site was dropped while we looked at it
+            continue
         if conversation is not None and conversation not in tips and conversation not in damaged:
             tips[conversation] = None
-        mproblems = _check_manifest(root, s, tips, damaged, conversation, lock_timeout)
-        if truncated or (repair and any(p.kind != LOCK_TIMEOUT for p in mproblems)):
-            try:
-                _write_manifest(root, s, tips, truncated, conversation is None, lock_timeout)
-                for p in mproblems:
-                    if p.kind != LOCK_TIMEOUT:
-                        p.repaired = True
-                        p.action = "rewrote the manifest from the conversations"
-            except (Timeout, OSError) as exc:
-                for p in mproblems:
-                    p.action = f"rewriting the manifest failed: {exc}"
-        report.problems.extend(mproblems)
+        report.problems.extend(
+            _check_site_manifest(root, s, tips, damaged, truncated, conversation, repair, lock_timeout)
+        )
     return report
+
+
+def _check_site_manifest(
+    root: str,
+    site: str,
+    tips: dict[str, Tip | None],
+    damaged: set[str],
+    truncated: set[str],
+    conversation: str | None,
+    repair: bool,
+    lock_timeout: float,
+) -> list[Problem]:
+    """The manifest's problems, rewritten when repairing (always after a log was cut)."""
+    problems = _check_manifest(root, site, tips, damaged, conversation, lock_timeout)
+    if truncated or (repair and any(p.kind != LOCK_TIMEOUT for p in problems)):
+        try:
+            _write_manifest(root, site, tips, truncated, conversation is None, lock_timeout)
+        except (Timeout, OSError) as exc:
+            for p in problems:
+                p.action = f"rewriting the manifest failed: {exc}"
+        else:
+            for p in problems:
+                if p.kind != LOCK_TIMEOUT:
+                    p.repaired = True
+                    p.action = "rewrote the manifest from the conversations"
+    return problems

@@ -158,9 +158,11 @@ def scan_segment(path: str | os.PathLike[str], *, payloads: bool = True) -> tupl
     with _open_ro(path) as fd:
         size = os.fstat(fd).st_size
         header = frame.decode_segment_header(os.pread(fd, SEGMENT_HEADER_SIZE, 0))
-        info = SegmentInfo(path, size, header is not None, header and header.base_seq, header and header.salt)
         if header is None:
-            return info, [RecordInfo(0, size, "damaged", "segment header is missing or invalid", *[None] * 4)]
+            info = SegmentInfo(path, size, False, None, None)
+            damaged = RecordInfo(0, size, "damaged", "segment header is missing or invalid", None, None, None, None)
+            return info, [damaged]
+        info = SegmentInfo(path, size, True, header.base_seq, header.salt)
         out: list[RecordInfo] = []
         for rec in _walk(fd, SEGMENT_HEADER_SIZE, size, header.salt):
             if isinstance(rec, _Bad):

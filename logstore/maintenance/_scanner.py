@@ -152,7 +152,7 @@ class _ConvScanner:
                 sealed = False
                 batch_problem = _batch_problem
                 for rec in _walk(fd, SEGMENT_HEADER_SIZE, size, header.salt):
-                    if type(rec) is _Bad:
+                    if isinstance(rec, _Bad):
                         self._bad(fd, path, i, last_seg, size, header.salt, rec, expected)
                         expected = None
                         continue
