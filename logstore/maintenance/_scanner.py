@@ -436,7 +436,7 @@ class _ConvScanner:
         for p in self.problems:
             if p.kind in TRUNCATABLE_KINDS or (
                 p.kind in (TORN_TAIL, RECORDED_AT_DECREASING, UNSEALED_SEGMENT)
-                and _at_or_after(p, segs, dmg, self.snap.path)
+                and _at_or_after(p, segs, dmg)
             ):
                 p.repaired = True
                 p.action = action
@@ -457,7 +457,7 @@ class _ConvScanner:
         return _ConvResult(self.problems, tip, damaged, truncated, self.records, self.bytes, len(self.snap.segments))
 
 
-def _at_or_after(p: Problem, segs: list[tuple[int, int]], dmg: _Damage, conv_dir: str) -> bool:
+def _at_or_after(p: Problem, segs: list[tuple[int, int]], dmg: _Damage) -> bool:
     """True when problem ``p`` lies in the part of the log that was cut."""
     name = os.path.basename(p.file)
     base = layout.parse_segment_name(name)
