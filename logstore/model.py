@@ -110,6 +110,8 @@ class ListCursor(msgspec.Struct, frozen=True):
                 raise ValueError("unknown cursor version")
             ConversationId(conv)
             stamp = format_us(ts)
+            if parse_rfc3339(stamp) != ts:  # e.g. years before 1000 have no 4-digit RFC 3339 form
+                raise ValueError("the cursor's timestamp is out of range")
         except InvalidCursor:
             raise
         except (binascii.Error, ValueError, msgspec.DecodeError, OverflowError, Exception) as exc:
