@@ -207,8 +207,12 @@ class FileStore(MemoryStore):
         else:
             raise TypeError(f"selector must be Tail or Range, not {type(selector).__name__}")
         try:
-            if not os.path.isdir(layout.conversation_dir(self.root, site, conversation_id)):
-                return []
+            # An open conversation re-checks its directory itself (Conversation.read);
+            # only an unknown one is looked up here, so it is never created by a read.
+            cached = self._convs.get((site, conversation_id))
+            if cached is None or cached.closed:
+                if not os.path.isdir(layout.conversation_dir(self.root, site, conversation_id)):
+                    return []
             started = time.monotonic()
             conv = self._acquire(site, conversation_id, started + self.options.lock_timeout, started)
             try:

@@ -59,6 +59,8 @@ KIND_SEAL = 2
 MAX_BODY = MAX_BATCH_BYTES + MAX_BATCH_ITEMS + 2
 
 _xxh3 = xxhash.xxh3_64_intdigest
+#: The record checksum function (public for the scan loop in segment.py).
+xxh3_64 = _xxh3
 
 
 class SegmentHeader(NamedTuple):
