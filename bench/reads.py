@@ -29,7 +29,7 @@ def conv_name(length: int, batch: int = SETUP_BATCH) -> str:
 
 
 def steps(ctx: Ctx) -> int:
-    return 1 + len(ctx.sizes.conv_lengths) + (0 if ctx.quick else 1) + 1
+    return 3
 
 
 def _build_one(ctx: Ctx, length: int, batch: int) -> None:
@@ -53,33 +53,40 @@ def build(ctx: Ctx) -> None:
     ctx._reads_built = True  # type: ignore[attr-defined]
 
 
-def _recall(ctx: Ctx, length: int, batch: int) -> Row:
-    conv = conv_name(length, batch)
+def _recall_fn(ctx: Ctx, b: object, conv: str) -> Callable[[], float]:
+    assert len(b.tail(SITE, conv, RECALL_COUNT)) == RECALL_COUNT  # type: ignore[attr-defined]
+    return lambda: rate(lambda: b.tail(SITE, conv, RECALL_COUNT), ctx.sizes.recall_calls)  # type: ignore[attr-defined]
+
+
+def _recalls(ctx: Ctx, cases: list[tuple[int, int]]) -> list[Row]:
+    """Recall rows for ``(length, batch)`` cases, every case and backend measured in every round.
+
+    Interleaving the lengths (not only the backends) makes the growth ratio
+    between 1,000 and 100,000 items a paired, per-round figure too.
+    """
     fns: dict[str, Callable[[], float]] = {}
-    for b in ctx.backends():
-        assert len(b.tail(SITE, conv, RECALL_COUNT)) == RECALL_COUNT
-        fns[b.name] = (lambda b=b, conv=conv:
-                       rate(lambda: b.tail(SITE, conv, RECALL_COUNT), ctx.sizes.recall_calls))
-    wide = "" if batch == SETUP_BATCH else f" ({batch}-item batches)"
-    label = f"recall last {RECALL_COUNT} at {length:,} items{wide}"
-    return Row("recall", label, "calls/s", samples=interleaved(ctx.sizes.rounds, fns),
-               extra={"length": length, "batch": batch})
+    for length, batch in cases:
+        for b in ctx.backends():
+            fns[f"{b.name}|{length}|{batch}"] = _recall_fn(ctx, b, conv_name(length, batch))
+    samples = interleaved(ctx.sizes.rounds, fns)
+    rows = []
+    for length, batch in cases:
+        wide = "" if batch == SETUP_BATCH else f" ({batch}-item batches)"
+        per = {b.name: samples[f"{b.name}|{length}|{batch}"] for b in ctx.backends()}
+        rows.append(Row("recall", f"recall last {RECALL_COUNT} at {length:,} items{wide}", "calls/s",
+                        samples=per, extra={"length": length, "batch": batch}))
+    return rows
 
 
 def run(ctx: Ctx) -> list[Row]:
     ctx.progress.step("reads: building conversations")
     build(ctx)
     ctx.progress.step("reads: built", advance=1)
-    rows = []
-    for length in ctx.sizes.conv_lengths:
-        ctx.progress.step(f"recall last {RECALL_COUNT} at {length:,} items")
-        rows.append(_recall(ctx, length, SETUP_BATCH))
-        ctx.progress.step(f"recall at {length:,}", advance=1)
     length = max(ctx.sizes.conv_lengths)
-    if not ctx.quick:
-        ctx.progress.step(f"recall at {length:,} items of {WIDE_BATCH}-item batches")
-        rows.append(_recall(ctx, length, WIDE_BATCH))
-        ctx.progress.step("recall (wide batches)", advance=1)
+    cases = [(n, SETUP_BATCH) for n in ctx.sizes.conv_lengths] + ([] if ctx.quick else [(length, WIDE_BATCH)])
+    ctx.progress.step(f"recall last {RECALL_COUNT} at {', '.join(f'{n:,}' for n, _ in cases)} items")
+    rows = _recalls(ctx, cases)
+    ctx.progress.step("recall", advance=1)
     ctx.progress.step(f"replay {length:,} items in pages of {REPLAY_PAGE}")
     conv = conv_name(length)
     fns = {b.name: (lambda b=b: length / seconds(lambda: _replay(b, conv, length))) for b in ctx.backends()}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .util import CONVMEM, FLOOR, SQLITE, Row
+from .util import CONVMEM, FLOOR, SQLITE, Row, median
 
 
 def _fmt(v: float | None) -> str:
@@ -49,13 +49,13 @@ def _find(rows: list[Row], group: str, **extra: Any) -> Row | None:
 
 
 def _growth(rows: list[Row], group: str, key: str, small: int, large: int, **extra: Any) -> float | None:
-    """convmem's time per call at ``large`` divided by its time at ``small``."""
+    """convmem's time per call at ``large`` over its time at ``small``: median of per-round pairs."""
     a = _find(rows, group, **{key: small}, **extra)
     b = _find(rows, group, **{key: large}, **extra)
     if a is None or b is None:
         return None
-    va, vb = a.value(CONVMEM), b.value(CONVMEM)
-    return None if not va or not vb else va / vb
+    pairs = [x / y for x, y in zip(a.samples.get(CONVMEM, []), b.samples.get(CONVMEM, []), strict=False) if x and y]
+    return median(pairs) if pairs else None
 
 
 def ratios(rows: list[Row]) -> dict[str, float | None]:
@@ -72,12 +72,14 @@ def ratios(rows: list[Row]) -> dict[str, float | None]:
     rep = _find(rows, "replay")
     out["replay_vs_sqlite"] = rep.speed_ratio(SQLITE) if rep else None
     first = _growth(rows, "list", "conversations", 1_000, 100_000, rank=0)
-    deep = [r for r in rows if r.group == "list" and r.extra.get("conversations") == 100_000 and r.extra["rank"]]
-    deep_small = [r for r in rows if r.group == "list" and r.extra.get("conversations") == 1_000 and r.extra["rank"]]
-    deep_g = None
-    if deep and deep_small and deep[0].value(CONVMEM) and deep_small[0].value(CONVMEM):
-        deep_g = deep_small[0].value(CONVMEM) / deep[0].value(CONVMEM)  # type: ignore[operator]
-    out["list_growth_100k_vs_1k"] = max((g for g in (first, deep_g) if g is not None), default=None)
+    deep = None  # the deep page's rank differs by size: pair the two rows directly
+    small = [r for r in rows if r.group == "list" and r.extra.get("conversations") == 1_000 and r.extra["rank"]]
+    large = [r for r in rows if r.group == "list" and r.extra.get("conversations") == 100_000 and r.extra["rank"]]
+    if small and large:
+        pairs = [x / y for x, y in zip(small[0].samples[CONVMEM], large[0].samples[CONVMEM], strict=False) if x and y]
+        deep = median(pairs) if pairs else None
+    # The worse of the first page and the deep page.
+    out["list_growth_100k_vs_1k"] = max((g for g in (first, deep) if g is not None), default=None)
     cold = _find(rows, "open", what="conversation")
     out["open_100k_ms"] = cold.value(CONVMEM) if cold and cold.extra.get("length") == 100_000 else None
     mcp_r = _find(rows, "mcp", tool="recall_memory")
