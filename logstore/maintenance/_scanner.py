@@ -89,6 +89,7 @@ class _ConvScanner:
         self.seen_end = 0  # largest end seq of any valid record, even past damage
         self.records = 0
         self.bytes = 0
+        self.segments = 0
         self.torn: tuple[Problem, int, int] | None = None
         self.damage_problem: Problem | None = None
 
@@ -122,6 +123,7 @@ class _ConvScanner:
         expected: int | None = 0
         last_ts = 0
         segs = self.snap.segments
+        self.segments = len(segs)
         for i, (base, size) in enumerate(segs):
             last_seg = i == len(segs) - 1
             path = self._path(layout.segment_name(base))
@@ -435,8 +437,7 @@ class _ConvScanner:
         )
         for p in self.problems:
             if p.kind in TRUNCATABLE_KINDS or (
-                p.kind in (TORN_TAIL, RECORDED_AT_DECREASING, UNSEALED_SEGMENT)
-                and _at_or_after(p, segs, dmg)
+                p.kind in (TORN_TAIL, RECORDED_AT_DECREASING, UNSEALED_SEGMENT) and _at_or_after(p, segs, dmg)
             ):
                 p.repaired = True
                 p.action = action
@@ -454,7 +455,7 @@ class _ConvScanner:
     def result(self, truncated: bool) -> _ConvResult:
         tip = Tip(self.created_us, self.last_us, self.next_seq) if self.created_us is not None else None
         damaged = (self.damage is not None and not truncated) or self.unsafe_damage
-        return _ConvResult(self.problems, tip, damaged, truncated, self.records, self.bytes, len(self.snap.segments))
+        return _ConvResult(self.problems, tip, damaged, truncated, self.records, self.bytes, self.segments)
 
 
 def _at_or_after(p: Problem, segs: list[tuple[int, int]], dmg: _Damage) -> bool:
