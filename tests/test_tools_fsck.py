@@ -339,3 +339,20 @@ def test_truncation_reaches_a_store_that_has_the_log_open(data: Path) -> None:
         # The open store notices the cut log (no restart needed) and continues after it.
         assert store.append(SITE, CID, [{"after": 1}]).first == lost[0]
     assert fsck(data)[0] == 0
+
+
+def test_truncating_at_a_bad_first_header_empties_the_log(data: Path) -> None:
+    segs = segments(data, CID)
+    flip_byte(segs[0], 3)  # the magic: the whole segment is unreadable
+    status, report = fsck(data, "--repair")
+    assert status == 4 and only(report, "bad-segment-header")["offset"] == 0
+    status, report = fsck(data, "--truncate-at-corruption")
+    assert status == 1
+    assert only(report, "bad-segment-header")["lost_seqs"] == [0, 79]
+    assert segments(data, CID) == []
+    [qdir] = (data / "quarantine").iterdir()
+    assert sorted(p.name for p in qdir.glob("*.seg")) == [s.name for s in segs]
+    assert fsck(data)[0] == 0
+    with FileStore(data) as store:
+        listing = store.list_conversations(SITE, ListSelector(None, 10))
+    assert CID not in {s.conversation_id for s in listing.summaries}
