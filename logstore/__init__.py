@@ -7,6 +7,7 @@ on-disk format.
 
 from __future__ import annotations
 
+from . import maintenance
 from .errors import (
     BatchTooLarge,
     ConversationFull,
@@ -78,5 +79,6 @@ __all__ = [
     "Tail",
     "Timeout",
     "Unavailable",
+    "maintenance",
     "open_store",
 ]
