@@ -14,6 +14,7 @@ site manifest.
 
 from __future__ import annotations
 
+import bisect
 import errno
 import os
 import threading
@@ -487,7 +488,7 @@ class Conversation:
             return []
         stop = min(end_seq, start + limit)
         out: list[MemoryItem] = []
-        seg_i = max(_bisect_right(self._segments, start) - 1, 0)
+        seg_i = max(bisect.bisect_right(self._segments, start) - 1, 0)
         while start < stop and seg_i < len(self._segments):
             base = self._segments[seg_i]
             self._read_segment(base, start, stop, out)
@@ -608,12 +609,6 @@ class Conversation:
             out.extend(map(MemoryItem, range(first + lo, first + hi), repeat(format_us(h.recorded_at_us)), items))
             if seq >= stop:
                 return
-
-
-def _bisect_right(a: list[int], x: int) -> int:
-    import bisect
-
-    return bisect.bisect_right(a, x)
 
 
 class _Open:

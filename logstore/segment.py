@@ -29,11 +29,6 @@ class BadRecord(Exception):
         self.why = why
 
 
-def read_header(fd: int, path: str) -> frame.SegmentHeader | None:
-    data = os.pread(fd, frame.SEGMENT_HEADER_SIZE, 0)
-    return frame.decode_segment_header(data)
-
-
 def iter_records(fd: int, start: int, end: int, salt: int) -> Iterator[tuple[int, RecordHeader, memoryview]]:
     """Yield ``(offset, header, body)`` for each valid record in ``[start, end)``.
 
