@@ -30,7 +30,7 @@ def run(ctx: Ctx) -> list[Row]:
                 for c in convs:  # create every conversation first: creation is not what is timed
                     b.append(SITE, c, items)
                 fns[b.name] = _round(b.append, convs, items, number)
-            samples = interleaved(ctx.sizes.rounds, fns)
+            samples = interleaved(ctx.sizes.append_rounds, fns)
             label = "1 conversation" if nconv == 1 else f"{nconv} conversations round robin"
             rows.append(Row("append", f"append {batch}-item batches, {label}", "batches/s", samples=samples,
                             extra={"batch": batch, "conversations": nconv}))

@@ -18,7 +18,8 @@ class Sizes:
     """How big each workload is; ``quick`` shrinks them to run in under two minutes."""
 
     rounds: int = 7
-    append_batches: dict[int, int] = field(default_factory=lambda: {1: 60, 10: 60, 100: 20})
+    append_rounds: int = 11
+    append_batches: dict[int, int] = field(default_factory=lambda: {1: 100, 10: 100, 100: 30})
     conv_lengths: tuple[int, ...] = (1_000, 10_000, 100_000)
     recall_calls: int = 200
     replay_rounds: int = 3
@@ -34,7 +35,8 @@ class Sizes:
     def quick(cls) -> Sizes:
         return cls(
             rounds=3,
-            append_batches={1: 20, 10: 20, 100: 8},
+            append_rounds=5,
+            append_batches={1: 30, 10: 30, 100: 8},
             conv_lengths=(1_000, 10_000, 100_000),
             recall_calls=50,
             replay_rounds=2,
