@@ -11,6 +11,8 @@ import sqlite3
 import sys
 import time
 
+import msgspec
+
 from logstore import ListSelector, Tail, open_store
 
 
@@ -30,7 +32,7 @@ def main() -> None:
         if conv:
             rows = db.execute("SELECT seq, recorded_at, payload FROM items WHERE site=? AND conv=? "
                               "ORDER BY seq DESC LIMIT 50", (site, conv)).fetchall()
-            [json.loads(p) for _s, _r, p in rows]
+            [msgspec.json.decode(p) for _s, _r, p in rows]
         else:
             rows = db.execute("SELECT conv, created, last FROM convs WHERE site=? ORDER BY last DESC, conv LIMIT 50",
                               (site,)).fetchall()
