@@ -15,12 +15,26 @@ import os
 import random
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
-from logstore import FileStore
+from logstore import FileStore, ListSelector
 
-from ._common import SITE, STATS, Ack, make_batch, read_acks, rounds, subprocess_env, verify, writer_cmd
+from ._common import (
+    SITE,
+    STATS,
+    Ack,
+    check_listing_order,
+    check_log,
+    make_batch,
+    read_acks,
+    read_all,
+    rounds,
+    subprocess_env,
+    verify,
+    writer_cmd,
+)
 
 WRITERS = 3
 SHARED = "shared-conversation"
@@ -65,16 +79,71 @@ def _wait_ready(p: subprocess.Popen[bytes]) -> None:
     assert line == b"ready\n", f"writer failed to start (exit {p.poll()})"
 
 
+class Reader(threading.Thread):
+    """Reads every conversation and the listing over and over while the writers run.
+
+    Every read must be structurally sound (gapless, whole batches, right
+    payloads), each listing page in order with no conversation twice, and a
+    seq once read must always read the same.
+    """
+
+    def __init__(self, data: Path, convs: list[str], seen: dict[tuple[str, int], tuple[str, int, int]]) -> None:
+        super().__init__(daemon=True)
+        self.data = data
+        self.convs = convs
+        self.seen = seen
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.reads = 0
+
+    def run(self) -> None:
+        store = FileStore(self.data, lock_timeout=10.0, segment_bytes=4096, index_interval=512)
+        try:
+            while not self.stop.is_set():
+                for conv in self.convs:
+                    items = read_all(store, SITE, conv)
+                    check_log(conv, items)  # a read ends at the log's end: after a whole batch
+                    for it in items:
+                        key = (conv, it.seq)
+                        val = (it.payload["w"], it.payload["b"], it.payload["i"])
+                        assert self.seen.setdefault(key, val) == val, f"{conv} seq {it.seq} changed: {val}"
+                    self.reads += 1
+                ids: list[str] = []
+                cursor = None
+                while True:
+                    page = store.list_conversations(SITE, ListSelector(cursor=cursor, limit=3))
+                    check_listing_order(page.summaries)
+                    ids += [s.conversation_id for s in page.summaries]
+                    cursor = page.next_cursor
+                    if cursor is None:
+                        break
+                assert len(ids) == len(set(ids)), f"a listing walked during appends repeats: {ids}"
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            store.close()
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.join(timeout=120)
+        if self.error is not None:
+            raise self.error
+
+
 def test_sigkill_writers(tmp_path: Path) -> None:
     data = tmp_path / "data"
     n_rounds = rounds(24, 2000)
     rng = random.Random(int(os.environ.get("CONVMEM_FAULT_SEED", "0")) or None)
     all_convs = [SHARED] + [c for w in range(WRITERS) for c in _own(w)]
     verifier_acks: list[Ack] = []
+    seen: dict[tuple[str, int], tuple[str, int, int]] = {}
+    reads = 0
     for round_no in range(1, n_rounds + 1):
         procs = [_spawn(data, w, round_no, rng.randrange(1 << 30)) for w in range(WRITERS)]
         for p in procs:
             _wait_ready(p)
+        reader = Reader(data, all_convs, seen)
+        reader.start()
         if rng.random() < 0.5:
             time.sleep(rng.uniform(0.0, 0.5))
             for p in procs:
@@ -88,6 +157,8 @@ def test_sigkill_writers(tmp_path: Path) -> None:
             assert p.stdout is not None
             p.stdout.close()
             assert p.returncode == -signal.SIGKILL, f"writer exited by itself with {p.returncode}"
+        reader.finish()
+        reads += reader.reads
         STATS["crash rounds"] += 1
 
         acks = [a for w in range(WRITERS) for a in read_acks(str(tmp_path / f"acks-w{w}.jsonl"))]
@@ -95,6 +166,12 @@ def test_sigkill_writers(tmp_path: Path) -> None:
         store = FileStore(data, lock_timeout=10.0, segment_bytes=4096, index_interval=512)
         try:
             logs = verify(store, SITE, acks, all_convs)
+            # Whatever a reader saw while the writers ran was whole and verified, so it survives a SIGKILL.
+            for (conv, seq), (w, b, i) in seen.items():
+                it = logs[conv][seq] if seq < len(logs[conv]) else None
+                assert it is not None and (it.payload["w"], it.payload["b"], it.payload["i"]) == (w, b, i), (
+                    f"{conv} seq {seq} was read as {w}/{b}/{i} before the crash, now {it}"
+                )
             # Appends continue where they left off: the next seq is the end of the log.
             for conv in all_convs:
                 batch = make_batch("v", round_no, 2, 10)
@@ -112,3 +189,4 @@ def test_sigkill_writers(tmp_path: Path) -> None:
         assert len(acks) > n_rounds * len(all_convs), "the writers acknowledged nothing: the test tested nothing"
     finally:
         store.close()
+    assert reads > n_rounds, "the concurrent reader hardly read anything"
