@@ -126,7 +126,11 @@ def _check_segment_flip(s: Store, rel: str, offset: int) -> None:
                 assert read_all(store, SITE, other) == s.logs[other]
         want = s.logs[conv]
         if bad is None:
+            # A flipped trailer byte: the record is valid, nothing changes, appends carry on.
             _check_reads_exact(s, store, conv)
+            r = store.append(SITE, conv, make_batch("rot", 0, 1, 1))
+            assert r.first == len(want)
+            assert read_all(store, SITE, conv)[:-1] == want
             return
         # Every read either returns exactly the right items or reports this record.
         probes: list[Any] = [Tail(len(want) + 1), Tail(1), Range(0, 1000)]
@@ -164,6 +168,11 @@ def _check_derived_flip(s: Store, rel: str, offset: int) -> None:
         for conv in CONVS:
             _check_reads_exact(s, store, conv)
         assert list_all(store, SITE) == s.listing, f"flip at {rel}:{offset} changed the listing"
+        conv = CONVS[offset % len(CONVS)]
+        r = store.append(SITE, conv, make_batch("rot", 0, 1, 1))
+        assert r.first == len(s.logs[conv])
+        assert read_all(store, SITE, conv)[:-1] == s.logs[conv]
+        assert list_all(store, SITE)[0].conversation_id == conv
     finally:
         store.close()
 

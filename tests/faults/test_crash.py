@@ -94,12 +94,11 @@ class Reader(threading.Thread):
         self.seen = seen
         self.stop = threading.Event()
         self.error: BaseException | None = None
-        self.reads = 0
 
     def run(self) -> None:
         store = FileStore(self.data, lock_timeout=10.0, segment_bytes=4096, index_interval=512)
         try:
-            while not self.stop.is_set():
+            while True:  # at least one whole pass per round, however soon the kill comes
                 for conv in self.convs:
                     items = read_all(store, SITE, conv)
                     check_log(conv, items)  # a read ends at the log's end: after a whole batch
@@ -107,7 +106,6 @@ class Reader(threading.Thread):
                         key = (conv, it.seq)
                         val = (it.payload["w"], it.payload["b"], it.payload["i"])
                         assert self.seen.setdefault(key, val) == val, f"{conv} seq {it.seq} changed: {val}"
-                    self.reads += 1
                 ids: list[str] = []
                 cursor = None
                 while True:
@@ -118,6 +116,8 @@ class Reader(threading.Thread):
                     if cursor is None:
                         break
                 assert len(ids) == len(set(ids)), f"a listing walked during appends repeats: {ids}"
+                if self.stop.is_set():
+                    break
         except BaseException as exc:
             self.error = exc
         finally:
@@ -137,7 +137,6 @@ def test_sigkill_writers(tmp_path: Path) -> None:
     all_convs = [SHARED] + [c for w in range(WRITERS) for c in _own(w)]
     verifier_acks: list[Ack] = []
     seen: dict[tuple[str, int], tuple[str, int, int]] = {}
-    reads = 0
     for round_no in range(1, n_rounds + 1):
         procs = [_spawn(data, w, round_no, rng.randrange(1 << 30)) for w in range(WRITERS)]
         for p in procs:
@@ -158,7 +157,6 @@ def test_sigkill_writers(tmp_path: Path) -> None:
             p.stdout.close()
             assert p.returncode == -signal.SIGKILL, f"writer exited by itself with {p.returncode}"
         reader.finish()
-        reads += reader.reads
         STATS["crash rounds"] += 1
 
         acks = [a for w in range(WRITERS) for a in read_acks(str(tmp_path / f"acks-w{w}.jsonl"))]
@@ -189,4 +187,3 @@ def test_sigkill_writers(tmp_path: Path) -> None:
         assert len(acks) > n_rounds * len(all_convs), "the writers acknowledged nothing: the test tested nothing"
     finally:
         store.close()
-    assert reads > n_rounds, "the concurrent reader hardly read anything"
