@@ -26,7 +26,7 @@ from typing import Any
 
 from . import fileio, frame, index, layout
 from .codec import decode_batch
-from .errors import ConversationFull, Corrupted, Io, Timeout
+from .errors import ConversationFull, Corrupted, Io, StoreError, Timeout
 from .frame import KIND_BATCH, KIND_SEAL, SEGMENT_HEADER_SIZE
 from .limits import MAX_CONVERSATION_ITEMS
 from .model import MemoryItem
@@ -361,7 +361,13 @@ class Conversation:
                 self._poison()
                 raise Io(f"appending to the log failed: {os.strerror(exc.errno or errno.EIO)}", exc.errno) from exc
             self._created_us = created
-            self.manifest.commit(self.conversation_id, tip)
+            try:
+                self.manifest.commit(self.conversation_id, tip)
+            except (OSError, StoreError):
+                # The batch is durable: the append has happened and must not be reported as
+                # failed (a Timeout or Io here would be a lie: "nothing was written"). The
+                # listing learns of it when the intent is resolved by probing (FORMAT.md 5).
+                pass
             fileio.crashpoint("manifest-commit")
             return first, first + count - 1, stamp
         finally:

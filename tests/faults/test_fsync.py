@@ -17,16 +17,18 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from logstore import FileStore, Io, fileio
-from logstore.conversation import Conversation
+from logstore import FileStore, Io, fileio, manifest
+from logstore.conversation import Conversation, Tip
+from logstore.manifest import SiteManifest
 
-from ._common import SITE, STATS, check_log, make_batch, read_all
+from ._common import SITE, STATS, check_log, list_all, make_batch, read_all
 
 OPTS: dict[str, Any] = {"segment_bytes": 1024, "index_interval": 256}
 CONVS = ["sync-conv-0001", "sync-conv-0002"]
@@ -290,3 +292,39 @@ def test_failed_directory_sync_is_redone(tmp_path: Path, monkeypatch: pytest.Mon
 
 def _total_size(d: str) -> int:
     return sum(os.path.getsize(os.path.join(d, n)) for n in os.listdir(d) if n.endswith(".seg"))
+
+
+@pytest.mark.parametrize("err", [errno.EIO, errno.ENOSPC])
+def test_commit_record_failing_after_the_data_sync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, err: int) -> None:
+    """The listing's commit record cannot be written, after the batch is durable.
+
+    The batch is in the log whatever happens next, so the append must succeed
+    (an ``Io`` would make the client retry and duplicate it, and claim that
+    nothing was written); the listing catches up by resolving the intent.
+    """
+    root = tmp_path / "data"
+    store = FileStore(root, lock_timeout=0.3, **OPTS)
+    try:
+        store.append(SITE, CONVS[0], make_batch("f", 0, 1, 1))
+
+        def failing_commit(self: SiteManifest, conversation_id: str, tip: Tip) -> None:
+            raise OSError(err, os.strerror(err))
+
+        with monkeypatch.context() as m:
+            m.setattr(SiteManifest, "commit", failing_commit)
+            r1 = store.append(SITE, CONVS[0], make_batch("f", 1, 2, 1))
+            r2 = store.append(SITE, CONVS[1], make_batch("f", 2, 1, 1))  # a new conversation
+        STATS["fsync faults"] += 2
+        assert (r1.first, r2.first) == (1, 0)
+        assert [it.payload["b"] for it in read_all(store, SITE, CONVS[0])] == [0, 1, 1]
+    finally:
+        store.close()
+    monkeypatch.setattr(manifest, "now_us", lambda: time.time_ns() // 1000 + 60_000_000)
+    store = FileStore(root, lock_timeout=0.3, **OPTS)
+    try:
+        listing = {s.conversation_id: s for s in list_all(store, SITE)}
+        assert set(listing) == set(CONVS)
+        for conv in CONVS:
+            assert listing[conv].last_appended_at == read_all(store, SITE, conv)[-1].recorded_at
+    finally:
+        store.close()

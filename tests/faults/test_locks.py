@@ -11,13 +11,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from logstore import FileStore, Timeout, layout
+from logstore import FileStore, Timeout, fileio, layout, manifest
 
-from ._common import SITE, STATS, make_batch, read_all, snapshot_dir
+from ._common import SITE, STATS, list_all, make_batch, read_all, snapshot_dir
 
 HOLDER = """
 import fcntl, os, sys
@@ -95,5 +96,56 @@ def test_other_conversations_are_not_blocked(tmp_path: Path) -> None:
             STATS["lock timeouts"] += 1
         finally:
             _release(holder)
+    finally:
+        store.close()
+
+
+def test_manifest_lock_taken_between_data_sync_and_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process takes the manifest lock after the batch is durable, before its commit is logged.
+
+    The append must not then report ``Timeout`` ("nothing was written") for a
+    batch that is in the log: either it succeeds, or the batch is not there.
+    """
+    root = tmp_path / "data"
+    store = FileStore(root, lock_timeout=0.3)
+    holder: list[subprocess.Popen[str]] = []
+    lock_path = os.path.join(layout.site_dir(str(root), SITE), "manifest.lock")
+    real = fileio.crashpoint
+
+    def crashpoint(name: str) -> None:
+        real(name)
+        if name == "after-data-sync" and not holder:
+            holder.append(_hold(lock_path))
+
+    try:
+        store.append(SITE, CONV, make_batch("l", 0, 1, 1))
+        monkeypatch.setattr(fileio, "crashpoint", crashpoint)
+        try:
+            r = store.append(SITE, CONV, make_batch("l", 1, 1, 1))
+        except Timeout:
+            outcome = "timeout"
+            STATS["lock timeouts"] += 1
+        else:
+            outcome = "ok"
+            assert r.first == 1
+        finally:
+            monkeypatch.setattr(fileio, "crashpoint", real)
+            for p in holder:
+                _release(p)
+        batches = [it.payload["b"] for it in read_all(store, SITE, CONV)]
+        if outcome == "timeout":
+            assert batches == [0], f"the append reported Timeout but its batch is in the log: {batches}"
+        else:
+            assert batches == [0, 1]
+    finally:
+        store.close()
+    # The listing catches up by resolving the intent whose commit was never logged (once it is
+    # older than any lock wait: the clock is moved on rather than waited for).
+    monkeypatch.setattr(manifest, "now_us", lambda: time.time_ns() // 1000 + 60_000_000)
+    store = FileStore(root, lock_timeout=0.3)
+    try:
+        listed = list_all(store, SITE)
+        assert [s.conversation_id for s in listed] == [CONV]
+        assert listed[0].last_appended_at == read_all(store, SITE, CONV)[-1].recorded_at
     finally:
         store.close()
