@@ -7,6 +7,9 @@ the SDK speaks work, and the site is always taken from the request's own
 could need are refused with 413 before they are parsed. For loopback binds
 the SDK's DNS-rebinding protection (Host and Origin checks) is on.
 
+``GET /mcp`` is answered 405: a stateless server has nothing to push, and an
+event stream held open for nothing would let any client tie up memory.
+
 ``/healthz`` needs no credentials: 200 ``{"status": "ok"}`` while the data
 directory is usable, 503 ``{"status": "unavailable"}`` otherwise.
 """
@@ -21,8 +24,9 @@ from mcp.server import Server
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from logstore import MAX_BATCH_BYTES
 
@@ -55,6 +59,28 @@ def transport_security(host: str) -> TransportSecuritySettings | None:
     )
 
 
+class NoEventStream:
+    """Answer ``GET /mcp`` with 405 instead of opening an SSE stream that could never carry anything.
+
+    The MCP transport lets a server without a server-to-client stream do so;
+    clients then simply make POST requests.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "GET" and scope["path"].rstrip("/") == MCP_PATH:
+            response = PlainTextResponse(
+                "This server is stateless and offers no event stream: send requests with POST.",
+                status_code=405,
+                headers={"Allow": "POST"},
+            )
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
 def build_app(server: Server[Any], backend: Backend, *, host: str) -> Starlette:
     """The ASGI app serving ``server`` over ``backend``."""
 
@@ -64,7 +90,7 @@ def build_app(server: Server[Any], backend: Backend, *, host: str) -> Starlette:
             return JSONResponse({"status": "ok"})
         return JSONResponse({"status": "unavailable"}, status_code=503)
 
-    return server.streamable_http_app(
+    app = server.streamable_http_app(
         streamable_http_path=MCP_PATH,
         json_response=True,
         stateless_http=True,
@@ -73,3 +99,5 @@ def build_app(server: Server[Any], backend: Backend, *, host: str) -> Starlette:
         host=host,
         custom_starlette_routes=[Route(HEALTH_PATH, healthz, methods=["GET"])],
     )
+    app.add_middleware(NoEventStream)
+    return app

@@ -167,10 +167,6 @@ def test_slow_clients_do_not_block_others(server: tuple[ServerProcess, Path]) ->
     _alive(proc)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="server defect (see /work/notes/defects.md): an unauthenticated GET /mcp holds an SSE stream open forever",
-)
 def test_get_streams_are_not_held_open(server: tuple[ServerProcess, Path]) -> None:
     """A stateless server has nothing to push: a GET must not hold a connection (and its memory) open.
 
