@@ -139,13 +139,17 @@ class SiteManifest(ManifestHook):
         probe: Callable[[str], Tip | None],
         walk: Callable[[], Iterator[str]],
         lock_timeout: float,
-        compact_bytes: int = 4 * 1024 * 1024,
+        compact_bytes: int = 256 * 1024,
     ) -> None:
         self.site_dir = site_dir
         self._probe = probe
         self._walk = walk
         self._lock_timeout = lock_timeout
+        # The log is folded into a new snapshot once it outgrows both this and a
+        # quarter of the snapshot: writing snapshots stays O(1) per append, and a
+        # cold open replays a log no longer than that.
         self._compact_bytes = compact_bytes
+        self._wsnap = 0
         self._mutex = threading.RLock()
         self._lock_fd: int | None = None
         # Writer side.
@@ -273,11 +277,12 @@ class SiteManifest(ManifestHook):
                         self._current_epoch_locked()
                         self._wfd, self._wsalt = self._open_log(epoch, os.O_RDWR | os.O_APPEND)
                     self._wepoch = epoch
+                    self._wsnap = _size(snap_path(self.site_dir, epoch))
                 os.write(self._wfd, encode_log_record(self._wsalt, _enc.encode(record)))
                 if sync:
                     fileio.fdatasync(self._wfd)
                 self._writes += 1
-                if self._writes % 512 == 0 and os.fstat(self._wfd).st_size > self._compact_bytes:
+                if self._writes % 512 == 0 and os.fstat(self._wfd).st_size > max(self._compact_bytes, self._wsnap // 4):
                     self._compact_locked()
             finally:
                 self._funlock()
@@ -481,6 +486,13 @@ class _Damaged(Exception):
 
 def _new_salt() -> int:
     return int.from_bytes(os.urandom(8), "little") | 1
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
 
 
 def _read(path: str) -> bytes:
