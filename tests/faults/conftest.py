@@ -8,10 +8,15 @@ is pointed at this directory (``pytest tests/faults --soak``).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
-from ._common import STATS
+from ._common import STATS, soak
+
+HERE = Path(__file__).parent
+#: Per-test timeout in soak mode (seconds): a hang is still caught, eventually.
+SOAK_TIMEOUT = 12 * 3600
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -24,6 +29,14 @@ def pytest_configure(config: pytest.Config) -> None:
             os.environ["CONVMEM_SOAK"] = "1"
     except ValueError:
         pass  # option not registered: this conftest was loaded after the command line was parsed
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Soak runs (and runs with more rounds than CI's) outlive the suite's per-test timeout."""
+    if soak() or os.environ.get("CONVMEM_FAULT_ROUNDS"):
+        for item in items:
+            if item.path.is_relative_to(HERE):
+                item.add_marker(pytest.mark.timeout(SOAK_TIMEOUT))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -130,14 +130,26 @@ class Reader(threading.Thread):
             raise self.error
 
 
+#: Rounds run against one data directory; a soak run starts a fresh one after this many
+#: (so a conversation never reaches its item limit and each round costs the same).
+ROUNDS_PER_DIR = 30
+
+
 def test_sigkill_writers(tmp_path: Path) -> None:
-    data = tmp_path / "data"
     n_rounds = rounds(24, 2000)
     rng = random.Random(int(os.environ.get("CONVMEM_FAULT_SEED", "0")) or None)
+    for start in range(0, n_rounds, ROUNDS_PER_DIR):
+        stop = min(start + ROUNDS_PER_DIR, n_rounds)
+        _rounds_on_one_dir(tmp_path / f"run-{start}", range(start + 1, stop + 1), rng)
+
+
+def _rounds_on_one_dir(base: Path, round_nos: range, rng: random.Random) -> None:
+    base.mkdir()
+    data = base / "data"
     all_convs = [SHARED] + [c for w in range(WRITERS) for c in _own(w)]
     verifier_acks: list[Ack] = []
     seen: dict[tuple[str, int], tuple[str, int, int]] = {}
-    for round_no in range(1, n_rounds + 1):
+    for round_no in round_nos:
         procs = [_spawn(data, w, round_no, rng.randrange(1 << 30)) for w in range(WRITERS)]
         for p in procs:
             _wait_ready(p)
@@ -159,7 +171,7 @@ def test_sigkill_writers(tmp_path: Path) -> None:
         reader.finish()
         STATS["crash rounds"] += 1
 
-        acks = [a for w in range(WRITERS) for a in read_acks(str(tmp_path / f"acks-w{w}.jsonl"))]
+        acks = [a for w in range(WRITERS) for a in read_acks(str(base / f"acks-w{w}.jsonl"))]
         acks += verifier_acks
         store = FileStore(data, lock_timeout=10.0, segment_bytes=4096, index_interval=512)
         try:
@@ -182,8 +194,8 @@ def test_sigkill_writers(tmp_path: Path) -> None:
 
     store = FileStore(data, segment_bytes=4096, index_interval=512)
     try:
-        acks = [a for w in range(WRITERS) for a in read_acks(str(tmp_path / f"acks-w{w}.jsonl"))] + verifier_acks
+        acks = [a for w in range(WRITERS) for a in read_acks(str(base / f"acks-w{w}.jsonl"))] + verifier_acks
         verify(store, SITE, acks, all_convs)
-        assert len(acks) > n_rounds * len(all_convs), "the writers acknowledged nothing: the test tested nothing"
+        assert len(acks) > len(round_nos) * len(all_convs), "the writers acknowledged nothing: the test tested nothing"
     finally:
         store.close()

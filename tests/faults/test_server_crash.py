@@ -52,13 +52,22 @@ def _client(url: str, c: int, round_no: int, seed: int, acks: list[Ack], stop: t
             b += 1
 
 
+#: Rounds against one data directory (a soak run starts a fresh one after this many).
+ROUNDS_PER_DIR = 30
+
+
 def test_sigkill_server(tmp_path: Path) -> None:
-    data = tmp_path / "data"
     n_rounds = rounds(6, 500)
     rng = random.Random(int(os.environ.get("CONVMEM_FAULT_SEED", "0")) or None)
+    for start in range(0, n_rounds, ROUNDS_PER_DIR):
+        stop = min(start + ROUNDS_PER_DIR, n_rounds)
+        _rounds_on_one_dir(tmp_path / f"run-{start}" / "data", range(start + 1, stop + 1), rng)
+
+
+def _rounds_on_one_dir(data: Path, round_nos: range, rng: random.Random) -> None:
     all_convs = [SHARED] + [c for i in range(CLIENTS) for c in _own(i)]
     acks: list[Ack] = []
-    for round_no in range(1, n_rounds + 1):
+    for round_no in round_nos:
         server = _server.start(data)
         stop = threading.Event()
         threads = [
@@ -97,4 +106,4 @@ def test_sigkill_server(tmp_path: Path) -> None:
                     acks.append(Ack(conv, sc["first_seq"], sc["last_seq"], "v", round_no, 2, 10))
         finally:
             assert server.stop() == 0, server.log()
-    assert len(acks) > n_rounds * len(all_convs), "the clients acknowledged nothing: the test tested nothing"
+    assert len(acks) > len(round_nos) * len(all_convs), "the clients acknowledged nothing: the test tested nothing"
