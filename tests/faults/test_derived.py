@@ -10,10 +10,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import httpx2
 import pytest
 
 from logstore import FileStore, Tail
 
+from . import _server
 from ._common import SITE, STATS, build_small_store, list_all, make_batch, read_all, restore_dir, snapshot_dir
 
 CONVS = ["derived-0001", "derived-0002", "derived-0003", "derived-0004"]
@@ -111,3 +113,39 @@ def _conv_dir(root: str, conv: str) -> str:
     from logstore import layout
 
     return layout.conversation_dir(root, SITE, conv)
+
+
+def test_derived_data_deleted_while_the_server_is_stopped(tmp_path: Path) -> None:
+    """The same through the MCP server: stop it, delete every index and manifest file, start it again."""
+    data = tmp_path / "data"
+    server = _server.start(data)
+    convs = [f"srv-derived-{i:04d}" for i in range(5)]
+    try:
+        with httpx2.Client(timeout=60) as http:
+            for b in range(30):
+                args = {"conversation_id": convs[b % 5], "items": make_batch("s", b, 1 + b % 3, 200)}
+                assert not _server.call(http, server.url, "append_memory", args).get("isError")
+            before = _server_view(http, server.url, convs)
+    finally:
+        assert server.stop() == 0, server.log()
+    doomed = [rel for rel in snapshot_dir(str(data)) if rel.endswith((".idx", ".snap", ".log"))]
+    assert any(r.endswith(".idx") for r in doomed) and any(r.endswith(".snap") for r in doomed)
+    for rel in doomed:
+        os.unlink(os.path.join(data, rel))
+    STATS["derived deletions"] += 1
+    server = _server.start(data)
+    try:
+        with httpx2.Client(timeout=60) as http:
+            assert _server_view(http, server.url, convs) == before
+    finally:
+        assert server.stop() == 0, server.log()
+
+
+def _server_view(http: httpx2.Client, url: str, convs: list[str]) -> tuple[object, ...]:
+    listing = _server.call(http, url, "list_conversations", {"limit": 1000})["structuredContent"]
+    logs = [
+        _server.call(http, url, "replay_memory", {"conversation_id": c, "limit": 1000})["structuredContent"]
+        for c in convs
+    ]
+    recalls = [_server.call(http, url, "recall_memory", {"conversation_id": c, "count": 3}) for c in convs]
+    return listing, logs, [r["structuredContent"] for r in recalls]
