@@ -456,16 +456,19 @@ class Conversation:
 
     # ------------------------------------------------------------------ read
 
-    def tip(self) -> Tip | None:
-        """The conversation's current extent (refreshing from disk), or None when empty."""
-        self._refresh_for_read()
+    def tip(self, deadline: float | None = None) -> Tip | None:
+        """The conversation's current extent (refreshing from disk), or None when empty.
+
+        Raises Timeout if another process holds the conversation past ``deadline``.
+        """
+        self._refresh_for_read(deadline)
         if self._damage is not None:
             raise self._damage
         if self._next_seq == 0 or self._created_us is None:
             return None
         return Tip(self._created_us, self._last_us, self._next_seq)
 
-    def _refresh_for_read(self) -> None:
+    def _refresh_for_read(self, deadline: float | None = None) -> None:
         if not os.path.isdir(self.path):
             self._close_files()
             self._loaded = True
@@ -473,7 +476,7 @@ class Conversation:
         if not self._stale():
             return
         started = time.monotonic()
-        self._lock(False, started + self.options.lock_timeout, started)
+        self._lock(False, started + self.options.lock_timeout if deadline is None else deadline, started)
         try:
             self._refresh(False)
         finally:

@@ -99,7 +99,7 @@ class FileStore(MemoryStore):
             if m is None:
                 m = SiteManifest(
                     layout.site_dir(self.root, site),
-                    probe=lambda conv, _s=site: self._probe(_s, conv),
+                    probe=lambda conv, wait, _s=site: self._probe(_s, conv, wait),
                     walk=lambda _s=site: self._walk(_s),
                     lock_timeout=self.options.lock_timeout,
                 )
@@ -153,14 +153,19 @@ class FileStore(MemoryStore):
                 return conv
             conv.mutex.release()
 
-    def _probe(self, site: str, conversation_id: str) -> Tip | None:
-        """The conversation's true extent, from its segments."""
+    def _probe(self, site: str, conversation_id: str, wait: bool = True) -> Tip | None:
+        """The conversation's true extent, from its segments.
+
+        With ``wait=False`` it raises Timeout at once instead of waiting for a
+        writer that holds the conversation.
+        """
         if not os.path.isdir(layout.conversation_dir(self.root, site, conversation_id)):
             return None
         started = time.monotonic()
-        conv = self._acquire(site, conversation_id, started + self.options.lock_timeout, started)
+        deadline = started + (self.options.lock_timeout if wait else 0.0)
+        conv = self._acquire(site, conversation_id, deadline, started)
         try:
-            return conv.tip()
+            return conv.tip(deadline)
         finally:
             conv.mutex.release()
 

@@ -33,7 +33,6 @@ from sortedcontainers import SortedList
 from . import fileio
 from .conversation import ManifestHook, Tip
 from .errors import StoreError, Timeout
-from .timefmt import now_us
 
 LOG_MAGIC = b"CVMMLOG\x01"
 SNAP_MAGIC = b"CVMMSNP\x01"
@@ -128,15 +127,16 @@ class _Entry(msgspec.Struct, array_like=True):
 class SiteManifest(ManifestHook):
     """One site's listing, shared safely by the threads and processes using it.
 
-    ``probe(conversation_id)`` returns the conversation's true extent from its
-    segments (None when it holds nothing); ``walk()`` yields every
+    ``probe(conversation_id, wait)`` returns the conversation's true extent from its
+    segments (None when it holds nothing; with ``wait`` False it raises
+    Timeout rather than wait for a writer); ``walk()`` yields every
     conversation id that has a directory. Both come from the store.
     """
 
     def __init__(
         self,
         site_dir: str,
-        probe: Callable[[str], Tip | None],
+        probe: Callable[[str, bool], Tip | None],
         walk: Callable[[], Iterator[str]],
         lock_timeout: float,
         compact_bytes: int = 256 * 1024,
@@ -395,10 +395,10 @@ class SiteManifest(ManifestHook):
                 self._load()
                 self._tail()
             rebuild = not self._complete
-            # An intent older than any lock wait belongs to a writer that died before its commit.
-            # (Its recorded_at is the writer's clock when it wrote the intent.)
-            cutoff = now_us() - int((self._lock_timeout + 1.0) * 1_000_000)
-            due = [(c, p) for c in self._pending if (p := self._repo[c].pending) is not None and p[1] < cutoff]
+            # An intent without its commit: the writer is still at it (it holds the
+            # conversation: skip it), or it died or failed to log the commit after the
+            # data sync (the conversation is free: probe it now, without waiting).
+            due = [(c, p) for c in self._pending if (p := self._repo[c].pending) is not None]
         if rebuild:
             self.rebuild()
             return
@@ -406,7 +406,7 @@ class SiteManifest(ManifestHook):
             assert pending is not None
             # Probed without holding the manifest: an appender holds the conversation, then the manifest.
             try:
-                tip = self._probe(conv)
+                tip = self._probe(conv, False)
             except StoreError:
                 continue  # busy or damaged: listed as last committed; fsck reports damage
 
@@ -423,7 +423,7 @@ class SiteManifest(ManifestHook):
         found: list[list[Any]] = []
         for conv in self._walk():
             try:
-                tip = self._probe(conv)
+                tip = self._probe(conv, True)
             except StoreError:
                 continue  # a damaged conversation is left for fsck to report
             if tip is not None:

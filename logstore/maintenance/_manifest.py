@@ -210,7 +210,7 @@ def _write_manifest(
     engine to resolve.
     """
     sdir = layout.site_dir(root, site)
-    m = manifest.SiteManifest(sdir, probe=lambda _c: None, walk=lambda: iter(()), lock_timeout=lock_timeout)
+    m = manifest.SiteManifest(sdir, probe=lambda _c, _w: None, walk=lambda: iter(()), lock_timeout=lock_timeout)
     try:
         m._flock()
         try:

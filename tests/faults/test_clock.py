@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from logstore import FileStore, conversation, fileio, frame, manifest
+from logstore import FileStore, conversation, fileio, frame
 from logstore.timefmt import parse_rfc3339
 
 from ._common import (
@@ -54,7 +54,6 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     c = Clock(T0)
     fake: Callable[[], int] = c
     monkeypatch.setattr(conversation, "now_us", fake)
-    monkeypatch.setattr(manifest, "now_us", fake)
     return c
 
 
