@@ -33,6 +33,9 @@ from .model import MemoryItem
 from .segment import BadRecord, classify_failure, iter_records
 from .timefmt import format_us, now_us
 
+#: Index entries of our own appends are written to the index file this many at a time.
+_INDEX_WRITE_GROUP = 16
+
 
 @dataclass(frozen=True)
 class Options:
@@ -103,6 +106,8 @@ class Conversation:
         self._last_us = 0
         self._created_us: int | None = None
         self._idx = index.SparseIndex(0, 0)
+        # Entries of our own appends not yet in the index file (see _note_index_entry).
+        self._idx_unwritten: list[bytes] = []
         self._damage: Corrupted | None = None
         self._pending_end: int | None = None
         self._sealed_cache: dict[int, tuple[int, int, index.SparseIndex]] = {}
@@ -118,7 +123,17 @@ class Conversation:
         self._reset_state()
 
     def close(self) -> None:
-        """Release every descriptor. Caller holds ``mutex``."""
+        """Release every descriptor, writing our pending index entries if still in order. Caller holds ``mutex``."""
+        if self._idx_unwritten and self._fd is not None and self._lock_fd is not None:
+            try:
+                if fileio.try_lock(self._lock_fd, True):
+                    try:
+                        if os.fstat(self._fd).st_size == self._end:  # nobody appended after us
+                            self._write_index_entries()
+                    finally:
+                        fileio.unlock(self._lock_fd)
+            except OSError:
+                pass  # derived data
         self._close_files()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
@@ -237,6 +252,9 @@ class Conversation:
             size = os.fstat(fd).st_size
         path = self._seg_path(self._idx.base_seq)
         last_indexed = self._idx.last_offset()
+        # Records we did not write may follow ours: our unwritten entries would now land
+        # after theirs, out of order, so they stay in memory only.
+        self._idx_unwritten.clear()
         try:
             for off, h, _body in iter_records(fd, self._end, size, self._salt):
                 if self._sealed_active:
@@ -394,11 +412,28 @@ class Conversation:
         self._next_seq = first + count
         self._last_us = stamp
         if offset - self._idx.last_offset() >= self.options.index_interval and offset > SEGMENT_HEADER_SIZE:
+            self._note_index_entry(first, offset)
+
+    def _note_index_entry(self, seq: int, offset: int) -> None:
+        """Index a record we wrote: at once in memory, in groups in the file.
+
+        Writing each entry as it comes would dirty the index file on every
+        append, and its inode update would ride in the journal commit of the
+        next fdatasync. Entries not yet written are only derived data: a crash
+        loses them, and opening then scans a few more records.
+        """
+        self._idx.add(seq, offset)
+        self._idx_unwritten.append(self._idx.entry_bytes(seq, offset))
+        if len(self._idx_unwritten) >= _INDEX_WRITE_GROUP:
+            self._write_index_entries()
+
+    def _write_index_entries(self) -> None:
+        if self._idx_unwritten and self._idx_fd is not None:
             try:
-                assert self._idx_fd is not None
-                index.append_entry(self._idx_fd, self._idx, first, offset)
+                os.write(self._idx_fd, b"".join(self._idx_unwritten))
             except OSError:
                 pass  # derived data: a missing entry only costs a longer scan
+        self._idx_unwritten.clear()
 
     def _create_segment(self, base: int) -> None:
         """Create, sync and publish an empty segment starting at seq ``base``."""
@@ -435,6 +470,7 @@ class Conversation:
             self._end += len(seal)
             self._sealed_active = True
             fileio.crashpoint("segment-roll-sealed")
+        self._write_index_entries()  # the sealed segment's index is complete, and nobody else writes it
         self._sealed_cache.clear()
         self._create_segment(self._next_seq)
         fileio.crashpoint("segment-roll-created")
@@ -578,6 +614,7 @@ class Conversation:
             fresh = self._build_index(fd, path, base, salt, end)
             if base == self._segments[-1]:
                 self._idx = fresh
+                self._idx_unwritten.clear()
                 if self._idx_fd is not None:
                     os.close(self._idx_fd)
                     self._idx_fd = index.open_for_append(self._idx_path(base), fresh)

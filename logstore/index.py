@@ -115,9 +115,3 @@ def open_for_append(path: str, idx: SparseIndex) -> int:
     """Write ``idx`` whole and return a descriptor positioned for new entries."""
     write(path, idx)
     return os.open(path, os.O_WRONLY | os.O_APPEND)
-
-
-def append_entry(fd: int, idx: SparseIndex, seq: int, offset: int) -> None:
-    """Add an entry in memory and on disk (no sync)."""
-    idx.add(seq, offset)
-    os.write(fd, idx.entry_bytes(seq, offset))
