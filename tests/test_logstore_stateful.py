@@ -150,7 +150,7 @@ def _neg(stamp: str) -> tuple[int, ...]:
 
 
 EngineVsModel.TestCase.settings = settings(
-    max_examples=60,
+    max_examples=150,
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
