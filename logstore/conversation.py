@@ -15,11 +15,12 @@ site manifest.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import errno
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
@@ -353,6 +354,18 @@ class Conversation:
         ``deadline`` (a ``time.monotonic()`` value) when another process holds
         the conversation.
         """
+        with self._exclusive(deadline, started):
+            if self._next_seq + count > MAX_CONVERSATION_ITEMS:
+                raise ConversationFull(MAX_CONVERSATION_ITEMS, self._next_seq + count)
+            # recorded_at never decreases within a conversation, whatever the wall clock does.
+            stamp = max(now_us(), self._last_us)
+            first = self._next_seq
+            self._commit_batch(body, count, first, stamp)
+            return first, first + count - 1, stamp
+
+    @contextlib.contextmanager
+    def _exclusive(self, deadline: float, started: float) -> Iterator[None]:
+        """Hold the conversation for writing, its tail verified and undamaged. Caller holds ``mutex``."""
         fileio.makedirs_durable(self.path)
         self._lock(True, deadline, started)
         try:
@@ -363,33 +376,31 @@ class Conversation:
                 raise Io(f"reading the conversation's tail failed: {exc}", exc.errno) from exc
             if self._damage is not None:
                 raise self._damage
-            if self._next_seq + count > MAX_CONVERSATION_ITEMS:
-                raise ConversationFull(MAX_CONVERSATION_ITEMS, self._next_seq + count)
-            stamp = max(now_us(), self._last_us)
-            self._pending_end = None
-            first = self._next_seq
-            new = first == 0
-            created = self._created_us if self._created_us is not None else stamp
-            tip = Tip(created, stamp, first + count)
-            self.manifest.intent(self.conversation_id, tip, new=new)
-            fileio.crashpoint("manifest-intent")
-            try:
-                self._write_batch(body, count, first, stamp)
-            except OSError as exc:
-                self._poison()
-                raise Io(f"appending to the log failed: {os.strerror(exc.errno or errno.EIO)}", exc.errno) from exc
-            self._created_us = created
-            try:
-                self.manifest.commit(self.conversation_id, tip)
-            except (OSError, StoreError):
-                # The batch is durable: the append has happened and must not be reported as
-                # failed (a Timeout or Io here would be a lie: "nothing was written"). The
-                # listing learns of it when the intent is resolved by probing (FORMAT.md 5).
-                pass
-            fileio.crashpoint("manifest-commit")
-            return first, first + count - 1, stamp
+            yield
         finally:
             self._unlock()
+
+    def _commit_batch(self, body: bytes, count: int, first: int, stamp: int) -> None:
+        """Log the intent, write and sync the record, log the commit (inside :meth:`_exclusive`)."""
+        self._pending_end = None
+        created = self._created_us if self._created_us is not None else stamp
+        tip = Tip(created, stamp, first + count)
+        self.manifest.intent(self.conversation_id, tip, new=first == 0)
+        fileio.crashpoint("manifest-intent")
+        try:
+            self._write_batch(body, count, first, stamp)
+        except OSError as exc:
+            self._poison()
+            raise Io(f"appending to the log failed: {os.strerror(exc.errno or errno.EIO)}", exc.errno) from exc
+        self._created_us = created
+        try:
+            self.manifest.commit(self.conversation_id, tip)
+        except (OSError, StoreError):
+            # The batch is durable: the append has happened and must not be reported as
+            # failed (a Timeout or Io here would be a lie: "nothing was written"). The
+            # listing learns of it when the intent is resolved by probing (FORMAT.md 5).
+            pass
+        fileio.crashpoint("manifest-commit")
 
     def _write_batch(self, body: bytes, count: int, first: int, stamp: int) -> None:
         if not self._segments:

@@ -7,10 +7,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .. import fileio, layout
+from .. import layout
 from ..codec import encode_batch
-from ..conversation import Conversation, Tip
-from ..errors import ConversationFull, Io, StoreError
+from ..conversation import Conversation
+from ..errors import ConversationFull, StoreError
 from ..filestore import FileStore
 from ..ids import ConversationId, SiteName
 from ..limits import MAX_CONVERSATION_ITEMS
@@ -31,35 +31,14 @@ class _RestoringConversation(Conversation):
 
     def restore(self, body: bytes, count: int, first_seq: int, stamp: int, deadline: float, started: float) -> None:
         """Append one encoded batch at ``first_seq`` stamped ``stamp``, durably, as ``append`` does."""
-        fileio.makedirs_durable(self.path)
-        self._lock(True, deadline, started)
-        try:
-            try:
-                self._refresh(True)
-            except OSError as exc:
-                self._close_files()
-                raise Io(f"reading the conversation's tail failed: {exc}", exc.errno) from exc
-            if self._damage is not None:
-                raise self._damage
+        with self._exclusive(deadline, started):
             if first_seq != self._next_seq:
                 raise RestoreConflict(f"batch starts at seq {first_seq}, the conversation holds {self._next_seq}")
             if stamp < self._last_us:
                 raise RestoreConflict(f"recorded_at {stamp} us is earlier than the last batch's {self._last_us} us")
             if first_seq + count > MAX_CONVERSATION_ITEMS:
                 raise ConversationFull(MAX_CONVERSATION_ITEMS, first_seq + count)
-            created = self._created_us if self._created_us is not None else stamp
-            tip = Tip(created, stamp, first_seq + count)
-            self.manifest.intent(self.conversation_id, tip, new=first_seq == 0)
-            self._pending_end = None
-            try:
-                self._write_batch(body, count, first_seq, stamp)
-            except OSError as exc:
-                self._poison()
-                raise Io(f"appending to the log failed: {exc}", exc.errno) from exc
-            self._created_us = created
-            self.manifest.commit(self.conversation_id, tip)
-        finally:
-            self._unlock()
+            self._commit_batch(body, count, first_seq, stamp)
 
 
 class Restorer:
