@@ -1,26 +1,42 @@
 # convmem: `make serve` runs the server on ./data, `make test` runs the whole suite.
+# Dependencies install from requirements.lock (pinned, with hashes); `make lock` remakes it
+# from pyproject.toml's version ranges after a dependency changes.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
+LOCK   := requirements.lock
+UV_VERSION := 0.13.9
 
-.PHONY: serve test lint bench bench-quick clean
+.PHONY: serve test lint bench bench-quick clean lock check-lock
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK) setup.py build_support.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(PYTHON) build_support.py check-lock
+	$(BIN)/python -m pip install --quiet --require-hashes -r $(LOCK)
+	$(BIN)/python -m pip install --quiet --no-deps --config-settings editable_mode=compat -e .
 	touch $(STAMP)
+
+check-lock:
+	$(PYTHON) build_support.py check-lock
 
 serve: $(STAMP)
 	$(BIN)/convmem serve --data-dir ./data --demo-site
 
-test: $(STAMP)
+test: check-lock $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+
+lock:
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	test -x $(BIN)/uv || $(BIN)/python -m pip install --quiet uv==$(UV_VERSION)
+	$(BIN)/uv pip compile pyproject.toml --all-extras --generate-hashes --universal --python-version 3.11 \
+		--no-header --quiet --output-file $(LOCK).compiled
+	$(BIN)/python build_support.py stamp-lock $(LOCK).compiled
+	rm -f $(LOCK).compiled
 
 bench: $(STAMP)
 	$(BIN)/python -m bench --json bench-results.json

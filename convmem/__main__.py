@@ -1,0 +1,7 @@
+"""``python -m convmem``: the ``convmem`` command."""
+
+import sys
+
+from convmem.cli import main
+
+sys.exit(main())
