@@ -15,7 +15,7 @@ from typing import Any
 
 from logstore import InvalidConversationId, ListSelector, SiteName, StoreError, open_store
 
-from . import __version__
+from . import __version__, tls
 from .credentials import CredentialError, CredentialFile, generate_password
 
 ENV_PREFIX = "CONVMEM_"
@@ -218,6 +218,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[
         choices=["debug", "info", "warning", "error"],
         help="log verbosity (env CONVMEM_LOG_LEVEL)",
     )
+    tls.add_arguments(serve)  # ops: TLS, --trust-proxy, --insecure-bind
     serve.set_defaults(func=cmd_serve)
 
     site = sub.add_parser(

@@ -10,11 +10,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import functools
 import logging
 import os
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,7 @@ from mcp.server.stdio import stdio_server
 
 from logstore import MemoryStore, StoreError, open_store
 
-from . import __version__
+from . import __version__, tls
 from .auth import Authenticator
 from .credentials import CredentialError, CredentialFile, generate_password
 from .http import HEALTH_PATH, MCP_PATH, build_app
@@ -90,7 +92,7 @@ def _client_host(host: str) -> str:
 
 
 def _banner(args: argparse.Namespace, port: int, demo: tuple[str, str] | None, site_count: int) -> str:
-    base = f"http://{_client_host(args.host)}:{port}"
+    base = f"{tls.scheme(args)}://{_client_host(args.host)}:{port}"
     url = base + MCP_PATH
     lines = [
         f"convmem {__version__} listening on {args.host}:{port} (data directory: {os.path.abspath(args.data_dir)})",
@@ -145,6 +147,10 @@ def _quiet_signals() -> None:
 def serve_http(args: argparse.Namespace) -> int:
     """Serve MCP over streamable HTTP until SIGTERM/SIGINT. Returns the exit status."""
     _configure_logging(args.log_level)
+    refused = tls.check_options(args) or (tls.check_files(args.tls_cert, args.tls_key) if args.tls_cert else None)
+    if refused:  # ops: no plain HTTP off loopback; TLS files must load
+        print(f"convmem: {refused}", file=sys.stderr)
+        return 2
     store = _open_store(args)
     if store is None:
         return 2
@@ -182,12 +188,15 @@ def serve_http(args: argparse.Namespace) -> int:
         lifespan="on",
         access_log=args.log_level == "debug",
         server_header=False,
+        **tls.uvicorn_options(args),  # ops: TLS files, forwarded headers
     )
+    config.load()  # builds the TLS context now, so SIGHUP can reload it
+    on_sighup = functools.partial(tls.reload_certificate, config.ssl, args.tls_cert, args.tls_key)
     server = uvicorn.Server(config)
     print(_banner(args, port, demo, len(creds.sites())), flush=True)
     _quiet_signals()
     try:
-        asyncio.run(_serve_uvicorn(server, sock, backend))
+        asyncio.run(_serve_uvicorn(server, sock, backend, on_sighup))
     finally:
         sock.close()
         store.close()
@@ -195,7 +204,10 @@ def serve_http(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _serve_uvicorn(server: uvicorn.Server, sock: socket.socket, backend: Backend) -> None:
+async def _serve_uvicorn(
+    server: uvicorn.Server, sock: socket.socket, backend: Backend, on_sighup: Callable[[], object]
+) -> None:
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, on_sighup)
     await server.serve(sockets=[sock])
     # uvicorn has waited for in-flight requests; make sure no storage call is still running.
     if not await backend.drain(GRACEFUL_TIMEOUT):
