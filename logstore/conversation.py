@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
 
-from . import fileio, frame, index, layout
+from . import fileio, frame, index, layout, observe
 from .codec import decode_batch
 from .errors import ConversationFull, Corrupted, Io, StoreError, Timeout
 from .frame import KIND_BATCH, KIND_SEAL, SEGMENT_HEADER_SIZE
@@ -70,13 +70,16 @@ class ManifestHook:
 
 
 def _lock_wait(acquire: Callable[[], bool], deadline: float, started: float) -> None:
-    delay = 0.0005
-    while not acquire():
-        now = time.monotonic()
-        if now >= deadline:
-            raise Timeout(now - started)
-        time.sleep(min(delay, max(deadline - now, 0.0)))
-        delay = min(delay * 2, 0.02)
+    if acquire():
+        return
+    with observe.timed("lock_wait"):
+        delay = 0.0005
+        while not acquire():
+            now = time.monotonic()
+            if now >= deadline:
+                raise Timeout(now - started)
+            time.sleep(min(delay, max(deadline - now, 0.0)))
+            delay = min(delay * 2, 0.02)
 
 
 class Conversation:

@@ -20,6 +20,8 @@ import errno as _errno
 import os
 from collections.abc import Callable
 
+from . import observe
+
 try:
     import fcntl as _fcntl
 except ImportError:  # pragma: no cover - not POSIX: fall back to portalocker
@@ -78,13 +80,15 @@ def pwrite_all(fd: int, data: bytes, offset: int) -> None:
 def fdatasync(fd: int) -> None:
     """Flush a file's data (and the size needed to read it) to stable storage."""
     _fault("fdatasync")
-    os.fdatasync(fd)
+    with observe.timed("fdatasync"):
+        os.fdatasync(fd)
 
 
 def fsync(fd: int) -> None:
     """Flush a file's data and all its metadata."""
     _fault("fsync")
-    os.fsync(fd)
+    with observe.timed("fsync"):
+        os.fsync(fd)
 
 
 #: Directories whose sync failed: an entry made in them (a new directory or
@@ -99,7 +103,8 @@ def fsync_dir(path: str) -> None:
         _fault("fsync")
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            os.fsync(fd)
+            with observe.timed("fsync"):
+                os.fsync(fd)
         finally:
             os.close(fd)
     except OSError:

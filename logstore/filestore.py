@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from . import fileio, layout
+from . import fileio, layout, observe
 from .codec import encode_batch
 from .conversation import Conversation, Options, Tip
 from .errors import Io, StoreError, Timeout, Unavailable
@@ -127,6 +127,11 @@ class FileStore(MemoryStore):
             self._evict_locked()
             return conv
 
+    def open_conversations(self) -> int:
+        """How many conversations currently hold open descriptors (at most ``max_open``)."""
+        with self._lock:
+            return len(self._convs)
+
     def _evict_locked(self) -> None:
         excess = len(self._convs) - self._max_open
         if excess <= 0:
@@ -147,8 +152,10 @@ class FileStore(MemoryStore):
         """The conversation object, with its mutex held."""
         while True:
             conv = self._conversation(site, conversation_id)
-            if not conv.mutex.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
-                raise Timeout(time.monotonic() - started)
+            if not conv.mutex.acquire(blocking=False):
+                with observe.timed("lock_wait"):
+                    if not conv.mutex.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
+                        raise Timeout(time.monotonic() - started)
             if not conv.closed:
                 return conv
             conv.mutex.release()
@@ -199,6 +206,7 @@ class FileStore(MemoryStore):
             raise
         except OSError as exc:
             raise _io(exc, "append failed") from exc
+        observe.emit("append_bytes", len(body))
         return SeqRange(first, last)
 
     def read(self, site: str, conversation_id: str, selector: ReadSelector) -> list[MemoryItem]:

@@ -15,7 +15,7 @@ from typing import Any
 
 from logstore import InvalidConversationId, ListSelector, SiteName, StoreError, open_store
 
-from . import __version__, tls
+from . import __version__, metrics, requestlog, tls
 from .credentials import CredentialError, CredentialFile, generate_password
 
 ENV_PREFIX = "CONVMEM_"
@@ -219,6 +219,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[
         help="log verbosity (env CONVMEM_LOG_LEVEL)",
     )
     tls.add_arguments(serve)  # ops: TLS, --trust-proxy, --insecure-bind
+    metrics.add_arguments(serve)  # ops: --metrics-token-file
+    requestlog.add_arguments(serve)  # ops: --log-format
     serve.set_defaults(func=cmd_serve)
 
     site = sub.add_parser(

@@ -12,7 +12,8 @@ text block written for the agent, and a machine-readable object in
 ``InternalError``. Detail keys sit beside ``code``: ``reason`` for
 ``InvalidConversationId``; ``limit``/``actual`` (and ``index``, ``unit``) for
 size errors; ``file``/``offset`` for ``Corrupted``; ``field``/``rule`` for
-``InvalidArguments``; ``request_id`` for ``InternalError``. No
+``InvalidArguments``; ``request_id`` on every error the server answers (the
+id of the request in its log; it is quoted in the text too). No
 ``structuredContent`` is sent with an error, since clients check that against
 the success schema.
 """
@@ -68,7 +69,11 @@ class ToolFailure(Exception):
         """One paragraph an agent can act on."""
         kind = "retryable" if self.retryable else "permanent"
         advice = _ADVICE.get(self.code, "")
-        return f"{self.code} ({kind}): {self.message}. {advice}".strip()
+        text = f"{self.code} ({kind}): {self.message}. {advice}".strip()
+        rid = self.details.get("request_id")
+        if rid and rid not in self.message:
+            text += f" (request id {rid})"
+        return text
 
     def to_result(self) -> types.CallToolResult:
         """The tool result for this failure (no ``structuredContent``)."""

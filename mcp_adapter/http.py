@@ -10,6 +10,9 @@ the SDK's DNS-rebinding protection (Host and Origin checks) is on.
 ``GET /mcp`` is answered 405: a stateless server has nothing to push, and an
 event stream held open for nothing would let any client tie up memory.
 
+``GET /metrics`` serves Prometheus metrics (see :mod:`.metrics` for who may
+read them); every request gets a request id and a log line (:mod:`.requestlog`).
+
 ``/healthz`` needs no credentials: 200 ``{"status": "ok"}`` while the data
 directory is usable, 503 ``{"status": "unavailable"}`` otherwise.
 """
@@ -30,6 +33,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from logstore import MAX_BATCH_BYTES
 
+from . import metrics
+from .requestlog import RequestLog
 from .server import Backend
 
 MCP_PATH = "/mcp"
@@ -81,7 +86,7 @@ class NoEventStream:
         await self.app(scope, receive, send)
 
 
-def build_app(server: Server[Any], backend: Backend, *, host: str) -> Starlette:
+def build_app(server: Server[Any], backend: Backend, *, host: str, metrics_token: str | None = None) -> Starlette:
     """The ASGI app serving ``server`` over ``backend``."""
 
     async def healthz(request: Request) -> JSONResponse:
@@ -97,7 +102,11 @@ def build_app(server: Server[Any], backend: Backend, *, host: str) -> Starlette:
         max_request_body_size=MAX_BODY_BYTES,
         transport_security=transport_security(host),
         host=host,
-        custom_starlette_routes=[Route(HEALTH_PATH, healthz, methods=["GET"])],
+        custom_starlette_routes=[
+            Route(HEALTH_PATH, healthz, methods=["GET"]),
+            Route(metrics.METRICS_PATH, metrics.endpoint(metrics_token), methods=["GET"]),  # ops
+        ],
     )
     app.add_middleware(NoEventStream)
+    app.add_middleware(RequestLog)  # ops: request ids and the request log line; keep it the outermost
     return app

@@ -26,7 +26,7 @@ from mcp.server.stdio import stdio_server
 
 from logstore import MemoryStore, StoreError, open_store
 
-from . import __version__, tls
+from . import __version__, metrics, requestlog, tls
 from .auth import Authenticator
 from .credentials import CredentialError, CredentialFile, generate_password
 from .http import HEALTH_PATH, MCP_PATH, build_app
@@ -39,12 +39,13 @@ INSPECTOR_PACKAGE = "@modelcontextprotocol/inspector@2.12.0"
 GRACEFUL_TIMEOUT = 30.0
 
 
-def _configure_logging(level: str) -> None:
+def _configure_logging(level: str, fmt: str = "text") -> None:
     logging.basicConfig(
         level=getattr(logging, level.upper()),
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    requestlog.configure(fmt)  # ops: --log-format text|json
     # The SDK logs every stateless request at INFO; keep that for debugging only.
     if level != "debug":
         for name in ("mcp.server.streamable_http", "mcp.server.streamable_http_manager"):
@@ -146,10 +147,15 @@ def _quiet_signals() -> None:
 
 def serve_http(args: argparse.Namespace) -> int:
     """Serve MCP over streamable HTTP until SIGTERM/SIGINT. Returns the exit status."""
-    _configure_logging(args.log_level)
+    _configure_logging(args.log_level, args.log_format)
     refused = tls.check_options(args) or (tls.check_files(args.tls_cert, args.tls_key) if args.tls_cert else None)
     if refused:  # ops: no plain HTTP off loopback; TLS files must load
         print(f"convmem: {refused}", file=sys.stderr)
+        return 2
+    try:
+        metrics_token = metrics.token_from(args)
+    except (OSError, ValueError) as exc:
+        print(f"convmem: cannot read the metrics token: {exc}", file=sys.stderr)
         return 2
     store = _open_store(args)
     if store is None:
@@ -180,7 +186,8 @@ def serve_http(args: argparse.Namespace) -> int:
         authenticator=Authenticator(creds),
         max_concurrency=args.max_concurrency,
     )
-    app = build_app(build_server(backend), backend, host=args.host)
+    metrics.install(store)  # ops: engine measurements into /metrics
+    app = build_app(build_server(backend), backend, host=args.host, metrics_token=metrics_token)
     config = uvicorn.Config(
         app,
         log_level=args.log_level,
@@ -189,6 +196,7 @@ def serve_http(args: argparse.Namespace) -> int:
         access_log=args.log_level == "debug",
         server_header=False,
         **tls.uvicorn_options(args),  # ops: TLS files, forwarded headers
+        **({"log_config": None} if args.log_format == "json" else {}),  # ops: uvicorn's lines in JSON too
     )
     config.load()  # builds the TLS context now, so SIGHUP can reload it
     on_sighup = functools.partial(tls.reload_certificate, config.ssl, args.tls_cert, args.tls_key)
@@ -216,7 +224,7 @@ async def _serve_uvicorn(
 
 def serve_stdio(args: argparse.Namespace) -> int:
     """Serve one MCP client over stdin/stdout as ``--site``, after verifying CONVMEM_PASSWORD."""
-    _configure_logging(args.log_level)
+    _configure_logging(args.log_level, args.log_format)
     if not args.site:
         print("convmem: --stdio needs --site NAME (or CONVMEM_SITE)", file=sys.stderr)
         return 2

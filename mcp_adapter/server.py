@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -26,7 +25,7 @@ from mcp.shared.exceptions import MCPError
 
 from logstore import ListCursor, ListSelector, MemoryStore, Range, StoreError, Tail
 
-from . import __version__
+from . import __version__, requestlog
 from .auth import Authenticator
 from .errors import ToolFailure, from_store_error, internal_error, unauthenticated
 from .tools import INSTRUCTIONS, tool_definitions
@@ -134,28 +133,29 @@ async def call_tool(
 ) -> types.CallToolResult:
     """Serve one ``tools/call``. Tool failures become ``isError`` results; an unknown tool is a protocol error."""
     if name not in _TOOL_NAMES:
-        raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {name}")
+        raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {name} (request id {requestlog.request_id()})")
     started = time.perf_counter()
+    call = requestlog.ToolCall(name)  # ops: metrics, request line, request id in errors
     try:
         site = await _resolve_site(backend, ctx)
+        call.set_site(site)
         if arguments is not None and not isinstance(arguments, dict):
             raise ToolFailure("InvalidArguments", "arguments must be a JSON object", field="arguments", rule="object")
         args = parse_arguments(name, arguments)
         result = _success(await _execute(backend, site, args))
         logger.debug("%s ok in %.1f ms", name, (time.perf_counter() - started) * 1000)
-        return result
+        return call.succeeded(result)
     except ToolFailure as failure:
-        logger.info("%s failed: %s", name, failure.code)
-        return failure.to_result()
+        logger.info("%s failed: %s [request_id=%s]", name, failure.code, call.request_id)
+        return call.failed(failure)
     except StoreError as exc:
         failure = from_store_error(exc, backend.data_dir)
         log = logger.warning if failure.retryable or failure.code == "Corrupted" else logger.info
-        log("%s failed: %s: %s", name, failure.code, exc)
-        return failure.to_result()
+        log("%s failed: %s: %s [request_id=%s]", name, failure.code, exc, call.request_id)
+        return call.failed(failure)
     except Exception:
-        request_id = uuid.uuid4().hex[:16]
-        logger.exception("%s failed unexpectedly [request_id=%s]", name, request_id)
-        return internal_error(request_id).to_result()
+        logger.exception("%s failed unexpectedly [request_id=%s]", name, call.request_id)
+        return call.failed(internal_error(call.request_id))
 
 
 _TOOL_NAMES = frozenset(t.name for t in tool_definitions())

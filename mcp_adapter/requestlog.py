@@ -1,0 +1,257 @@
+"""One log line per request, request ids, and the per-tool-call bookkeeping behind the metrics.
+
+Every HTTP request gets a random 16-hex-digit request id, sent back in the
+``X-Request-Id`` response header and added to every tool error (its text and
+its ``convmem/error`` object), so a user can quote it and an operator can
+find the line. When the request ends, one line is written to stderr (logger
+``convmem.request``) with: request id, client address, method, path, HTTP
+status, site, tool, outcome, error code, latency, request and response
+sizes. With ``--log-format json`` every log line, this one included, is one
+JSON object.
+
+Never logged: request or response bodies (so no payload), the
+``Authorization`` header or any password. For a failed login the line
+carries the client address and the site name that was claimed (the user
+name of Basic authentication, only when it is a well-formed site name).
+
+Over stdio there is no HTTP request: each tool call gets its own id and line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import binascii
+import contextvars
+import json
+import logging
+import os
+import re
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import mcp_types as types
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .errors import ToolFailure
+from .metrics import METRICS, record_auth_failure
+
+logger = logging.getLogger("convmem.request")
+
+_SITE_RE = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
+#: Attributes of a LogRecord that are not extra fields.
+_STANDARD_ATTRS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+
+
+@dataclass
+class RequestInfo:
+    """What the request line reports; filled in as the request is served."""
+
+    request_id: str
+    client: str | None = None
+    method: str | None = None
+    path: str | None = None
+    status: int | None = None
+    site: str | None = None
+    tool: str | None = None
+    outcome: str | None = None
+    error_code: str | None = None
+    request_bytes: int = 0
+    response_bytes: int = 0
+    started: float = field(default_factory=time.perf_counter)
+
+    def fields(self) -> dict[str, Any]:
+        return {
+            "request_id": self.request_id,
+            "client": self.client,
+            "method": self.method,
+            "path": self.path,
+            "status": self.status,
+            "site": self.site,
+            "tool": self.tool,
+            "outcome": self.outcome,
+            "error_code": self.error_code,
+            "latency_ms": round((time.perf_counter() - self.started) * 1000, 3),
+            "request_bytes": self.request_bytes,
+            "response_bytes": self.response_bytes,
+        }
+
+
+_current: contextvars.ContextVar[RequestInfo | None] = contextvars.ContextVar("convmem_request", default=None)
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+def current() -> RequestInfo | None:
+    """The request being served in this context (None outside an HTTP request)."""
+    return _current.get()
+
+
+def request_id() -> str:
+    """The current request's id (a fresh one outside a request)."""
+    info = _current.get()
+    return info.request_id if info is not None else new_request_id()
+
+
+def _emit(info: RequestInfo) -> None:
+    fields = info.fields()
+    level = logging.WARNING if info.error_code == "Unauthenticated" else logging.INFO
+    logger.log(level, "request", extra={"request": fields})
+
+
+class ToolCall:
+    """One tool call: metrics, request-line fields, and the request id in its error."""
+
+    def __init__(self, tool: str) -> None:
+        self.tool = tool
+        self.started = time.perf_counter()
+        info = _current.get()
+        self._own_line = info is None  # stdio: no HTTP request line, so the call writes its own
+        self.info = info if info is not None else RequestInfo(new_request_id(), client="stdio")
+        self.info.tool = tool
+        self.request_id = self.info.request_id
+
+    def set_site(self, site: str) -> None:
+        self.info.site = site
+
+    def _finish(self, error_code: str | None) -> None:
+        METRICS.tool_call(self.tool, time.perf_counter() - self.started, error_code)
+        self.info.outcome = "ok" if error_code is None else "error"
+        self.info.error_code = error_code
+        if self._own_line:
+            _emit(self.info)
+
+    def succeeded(self, result: types.CallToolResult) -> types.CallToolResult:
+        self._finish(None)
+        return result
+
+    def failed(self, failure: ToolFailure) -> types.CallToolResult:
+        """The error result for ``failure``, tagged with this request's id."""
+        failure.details.setdefault("request_id", self.request_id)
+        self._finish(failure.code)
+        return failure.to_result()
+
+
+def _claimed_site(scope: Scope) -> str | None:
+    """The Basic user name of the request, when it is a well-formed site name (never the password)."""
+    for name, value in scope.get("headers", []):
+        if name == b"authorization":
+            scheme, _, encoded = value.decode("latin-1").strip().partition(" ")
+            if scheme.lower() != "basic":
+                return None
+            try:
+                user = base64.b64decode(encoded.strip(), validate=True).split(b":", 1)[0].decode("ascii")
+            except (binascii.Error, UnicodeDecodeError, ValueError):
+                return None
+            return user if _SITE_RE.match(user) else None
+    return None
+
+
+class RequestLog:
+    """ASGI middleware: a request id per HTTP request, and its log line when it ends."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        client = scope.get("client")
+        info = RequestInfo(
+            new_request_id(), client=client[0] if client else None, method=scope["method"], path=scope["path"]
+        )
+        token = _current.set(info)
+
+        async def counting_receive() -> Message:
+            message = await receive()
+            if message["type"] == "http.request":
+                info.request_bytes += len(message.get("body", b""))
+            return message
+
+        async def tagging_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                info.status = message["status"]
+                headers = list(message.get("headers", []))
+                headers.append((b"x-request-id", info.request_id.encode()))
+                message = {**message, "headers": headers}
+            elif message["type"] == "http.response.body":
+                info.response_bytes += len(message.get("body", b""))
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, tagging_send)
+        finally:
+            _current.reset(token)
+            if info.tool is None:
+                failed = info.status is None or info.status >= 400
+                info.outcome = "error" if failed else "ok"
+                if info.status == 401:
+                    info.error_code = "Unauthenticated"
+                    record_auth_failure()
+            if info.error_code == "Unauthenticated":
+                info.site = info.site or _claimed_site(scope)
+            _emit(info)
+
+
+# -- log formatting -----------------------------------------------------------------
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, and a request line's fields at the top level."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        request = getattr(record, "request", None)
+        if isinstance(request, dict):
+            out.update(request)
+        for key, value in vars(record).items():
+            if key not in _STANDARD_ATTRS and key != "request" and key not in out:
+                out[key] = value if isinstance(value, str | int | float | bool | type(None)) else repr(value)
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, ensure_ascii=False)
+
+
+class TextFormatter(logging.Formatter):
+    """The plain format, with a request line's fields as ``key=value`` pairs."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        request = getattr(record, "request", None)
+        if isinstance(request, dict):
+            text += " " + " ".join(f"{k}={v}" for k, v in request.items() if v is not None)
+        return text
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--log-format`` of ``convmem serve``."""
+    parser.add_argument(
+        "--log-format",
+        default=os.environ.get("CONVMEM_LOG_FORMAT", "text"),
+        choices=["text", "json"],
+        help="stderr log lines as text or one JSON object each (env CONVMEM_LOG_FORMAT)",
+    )
+
+
+def configure(fmt: str) -> None:
+    """Send every log record to stderr in ``fmt`` (``text`` or ``json``), replacing earlier handlers."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
