@@ -18,13 +18,18 @@ Nothing here ever deletes acknowledged data, except :func:`check` with
 ``truncate_at_corruption=True``, which first copies every segment it cuts
 into ``DATA/quarantine/`` and reports the seqs it dropped.
 
-Entry points: :func:`check` (fsck), :func:`scan_segment` (dump),
+Entry points: :func:`backup` (online backup), :func:`check` (fsck), :func:`scan_segment` (dump),
 :func:`export_items` (export), :class:`Restorer` (import), :func:`stats`.
 The private submodules hold one concern each; only the names below are public.
 """
 
 from __future__ import annotations
 
+from ._backup import (
+    SITE_EXTRAS,
+    BackupReport,
+    backup,
+)
 from ._check import (
     check,
 )
@@ -104,10 +109,12 @@ __all__ = [
     "RECORD_AFTER_SEAL",
     "SEQ_GAP",
     "SEQ_MISMATCH",
+    "SITE_EXTRAS",
     "STRAY_FILE",
     "TORN_TAIL",
     "TRUNCATABLE_KINDS",
     "UNSEALED_SEGMENT",
+    "BackupReport",
     "CheckReport",
     "ConversationStats",
     "ExportedItem",
@@ -119,6 +126,7 @@ __all__ = [
     "Restorer",
     "SegmentInfo",
     "SiteStats",
+    "backup",
     "build_index",
     "check",
     "export_items",

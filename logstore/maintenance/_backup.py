@@ -1,0 +1,212 @@
+"""Online backup: a consistent copy of a live data directory, taken without stopping writers.
+
+What "consistent" means here: every conversation in the copy is a prefix of
+whole batches that the conversation held at one moment during the backup
+(its own moment: conversations are copied one after another, not all at the
+same instant). Nothing that was not written whole is copied, and nothing
+acknowledged before the backup began is missing.
+
+How (the engine's own rules, FORMAT.md sections 6 and 7):
+
+1. For each conversation, its file list and segment sizes are read while its
+   ``lock`` is held *shared*, which no append can hold at the same time. The
+   bytes below those sizes never change afterwards (sealed segments never
+   change at all; the active one only grows), so they are copied with no lock
+   held, and writers continue meanwhile.
+2. The one exception: a torn tail (a crashed writer's partial record) can be
+   cut and overwritten by the next writer while it is being copied. So the
+   last copied segment is verified; if it shows any damage, the
+   conversation is copied again while holding its lock shared. Damage that
+   is still there then is in the source itself and is reported.
+3. Index files and site manifests are derived data and are not copied: the
+   copy gets fresh ones from :func:`check` with ``repair``, which also cuts a
+   torn tail (never acknowledged) off a copied segment.
+4. ``logstore.json``, ``auth/`` (the site credentials) and ``quarantine/``
+   are copied as files. Per-site data stores beside the conversations (for
+   example a site's ``memories/`` directory) are copied by
+   :data:`SITE_EXTRAS` handlers.
+
+The copy is built in ``DEST.partial-<pid>`` next to ``DEST``, synced, checked,
+and only then renamed to ``DEST``: a ``DEST`` that exists is complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .. import fileio, layout
+from ._check import check
+from ._files import _flocked, _require_data_dir, _snapshot, iter_conversations, list_sites
+from ._records import scan_segment
+from ._types import QUARANTINE_DIR, CheckReport, MaintenanceError
+
+_CHUNK = 1 << 20
+AUTH_DIR = "auth"
+
+#: Copiers for per-site data kept beside the conversations: ``(source site dir,
+#: destination site dir, lock_timeout)``. A store that keeps a site's data under
+#: ``sites/<site-hex>/`` outside ``c/`` registers one here, and must make the
+#: copy consistent by its own locking rules.
+SITE_EXTRAS: list[Callable[[str, str, float], None]] = []
+
+
+@dataclass
+class BackupReport:
+    """What :func:`backup` copied, and the check of the copy."""
+
+    dest: str
+    sites: int = 0
+    conversations: int = 0
+    segments: int = 0
+    bytes_copied: int = 0
+    #: Conversations copied a second time under their lock (their tail was changing).
+    recopied: int = 0
+    #: The verification of the finished copy (after repair of derived data and torn tails).
+    check: CheckReport = field(default_factory=CheckReport)
+    #: Repairs made to the copy: torn tails cut, indexes and manifests rebuilt.
+    repaired: int = 0
+
+
+def _copy_prefix(src: str, dst: str, length: int) -> int:
+    """Copy the first ``length`` bytes of ``src`` to a new file ``dst`` (mode 0600); bytes copied."""
+    done = 0
+    with contextlib.ExitStack() as stack:
+        fin = os.open(src, os.O_RDONLY)
+        stack.callback(os.close, fin)
+        fout = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        stack.callback(os.close, fout)
+        while done < length:
+            chunk = os.pread(fin, min(_CHUNK, length - done), done)
+            if not chunk:
+                break
+            fileio.pwrite_all(fout, chunk, done)
+            done += len(chunk)
+        os.fsync(fout)
+    return done
+
+
+def _copy_file(src: str, dst: str) -> int:
+    size = os.stat(src).st_size
+    n = _copy_prefix(src, dst, size)
+    shutil.copymode(src, dst)
+    return n
+
+
+def _copy_tree(src: str, dst: str) -> int:
+    """Copy a directory of plain files (recursively); bytes copied. Symlinks are not followed."""
+    total = 0
+    os.makedirs(dst, mode=0o700, exist_ok=True)
+    for entry in sorted(os.scandir(src), key=lambda e: e.name):
+        target = os.path.join(dst, entry.name)
+        if entry.is_dir(follow_symlinks=False):
+            total += _copy_tree(entry.path, target)
+        elif entry.is_file(follow_symlinks=False):
+            with contextlib.suppress(FileNotFoundError):  # replaced or removed meanwhile
+                total += _copy_file(entry.path, target)
+    fileio.fsync_dir(dst)
+    return total
+
+
+def _tail_damaged(path: str) -> bool:
+    _, records = scan_segment(path, payloads=False)
+    return any(r.kind == "damaged" for r in records)
+
+
+def _copy_conversation(src_dir: str, dst_dir: str, lock_timeout: float, report: BackupReport) -> None:
+    lock = os.path.join(src_dir, layout.LOCK_FILE)
+    with _flocked(lock, False, lock_timeout, create=False):
+        snap = _snapshot(src_dir)
+    if snap is None or not snap.segments:
+        return
+    os.makedirs(dst_dir, mode=0o700, exist_ok=True)
+
+    def copy_all(segments: list[tuple[int, int]]) -> tuple[int, str]:
+        copied, last = 0, ""
+        for base, size in segments:
+            last = os.path.join(dst_dir, layout.segment_name(base))
+            copied += _copy_prefix(os.path.join(src_dir, layout.segment_name(base)), last, size)
+        return copied, last
+
+    copied, last = copy_all(snap.segments)
+    if _tail_damaged(last):
+        # Possibly a torn tail that a writer cut and overwrote while we read it: copy again,
+        # this time with writers held off. Whatever damage remains is in the source.
+        for name in os.listdir(dst_dir):
+            os.unlink(os.path.join(dst_dir, name))
+        with _flocked(lock, False, lock_timeout, create=False):
+            snap = _snapshot(src_dir)
+            if snap is None or not snap.segments:
+                shutil.rmtree(dst_dir)
+                return
+            copied, last = copy_all(snap.segments)
+        report.recopied += 1
+    os.close(os.open(os.path.join(dst_dir, layout.LOCK_FILE), os.O_WRONLY | os.O_CREAT, 0o600))
+    fileio.fsync_dir(dst_dir)
+    report.conversations += 1
+    report.segments += len(snap.segments)
+    report.bytes_copied += copied
+
+
+def _fsync_dirs(top: str) -> None:
+    for dirpath, _dirnames, _filenames in os.walk(top, topdown=False):
+        fileio.fsync_dir(dirpath)
+
+
+def backup(
+    data_dir: str | os.PathLike[str],
+    dest: str | os.PathLike[str],
+    *,
+    lock_timeout: float = 30.0,
+    progress: Callable[[int], None] | None = None,
+) -> BackupReport:
+    """Copy the live data directory ``data_dir`` to the new directory ``dest`` (see the module docstring).
+
+    ``progress`` is called with the number of conversations copied so far.
+    Raises :class:`MaintenanceError` when ``data_dir`` is not a data directory
+    or ``dest`` already exists, and OSError when copying fails (the partial
+    copy is then removed).
+    """
+    root = os.path.abspath(os.fspath(data_dir))
+    target = os.path.abspath(os.fspath(dest))
+    _require_data_dir(root)
+    if os.path.lexists(target):
+        raise MaintenanceError(f"{target} already exists; a backup goes into a new directory")
+    if target == root or target.startswith(root + os.sep):
+        raise MaintenanceError(f"{target} lies inside the data directory {root}; choose a place outside it")
+    parent = os.path.dirname(target)
+    if not os.path.isdir(parent):
+        raise MaintenanceError(f"{parent} does not exist")
+    work = f"{target}.partial-{os.getpid()}"
+    report = BackupReport(dest=target)
+    os.mkdir(work, 0o700)
+    try:
+        _copy_file(os.path.join(root, layout.MARKER_FILE), os.path.join(work, layout.MARKER_FILE))
+        for name in (AUTH_DIR, QUARANTINE_DIR):
+            if os.path.isdir(os.path.join(root, name)):
+                report.bytes_copied += _copy_tree(os.path.join(root, name), os.path.join(work, name))
+        for site in list_sites(root):
+            report.sites += 1
+            dst_site = layout.site_dir(work, site)
+            os.makedirs(dst_site, mode=0o700, exist_ok=True)
+            for _cid, cdir in iter_conversations(root, site):
+                rel = os.path.relpath(cdir, root)
+                _copy_conversation(cdir, os.path.join(work, rel), lock_timeout, report)
+                if progress is not None:
+                    progress(report.conversations)
+            for copy_extra in SITE_EXTRAS:
+                copy_extra(layout.site_dir(root, site), dst_site, lock_timeout)
+        _fsync_dirs(work)
+        repaired = check(work, repair=True, lock_timeout=lock_timeout)
+        report.repaired = sum(1 for p in repaired.problems if p.repaired)
+        report.check = check(work, lock_timeout=lock_timeout)
+        _fsync_dirs(work)
+        os.rename(work, target)
+        fileio.fsync_dir(parent)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return report
