@@ -11,7 +11,9 @@ Series (all prefixed ``convmem_``):
 * ``lock_waits_total`` and ``lock_wait_seconds_total`` - times, and total seconds, an append
   or probe waited for a conversation another thread or process held;
 * ``auth_failures_total`` - requests refused for missing or wrong credentials;
-* ``auth_throttled_total`` - authentication attempts refused by throttling (see :func:`record_throttle`).
+* ``auth_throttled_total`` - authentication attempts refused by throttling (see :func:`record_throttle`);
+
+and the standard ``process_*``, ``python_info`` and ``python_gc_*`` series.
 
 Who may read them: a ``/metrics`` request is answered when it comes straight
 from a loopback address (no ``X-Forwarded-For``/``Forwarded`` header: a
@@ -29,7 +31,16 @@ import ipaddress
 import os
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
@@ -48,6 +59,9 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
         self.tool_calls = Counter(
             "convmem_tool_calls", "Tool calls by tool and outcome", ["tool", "outcome"], registry=r
         )
