@@ -193,8 +193,13 @@ def backup(
             dst_site = layout.site_dir(work, site)
             os.makedirs(dst_site, mode=0o700, exist_ok=True)
             for _cid, cdir in iter_conversations(root, site):
-                rel = os.path.relpath(cdir, root)
-                _copy_conversation(cdir, os.path.join(work, rel), lock_timeout, report)
+                dst = os.path.join(work, os.path.relpath(cdir, root))
+                try:
+                    _copy_conversation(cdir, dst, lock_timeout, report)
+                except FileNotFoundError:
+                    if os.path.isdir(cdir):
+                        raise
+                    shutil.rmtree(dst, ignore_errors=True)  # deleted (its site removed) while we copied it
                 if progress is not None:
                     progress(report.conversations)
             for copy_extra in SITE_EXTRAS:
