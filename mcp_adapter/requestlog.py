@@ -1,9 +1,10 @@
 """One log line per request, request ids, and the per-tool-call bookkeeping behind the metrics.
 
 Every HTTP request gets a random 16-hex-digit request id, sent back in the
-``X-Request-Id`` response header and added to every tool error (its text and
-its ``convmem/error`` object), so a user can quote it and an operator can
-find the line. When the request ends, one line is written to stderr (logger
+``X-Request-Id`` response header and added to every error's text: a tool
+error's text and ``convmem/error`` object, a JSON-RPC error's message, and a
+plain-text HTTP error (401, 403, 405, 413, ...), so a user can quote it and
+an operator can find the line. When the request ends, one line is written to stderr (logger
 ``convmem.request``) with: request id, client address, method, path, HTTP
 status, site, tool, outcome, error code, latency, request and response
 sizes. With ``--log-format json`` every log line, this one included, is one
@@ -152,6 +153,33 @@ def _claimed_site(scope: Scope) -> str | None:
     return None
 
 
+def _tag_error_response(held: list[Message], rid: str) -> tuple[Message, bytes]:
+    """An HTTP error response (start message, whole body) with the request id added to its text.
+
+    A JSON-RPC error gets it appended to ``error.message``, a plain-text body
+    at its end; other bodies are left as they are.
+    """
+    start, body = held[0], b"".join(m.get("body", b"") for m in held[1:])
+    headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+    ctype = next((v for k, v in headers if k.lower() == b"content-type"), b"").decode("latin-1").lower()
+    suffix = f" (request id {rid})"
+    if ctype.startswith("application/json"):
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            doc = None
+        error = doc.get("error") if isinstance(doc, dict) else None
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            error["message"] += suffix
+            body = json.dumps(doc, separators=(",", ":")).encode()
+    elif ctype.startswith("text/plain"):
+        text = body.decode("utf-8", "replace")
+        stripped = text.rstrip("\n")
+        body = (stripped + suffix + text[len(stripped) :]).encode()
+    headers.append((b"content-length", str(len(body)).encode()))
+    return {**start, "headers": headers}, body
+
+
 class RequestLog:
     """ASGI middleware: a request id per HTTP request, and its log line when it ends."""
 
@@ -174,13 +202,26 @@ class RequestLog:
                 info.request_bytes += len(message.get("body", b""))
             return message
 
+        held: list[Message] = []  # an error response's start and body chunks, until its body is complete
+
         async def tagging_send(message: Message) -> None:
             if message["type"] == "http.response.start":
                 info.status = message["status"]
                 headers = list(message.get("headers", []))
                 headers.append((b"x-request-id", info.request_id.encode()))
                 message = {**message, "headers": headers}
+                if info.status >= 400:
+                    held.append(message)
+                    return
             elif message["type"] == "http.response.body":
+                if held:
+                    held.append(message)
+                    if message.get("more_body", False):
+                        return
+                    start, body = _tag_error_response(held, info.request_id)
+                    held.clear()
+                    await send(start)
+                    message = {"type": "http.response.body", "body": body}
                 info.response_bytes += len(message.get("body", b""))
             await send(message)
 

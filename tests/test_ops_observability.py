@@ -158,3 +158,27 @@ def test_text_log_format_has_request_fields(tmp_path: Path) -> None:
         server.stop()
     (line,) = [line for line in server.log().splitlines() if rid in line]
     assert "convmem.request: request" in line and "path=/healthz" in line and "status=200" in line
+
+
+def test_http_level_errors_quote_the_request_id(tmp_path: Path) -> None:
+    server = OpsServer(tmp_path / "data")
+    try:
+        checks = [
+            httpx2.get(server.base + "/mcp", timeout=10),  # 405, plain text
+            httpx2.get(server.base + "/metrics", headers={"Forwarded": "for=203.0.113.9"}, timeout=10),  # 403
+            httpx2.post(  # a JSON-RPC parse error
+                server.url,
+                content=b"{not json",
+                headers={"Content-Type": "application/json", "Accept": "application/json, text/event-stream"},
+                timeout=10,
+            ),
+        ]
+        for res in checks:
+            assert res.status_code >= 400
+            rid = res.headers["x-request-id"]
+            assert f"(request id {rid})" in res.text, res.text
+            assert int(res.headers["content-length"]) == len(res.content)
+        body = checks[2].json()
+        assert body["error"]["message"].endswith(f"(request id {checks[2].headers['x-request-id']})")
+    finally:
+        assert server.stop() == 0
