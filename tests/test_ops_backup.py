@@ -168,3 +168,24 @@ def test_backup_refuses_an_existing_or_nested_destination(tmp_path: Path) -> Non
     assert res.returncode == 8 and b"not a logstore data directory" in res.stderr
     assert not (tmp_path / "b2").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "taken"]
+
+
+def test_per_site_stores_are_copied_by_their_registered_copier(tmp_path: Path) -> None:
+    from logstore import layout
+    from logstore.maintenance import SITE_EXTRAS, backup
+
+    root, dest = tmp_path / "data", tmp_path / "backup"
+    with FileStore(str(root)) as store:
+        store.append(SITE, "extras-conv-1", [{"n": 1}])
+    calls: list[tuple[str, str]] = []
+
+    def copier(src_site: str, dst_site: str, lock_timeout: float) -> None:
+        calls.append((src_site, dst_site))
+        assert os.path.isdir(dst_site)
+
+    SITE_EXTRAS.append(copier)
+    try:
+        backup(root, dest)
+    finally:
+        SITE_EXTRAS.remove(copier)
+    assert calls == [(layout.site_dir(str(root), SITE), layout.site_dir(str(dest) + f".partial-{os.getpid()}", SITE))]
