@@ -53,13 +53,16 @@ from ._stats import (
     stats,
 )
 from ._types import (
+    ACKNOWLEDGED_LOST,
     BAD_BATCH,
     BAD_SEGMENT_HEADER,
     CORRUPT_RECORD,
     INDEX_INTERVAL,
     INDEX_MISMATCH,
     INDEX_MISSING,
+    INDEX_SHORT,
     INDEX_STALE,
+    INTENT_UNRESOLVED,
     LOCK_TIMEOUT,
     MANIFEST_DAMAGED,
     MANIFEST_INCOMPLETE,
@@ -85,13 +88,16 @@ from ._types import (
 )
 
 __all__ = [
+    "ACKNOWLEDGED_LOST",
     "BAD_BATCH",
     "BAD_SEGMENT_HEADER",
     "CORRUPT_RECORD",
     "INDEX_INTERVAL",
     "INDEX_MISMATCH",
     "INDEX_MISSING",
+    "INDEX_SHORT",
     "INDEX_STALE",
+    "INTENT_UNRESOLVED",
     "LOCK_TIMEOUT",
     "MANIFEST_DAMAGED",
     "MANIFEST_INCOMPLETE",
