@@ -1,4 +1,4 @@
-"""Operator tools for a convmem data directory: ``fsck``, ``dump``, ``export``, ``import``, ``stats``.
+"""Operator tools for a convmem data directory: ``fsck``, ``dump``, ``export``, ``import``, ``stats``, ``locate``.
 
 Each tool is one module with ``add_parser(subparsers)``; :func:`tools.cli.add_subcommands`
 registers them all on a ``convmem`` command line. They use only :mod:`logstore`'s

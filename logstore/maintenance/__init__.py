@@ -18,7 +18,8 @@ Nothing here ever deletes acknowledged data, except :func:`check` with
 ``truncate_at_corruption=True``, which first copies every segment it cuts
 into ``DATA/quarantine/`` and reports the seqs it dropped.
 
-Entry points: :func:`check` (fsck), :func:`scan_segment` (dump),
+Entry points: :func:`check` (fsck), :func:`scan_segment` and :func:`scan_index` (dump),
+:func:`locate_conversation` (locate),
 :func:`export_items` (export), :class:`Restorer` (import), :func:`stats`.
 The private submodules hold one concern each; only the names below are public.
 """
@@ -34,18 +35,25 @@ from ._export import (
     iter_conversation_items,
 )
 from ._files import (
+    ConversationFiles,
     iter_conversations,
     list_sites,
+    locate_conversation,
+    site_has_data,
 )
 from ._records import (
+    IndexEntryInfo,
+    IndexInfo,
     RecordInfo,
     SegmentInfo,
     build_index,
+    scan_index,
     scan_segment,
 )
 from ._restore import (
     RestoreConflict,
     Restorer,
+    set_aside_conversation,
 )
 from ._stats import (
     ConversationStats,
@@ -115,8 +123,11 @@ __all__ = [
     "TRUNCATABLE_KINDS",
     "UNSEALED_SEGMENT",
     "CheckReport",
+    "ConversationFiles",
     "ConversationStats",
     "ExportedItem",
+    "IndexEntryInfo",
+    "IndexInfo",
     "MaintenanceError",
     "Problem",
     "Progress",
@@ -132,7 +143,11 @@ __all__ = [
     "iter_conversation_items",
     "iter_conversations",
     "list_sites",
+    "locate_conversation",
     "parse_timestamp",
+    "scan_index",
     "scan_segment",
+    "set_aside_conversation",
+    "site_has_data",
     "stats",
 ]
