@@ -1,4 +1,5 @@
-# convmem: `make serve` runs the server on ./data, `make test` runs the whole suite.
+# convmem: `make serve` runs the server on ./data (`make serve PORT=9000` picks the port; CONVMEM_PORT
+# works too), `make test` runs the whole suite.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -13,7 +14,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 serve: $(STAMP)
-	$(BIN)/convmem serve --data-dir ./data --demo-site
+	$(BIN)/convmem serve --data-dir ./data --demo-site $(if $(PORT),--port $(PORT))
 
 test: $(STAMP)
 	$(BIN)/ruff check .

@@ -145,3 +145,31 @@ def test_operator_tools_plug_into_the_same_command() -> None:
     assert {"fsck", "dump", "export", "import", "stats"} <= set(sub.choices)
     for name in ("fsck", "dump", "export", "import", "stats", "locate"):
         assert callable(sub.choices[name].get_default("func")), name
+
+
+def test_a_busy_port_says_how_to_pick_another(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = run_convmem("serve", "--data-dir", str(tmp_path / "data"), "--host", "127.0.0.1", "--port", str(port))
+    assert done.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr
+    assert "--port N" in done.stderr and "make serve PORT=N" in done.stderr and "--port 0" in done.stderr
+
+
+def test_make_serve_passes_port() -> None:
+    import shutil
+    import subprocess
+
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("make is not installed")
+    done = subprocess.run(
+        [make, "-n", "-s", "serve", "PORT=9123"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert "--port 9123" in done.stdout.splitlines()[-1], done.stdout
+    done = subprocess.run([make, "-n", "-s", "serve"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert "--port" not in done.stdout.splitlines()[-1]  # CONVMEM_PORT (or the default) applies
