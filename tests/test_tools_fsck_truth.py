@@ -125,6 +125,44 @@ def corrupt_record(root: Path) -> None:
     flip_byte(seg, offset + 40)
 
 
+def _last_record(root: Path) -> tuple[Path, int, int]:
+    last = segs_of(root, CID)[-1]
+    offset, size, _kind = record_offsets(last)[-1]
+    return last, offset, size
+
+
+def _rewrite_last(root: Path, first_seq: int, count: int, body: bytes) -> None:
+    """Replace the last record by one that checksums but breaks a rule."""
+    last, offset, _size = _last_record(root)
+    header = frame.decode_segment_header(last.read_bytes()[: frame.SEGMENT_HEADER_SIZE])
+    assert header is not None
+    stamp = frame.decode_record_header(last.read_bytes(), offset).recorded_at_us
+    os.truncate(last, offset)
+    with open(last, "ab") as f:
+        f.write(frame.encode_record(header.salt, frame.KIND_BATCH, first_seq, count, stamp, body))
+
+
+def seq_mismatch(root: Path) -> None:
+    last, offset, _size = _last_record(root)
+    first = frame.decode_record_header(last.read_bytes(), offset).first_seq
+    _rewrite_last(root, first + 5, 1, b'[{"x":1}]')
+
+
+def bad_batch(root: Path) -> None:
+    last, offset, _size = _last_record(root)
+    first = frame.decode_record_header(last.read_bytes(), offset).first_seq
+    _rewrite_last(root, first, 2, b'[{"x":1},2]')
+
+
+def bad_segment_header(root: Path) -> None:
+    flip_byte(segs_of(root, CID)[-1], 3)
+
+
+def acknowledged_lost(root: Path) -> None:
+    last, offset, _size = _last_record(root)
+    os.truncate(last, offset)
+
+
 SCENARIOS: dict[str, tuple[Callable[[Path], None], tuple[str, ...]]] = {
     "torn-tail": (torn_unacknowledged, ()),
     "torn-acknowledged": (torn_acknowledged, ()),
@@ -139,6 +177,10 @@ SCENARIOS: dict[str, tuple[Callable[[Path], None], tuple[str, ...]]] = {
     "manifest-stale": (manifest_stale, ()),
     "intent-unresolved": (intent_unresolved, ()),
     "corrupt-record": (corrupt_record, ("--truncate-at-corruption",)),
+    "seq-mismatch": (seq_mismatch, ("--truncate-at-corruption",)),
+    "bad-batch": (bad_batch, ("--truncate-at-corruption",)),
+    "bad-segment-header": (bad_segment_header, ("--truncate-at-corruption",)),
+    "acknowledged-lost": (acknowledged_lost, ()),
 }
 
 
