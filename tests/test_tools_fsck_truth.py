@@ -279,16 +279,24 @@ def test_log_shorter_than_the_listing_is_loss_not_unacknowledged(pristine: Path,
 
 _CHILD = r"""
 import os, signal, sys
-from logstore import FileStore, fileio
+from logstore import FileStore
 root, conv, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 store = FileStore(root, segment_bytes=8192)
 for i in range(5):
     store.append("site-alpha", conv, [{"warm": i}])
 armed = False
-def hook(op):
-    if armed and op == mode:
-        os.kill(os.getpid(), signal.SIGKILL)
-fileio.fault_hook = hook
+def killing(real):
+    def call(*args):
+        if armed:
+            os.kill(os.getpid(), signal.SIGKILL)  # a real SIGKILL, at this exact step
+        return real(*args)
+    return call
+# The batch's record is written with pwrite and synced with fdatasync; the manifest's
+# intent (logged before both) with write.
+if mode == "write":
+    os.pwrite = killing(os.pwrite)
+elif mode == "fdatasync":
+    os.fdatasync = killing(os.fdatasync)
 if mode == "loop":
     print("ready", flush=True)
     i = 0
@@ -330,6 +338,10 @@ def test_writer_killed_mid_append_leaves_only_notes(tmp_path: Path, point: str) 
     _only_notes(report)
     note = next(p for p in report["problems"] if p["kind"] == "intent-unresolved")
     assert "next listing" in note["action"]
+    # Killed before the record was written, it is not in the log; killed before its sync, the
+    # page cache (which a SIGKILL does not lose) holds it whole.
+    wrote = "its batch is in the log" if point == "fdatasync" else "its batch is not in the log"
+    assert wrote in note["detail"], note
 
     status, report = fsck(root, "--repair")
     assert status == 1 and all(p["repaired"] for p in report["problems"]), report["problems"]
