@@ -1,4 +1,5 @@
-# convmem: `make serve` runs the server on ./data, `make test` runs the whole suite.
+# convmem: `make serve` runs the server on ./data (`make serve PORT=9000` picks the port; CONVMEM_PORT
+# works too), `make test` runs the whole suite.
 # Dependencies install from requirements.lock (pinned, with hashes); `make lock` remakes it
 # from pyproject.toml's version ranges after a dependency changes.
 PYTHON ?= python3
@@ -21,7 +22,7 @@ check-lock:
 	$(PYTHON) build_support.py check-lock
 
 serve: $(STAMP)
-	$(BIN)/convmem serve --data-dir ./data --demo-site
+	$(BIN)/convmem serve --data-dir ./data --demo-site $(if $(PORT),--port $(PORT))
 
 test: check-lock $(STAMP)
 	$(BIN)/ruff check .

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from logstore import InvalidConversationId, ListSelector, SiteName, StoreError, open_store
+from logstore.ids import SITE_NAME_RULE
 
 from . import __version__, metrics, requestlog, tls
 from .credentials import CredentialError, CredentialFile, generate_password
@@ -51,10 +52,7 @@ def _site_name(name: str) -> str | None:
     try:
         return SiteName(name)
     except InvalidConversationId as exc:
-        _fail(
-            f"invalid site name {name!r}: {exc}. Site names follow the conversation-id rules: "
-            "8-64 characters from [A-Za-z0-9_-]."
-        )
+        _fail(f"invalid site name {name!r}: {exc}. A site name is {SITE_NAME_RULE}.")
         return None
 
 
@@ -231,7 +229,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[
     site_sub = site.add_subparsers(dest="site_command", required=True, metavar="ACTION")
 
     add = site_sub.add_parser("add", parents=[data_dir], help="create a site and print its generated password")
-    add.add_argument("name", help="site name: 8-64 characters from [A-Za-z0-9_-]")
+    add.add_argument("name", help=f"site name: {SITE_NAME_RULE}")
     add.add_argument("--password-stdin", action="store_true", help="read the password from the first line of stdin")
     add.set_defaults(func=cmd_site_add)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import errno
 import functools
 import logging
 import os
@@ -177,6 +178,12 @@ def serve_http(args: argparse.Namespace) -> int:
     except OSError as exc:
         store.close()
         print(f"convmem: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        if exc.errno == errno.EADDRINUSE:
+            print(
+                "convmem: another program uses that port; pick another with --port N (or CONVMEM_PORT=N, "
+                "or `make serve PORT=N`), or --port 0 to let the system choose a free one",
+                file=sys.stderr,
+            )
         return 2
     port = sock.getsockname()[1]
 

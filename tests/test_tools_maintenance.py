@@ -55,7 +55,7 @@ def test_operational_errors(tmp_path: Path) -> None:
     with pytest.raises(MaintenanceError, match="does not exist"):
         check(tmp_path / "data", site="site-other")
     with pytest.raises(MaintenanceError, match="not a valid site name"):
-        check(tmp_path / "data", site="x")
+        check(tmp_path / "data", site="bad site!")
 
 
 def test_scan_segment_reports_an_invalid_header(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""Operator tools for a convmem data directory: ``fsck``, ``dump``, ``export``, ``import``, ``stats``, ``backup``.
+"""Operator tools for a convmem data directory: ``fsck``, ``dump``, ``export``, ``import``, ``stats``,
+``locate``, ``backup``.
 
 Each tool is one module with ``add_parser(subparsers)``; :func:`tools.cli.add_subcommands`
 registers them all on a ``convmem`` command line. They use only :mod:`logstore`'s

@@ -67,3 +67,19 @@ def command(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
             return EXIT_BROKEN_PIPE
 
     return wrapped
+
+
+def registered_sites(data_dir: str) -> list[str]:
+    """The sites the MCP server's credential file lists (``convmem site add``), sorted; [] when none.
+
+    A site exists from ``site add`` on, but the engine writes its directory
+    only with its first conversation; the tools treat such a site as empty.
+    """
+    try:
+        from mcp_adapter.credentials import CredentialFile
+    except ImportError:
+        return []
+    try:
+        return CredentialFile(data_dir).sites()
+    except (OSError, ValueError):
+        return []

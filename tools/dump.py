@@ -1,9 +1,12 @@
-"""``convmem dump``: print every record of one segment file, verified.
+"""``convmem dump``: print every record of one segment file, or every entry of an index file, verified.
 
-For each record: byte offset, length, checksum verdict, seqs, ``recorded_at``,
-batch size and the payloads. Damaged spans are shown with their offset and
-why they failed, and the dump resumes at the next valid record. Exit status:
-0 every record valid, 4 damage found, 8 the file could not be read.
+For a segment (``<base-seq>.seg``), each record: byte offset, length,
+checksum verdict, seqs, ``recorded_at``, batch size and the payloads. Damaged
+spans are shown with their offset and why they failed, and the dump resumes
+at the next valid record. For an index (``<base-seq>.idx``), its header and
+each entry (seq, segment offset), each checked against the segment of the
+same name beside it. Which it is comes from the file's first bytes.
+Exit status: 0 everything valid, 4 damage found, 8 the file could not be read.
 """
 
 from __future__ import annotations
@@ -12,18 +15,19 @@ import argparse
 import json
 import sys
 
-from logstore.maintenance import RecordInfo, format_timestamp, scan_segment
+from logstore.maintenance import IndexInfo, RecordInfo, format_timestamp, scan_index, scan_segment
 from tools.common import EXIT_CLEAN, EXIT_PROBLEMS_LEFT, command, exit_8_on_usage_error, fail
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = subparsers.add_parser(
         "dump",
-        help="print the records of one segment file",
+        help="print the records of a segment file (.seg) or the entries of an index file (.idx)",
         description="Print each record of a segment: offset, length, verdict, seqs, "
-        "recorded_at, batch size and payloads.",
+        "recorded_at, batch size and payloads; or each entry of an index file, checked against its segment. "
+        "`convmem locate` prints which files hold a conversation.",
     )
-    p.add_argument("segment", metavar="SEGMENT_FILE")
+    p.add_argument("segment", metavar="FILE", help="a segment (.seg) or index (.idx) file")
     p.add_argument("--no-payloads", action="store_true", help="omit the items' payloads")
     p.add_argument("--json", action="store_true", help="one JSON object per record (JSON Lines)")
     p.set_defaults(func=command(run))
@@ -53,9 +57,65 @@ def format_record(r: RecordInfo, payloads: bool) -> str:
     return "\n".join(lines)
 
 
+_INDEX_MAGIC = b"CVMIDX"
+_SEGMENT_MAGIC = b"CVMSEG"
+
+
+def _kind_of(path: str) -> str:
+    """``"index"`` or ``"segment"``, from the file's magic (its name when the magic is neither)."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if head.startswith(_INDEX_MAGIC):
+        return "index"
+    if head.startswith(_SEGMENT_MAGIC):
+        return "segment"
+    return "index" if path.endswith(".idx") else "segment"
+
+
+def dump_index(info: IndexInfo, as_json: bool) -> int:
+    bad = [e for e in info.entries if e.verdict not in ("ok", "not checked")]
+    damaged = bool(bad) or info.header_problem is not None or info.trailing_bytes > 0
+    if as_json:
+        doc = {
+            "file": info.path,
+            "size": info.size,
+            "header_problem": info.header_problem,
+            "base_seq": info.base_seq,
+            "salt": info.salt,
+            "segment": info.segment,
+            "segment_problem": info.segment_problem,
+            "trailing_bytes": info.trailing_bytes,
+            "entries": [
+                {"position": e.position, "seq": e.seq, "segment_offset": e.segment_offset, "verdict": e.verdict}
+                for e in info.entries
+            ],
+        }
+        sys.stdout.write(json.dumps(doc) + "\n")
+        return EXIT_PROBLEMS_LEFT if damaged else EXIT_CLEAN
+    if info.header_problem is not None:
+        sys.stdout.write(f"{info.path}: {info.size} bytes, INVALID INDEX HEADER: {info.header_problem}\n")
+        sys.stdout.write("convmem dump reads segment (.seg) and index (.idx) files of a conversation directory\n")
+        return EXIT_PROBLEMS_LEFT
+    sys.stdout.write(f"{info.path}: {info.size} bytes, index of base_seq={info.base_seq} salt={info.salt:016x}\n")
+    if info.segment is not None and info.segment_problem is None:
+        sys.stdout.write(f"entries checked against {info.segment}\n")
+    else:
+        sys.stdout.write(f"entries not checked: {info.segment_problem}\n")
+    for e in info.entries:
+        sys.stdout.write(f"@{e.position} seq {e.seq} -> segment byte {e.segment_offset} {e.verdict}\n")
+    if info.trailing_bytes:
+        sys.stdout.write(f"{info.trailing_bytes} bytes after the last whole entry (a write cut short)\n")
+    sys.stdout.write(f"{len(info.entries)} entries, {len(bad)} wrong\n")
+    return EXIT_PROBLEMS_LEFT if damaged else EXIT_CLEAN
+
+
 def run(args: argparse.Namespace) -> int:
     try:
+        if _kind_of(args.segment) == "index":
+            return dump_index(scan_index(args.segment), args.json)
         info, records = scan_segment(args.segment, payloads=not args.no_payloads)
+    except IsADirectoryError:
+        return fail(f"{args.segment} is a directory: dump reads one segment (.seg) or index (.idx) file")
     except OSError as exc:
         return fail(f"cannot read {args.segment}: {exc}")
     bad = sum(1 for r in records if r.verdict != "ok")
@@ -78,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
         header = (
             f"base_seq={info.base_seq} salt={info.salt:016x}"
             if info.header_ok and info.salt is not None
-            else "INVALID HEADER"
+            else "INVALID HEADER (convmem dump reads segment (.seg) and index (.idx) files)"
         )
         sys.stdout.write(f"{info.path}: {info.size} bytes, {header}\n")
         for r in records:

@@ -16,8 +16,16 @@ import sys
 from typing import BinaryIO
 
 from logstore import Corrupted, StoreError
-from logstore.maintenance import MaintenanceError, export_items, format_timestamp
-from tools.common import EXIT_CLEAN, EXIT_OPERATIONAL, EXIT_PROBLEMS_LEFT, command, exit_8_on_usage_error, fail
+from logstore.maintenance import MaintenanceError, export_items, format_timestamp, site_has_data
+from tools.common import (
+    EXIT_CLEAN,
+    EXIT_OPERATIONAL,
+    EXIT_PROBLEMS_LEFT,
+    command,
+    exit_8_on_usage_error,
+    fail,
+    registered_sites,
+)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -35,7 +43,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
 
 
 def write_items(out: BinaryIO, data_dir: str, site: str, conversation: str | None) -> int:
-    """Stream the items as JSON Lines into ``out``; return how many were written."""
+    """Stream the items as JSON Lines into ``out``; return how many were written.
+
+    A site that was added (``convmem site add``) but holds no conversation yet
+    has no directory: it exports nothing (a named conversation in it does not exist).
+    """
+    if not site_has_data(data_dir, site) and site in registered_sites(data_dir):
+        if conversation is not None:
+            raise MaintenanceError(f"conversation {conversation!r} does not exist in site {site!r}")
+        return 0
     n = 0
     for item in export_items(data_dir, site, conversation):
         out.write(
@@ -64,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
                 os.fsync(f.fileno())
             os.replace(tmp, args.output)
             tmp = None
+    except BrokenPipeError:
+        raise  # the reader went away (`| head`): command() ends quietly
     except Corrupted as exc:
         return fail(f"export stopped: {exc} (run `convmem fsck`)", EXIT_PROBLEMS_LEFT)
     except (MaintenanceError, StoreError, OSError) as exc:

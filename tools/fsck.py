@@ -2,6 +2,9 @@
 
 Exit status as ``e2fsck``: 0 clean; 1 problems found and all repaired; 4
 problems left; 8 operational error (bad arguments, unreadable directory).
+A state that a crash leaves and the engine resolves by itself (a torn tail
+never acknowledged, an intent whose writer died before its commit) is printed
+as a NOTE saying what the engine will do; it does not count as a problem.
 """
 
 from __future__ import annotations
@@ -60,10 +63,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
 
 
 def exit_status(report: CheckReport) -> int:
-    """0 clean, 1 everything found was repaired, 4 problems left."""
-    if not report.problems:
-        return EXIT_CLEAN
-    return EXIT_PROBLEMS_LEFT if report.unrepaired else EXIT_REPAIRED
+    """0 clean (notes only), 1 everything found was repaired, 4 problems left."""
+    if report.unrepaired:
+        return EXIT_PROBLEMS_LEFT
+    return EXIT_REPAIRED if any(p.repaired for p in report.problems) else EXIT_CLEAN
 
 
 def format_problem(p: Problem) -> str:
@@ -77,7 +80,7 @@ def format_problem(p: Problem) -> str:
         if part
     )
     at = f" at byte {p.offset}" if p.offset is not None else ""
-    state = "REPAIRED" if p.repaired else "LEFT"
+    state = "REPAIRED" if p.repaired else "NOTE" if p.resolves_itself else "LEFT"
     return f"{p.kind}: {where + ': ' if where else ''}{p.file}{at}\n    {p.detail}\n    {state}: {p.action}"
 
 
@@ -120,10 +123,14 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(format_problem(p) + "\n")
     rate = report.bytes_scanned / elapsed / 2**20 if elapsed > 0 else 0.0
     left = len(report.unrepaired)
+    notes = len(report.notes)
+    found = len(report.problems) - notes
     sys.stdout.write(
         f"{args.data_dir}: {plural(report.sites, 'site')}, {plural(report.conversations, 'conversation')}, "
         f"{plural(report.segments, 'segment')}, {plural(report.records, 'record')}, "
         f"{report.bytes_scanned} bytes in {elapsed:.2f} s ({rate:.1f} MiB/s); "
-        f"{plural(len(report.problems), 'problem')}, {len(report.problems) - left} repaired, {left} left\n"
+        f"{plural(found, 'problem')}, {found - left} repaired, {left} left"
+        + (f"; {plural(notes, 'note')} (resolved by the engine itself)" if notes else "")
+        + "\n"
     )
     return status

@@ -8,11 +8,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from logstore import MAX_CONVERSATION_ITEMS
-from logstore.maintenance import MaintenanceError, SiteStats, stats
-from tools.common import EXIT_CLEAN, EXIT_OPERATIONAL, command, exit_8_on_usage_error, fail, human_bytes, plural
+from logstore.maintenance import MaintenanceError, SiteStats, site_has_data, stats
+from tools.common import (
+    EXIT_CLEAN,
+    EXIT_OPERATIONAL,
+    command,
+    exit_8_on_usage_error,
+    fail,
+    human_bytes,
+    plural,
+    registered_sites,
+)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -48,9 +58,28 @@ def format_site(s: SiteStats) -> str:
     return "\n".join(lines)
 
 
+def site_stats(data_dir: str, site: str | None, top: int) -> list[SiteStats]:
+    """The engine's figures, plus an empty entry for each added site nothing was written to yet."""
+    registered = registered_sites(data_dir)
+    if site is not None and site in registered and not site_has_data(data_dir, site):
+        return [SiteStats(site, 0, 0, 0, [], [])]
+    try:
+        result = stats(data_dir, site, top=top)
+    except MaintenanceError:
+        if site is None and registered and not os.path.exists(os.path.join(data_dir, "logstore.json")):
+            result = []  # sites were added, the server never opened the store yet
+        else:
+            raise
+    if site is None:
+        have = {s.site for s in result}
+        result += [SiteStats(s, 0, 0, 0, [], []) for s in registered if s not in have]
+        result.sort(key=lambda s: s.site)
+    return result
+
+
 def run(args: argparse.Namespace) -> int:
     try:
-        result = stats(args.data_dir, args.site, top=args.top)
+        result = site_stats(args.data_dir, args.site, args.top)
     except (MaintenanceError, OSError) as exc:
         return fail(str(exc), EXIT_OPERATIONAL)
     if args.json:

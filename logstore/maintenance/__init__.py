@@ -18,7 +18,8 @@ Nothing here ever deletes acknowledged data, except :func:`check` with
 ``truncate_at_corruption=True``, which first copies every segment it cuts
 into ``DATA/quarantine/`` and reports the seqs it dropped.
 
-Entry points: :func:`backup` (online backup), :func:`check` (fsck), :func:`scan_segment` (dump),
+Entry points: :func:`backup` (online backup), :func:`check` (fsck), :func:`scan_segment` and
+:func:`scan_index` (dump), :func:`locate_conversation` (locate),
 :func:`export_items` (export), :class:`Restorer` (import), :func:`stats`.
 The private submodules hold one concern each; only the names below are public.
 """
@@ -39,18 +40,25 @@ from ._export import (
     iter_conversation_items,
 )
 from ._files import (
+    ConversationFiles,
     iter_conversations,
     list_sites,
+    locate_conversation,
+    site_has_data,
 )
 from ._records import (
+    IndexEntryInfo,
+    IndexInfo,
     RecordInfo,
     SegmentInfo,
     build_index,
+    scan_index,
     scan_segment,
 )
 from ._restore import (
     RestoreConflict,
     Restorer,
+    set_aside_conversation,
 )
 from ._stats import (
     ConversationStats,
@@ -58,13 +66,16 @@ from ._stats import (
     stats,
 )
 from ._types import (
+    ACKNOWLEDGED_LOST,
     BAD_BATCH,
     BAD_SEGMENT_HEADER,
     CORRUPT_RECORD,
     INDEX_INTERVAL,
     INDEX_MISMATCH,
     INDEX_MISSING,
+    INDEX_SHORT,
     INDEX_STALE,
+    INTENT_UNRESOLVED,
     LOCK_TIMEOUT,
     MANIFEST_DAMAGED,
     MANIFEST_INCOMPLETE,
@@ -90,13 +101,16 @@ from ._types import (
 )
 
 __all__ = [
+    "ACKNOWLEDGED_LOST",
     "BAD_BATCH",
     "BAD_SEGMENT_HEADER",
     "CORRUPT_RECORD",
     "INDEX_INTERVAL",
     "INDEX_MISMATCH",
     "INDEX_MISSING",
+    "INDEX_SHORT",
     "INDEX_STALE",
+    "INTENT_UNRESOLVED",
     "LOCK_TIMEOUT",
     "MANIFEST_DAMAGED",
     "MANIFEST_INCOMPLETE",
@@ -116,8 +130,11 @@ __all__ = [
     "UNSEALED_SEGMENT",
     "BackupReport",
     "CheckReport",
+    "ConversationFiles",
     "ConversationStats",
     "ExportedItem",
+    "IndexEntryInfo",
+    "IndexInfo",
     "MaintenanceError",
     "Problem",
     "Progress",
@@ -134,7 +151,11 @@ __all__ = [
     "iter_conversation_items",
     "iter_conversations",
     "list_sites",
+    "locate_conversation",
     "parse_timestamp",
+    "scan_index",
     "scan_segment",
+    "set_aside_conversation",
+    "site_has_data",
     "stats",
 ]

@@ -18,11 +18,14 @@ from ._files import (
 )
 from ._manifest import (
     _check_manifest,
+    _ListingReader,
+    _Verified,
     _write_manifest,
 )
 from ._scanner import _check_conversation
 from ._types import (
     _TOP_LEVEL_NAMES,
+    ACKNOWLEDGED_LOST,
     LOCK_TIMEOUT,
     STRAY_FILE,
     CheckReport,
@@ -114,8 +117,9 @@ def check(
         damaged: set[str] = set()
         truncated: set[str] = set()
         first_problem = len(report.problems)
+        listing = _ListingReader(layout.site_dir(root, s), lock_timeout)
         for cid, cdir in convs:
-            res = _check_conversation(root, s, cid, cdir, repair, truncate_at_corruption, lock_timeout)
+            res = _check_conversation(root, s, cid, cdir, repair, truncate_at_corruption, lock_timeout, listing)
             done += 1
             if res is not None:
                 report.problems.extend(res.problems)
@@ -152,17 +156,31 @@ def _check_site_manifest(
     repair: bool,
     lock_timeout: float,
 ) -> list[Problem]:
-    """The manifest's problems, rewritten when repairing (always after a log was cut)."""
-    problems = _check_manifest(root, site, tips, damaged, conversation, lock_timeout)
+    """The manifest's problems, rewritten when repairing (always after a log was cut).
+
+    Lost acknowledged items are never marked repaired: the rewrite only makes
+    the listing agree with the log.
+    """
+    verified: dict[str, _Verified] = {}
+    problems = _check_manifest(root, site, tips, damaged, conversation, lock_timeout, verified)
     if truncated or (repair and any(p.kind != LOCK_TIMEOUT for p in problems)):
         try:
-            _write_manifest(root, site, tips, truncated, conversation is None, lock_timeout)
+            _write_manifest(root, site, tips, truncated, conversation is None, lock_timeout, verified)
         except (Timeout, OSError) as exc:
             for p in problems:
                 p.action = f"rewriting the manifest failed: {exc}"
         else:
             for p in problems:
-                if p.kind != LOCK_TIMEOUT:
+                if p.kind == ACKNOWLEDGED_LOST and p.conversation_id in truncated:
+                    # The operator chose to cut this log; the cut's problem names what it dropped.
+                    p.repaired = True
+                    p.action = "rewrote the manifest to the extent of the log as cut by --truncate-at-corruption"
+                elif p.kind == ACKNOWLEDGED_LOST:
+                    p.action = (
+                        "rewrote the manifest to the log's extent; the lost items cannot be recovered by fsck: "
+                        "restore the conversation from an export (`convmem import --conversation`)"
+                    )
+                elif p.kind != LOCK_TIMEOUT:
                     p.repaired = True
                     p.action = "rewrote the manifest from the conversations"
     return problems

@@ -12,7 +12,7 @@ import msgspec
 
 from .. import fileio, layout, manifest
 from ..errors import StoreError, Timeout
-from ..ids import ConversationId, SiteName
+from ..ids import CONVERSATION_ID_RULE, SITE_NAME_RULE, ConversationId, SiteName
 from ._types import (
     MISPLACED_CONVERSATION,
     STRAY_FILE,
@@ -161,7 +161,7 @@ def _select_sites(root: str, site: str | None) -> list[str]:
     if site is None:
         return list_sites(root)
     if not _valid_id(site, SiteName):
-        raise MaintenanceError(f"{site!r} is not a valid site name (8-64 characters of [A-Za-z0-9_-])")
+        raise MaintenanceError(f"{site!r} is not a valid site name ({SITE_NAME_RULE})")
     if not os.path.isdir(layout.site_dir(root, site)):
         raise MaintenanceError(f"site {site!r} does not exist in {root}")
     return [site]
@@ -256,3 +256,36 @@ def _committed_segments(conv_dir: str, lock_timeout: float) -> list[tuple[int, i
     with _flocked(os.path.join(conv_dir, layout.LOCK_FILE), False, lock_timeout, create=False):
         snap = _snapshot(conv_dir)
     return [] if snap is None else snap.segments
+
+
+@dataclass(frozen=True)
+class ConversationFiles:
+    """Where a conversation's files are, and what is there (``convmem locate``)."""
+
+    site: str
+    conversation_id: str
+    directory: str
+    exists: bool
+    files: list[tuple[str, int]]  # (name, size in bytes), sorted by name
+
+
+def locate_conversation(data_dir: str | os.PathLike[str], site: str, conversation_id: str) -> ConversationFiles:
+    """The directory a conversation's files live in and the files in it (raises MaintenanceError on bad names)."""
+    root = os.path.abspath(os.fspath(data_dir))
+    _require_data_dir(root)
+    if not _valid_id(site, SiteName):
+        raise MaintenanceError(f"{site!r} is not a valid site name ({SITE_NAME_RULE})")
+    if not _valid_id(conversation_id, ConversationId):
+        raise MaintenanceError(f"{conversation_id!r} is not a valid conversation id ({CONVERSATION_ID_RULE})")
+    path = layout.conversation_dir(root, site, conversation_id)
+    files: list[tuple[str, int]] = []
+    for name in _listdir(path):
+        with contextlib.suppress(FileNotFoundError):
+            files.append((name, os.stat(os.path.join(path, name)).st_size))
+    return ConversationFiles(site, conversation_id, path, os.path.isdir(path), files)
+
+
+def site_has_data(data_dir: str | os.PathLike[str], site: str) -> bool:
+    """True when the data directory holds a directory for ``site`` (False for a site nothing was written to)."""
+    root = os.path.abspath(os.fspath(data_dir))
+    return _valid_id(site, SiteName) and os.path.isdir(layout.site_dir(root, site))

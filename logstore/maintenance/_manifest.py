@@ -18,8 +18,10 @@ from ._files import (
     _has_segments,
     _snapshot,
 )
-from ._scanner import _ConvScanner
+from ._scanner import Listed, _ConvScanner
 from ._types import (
+    ACKNOWLEDGED_LOST,
+    INTENT_UNRESOLVED,
     LOCK_TIMEOUT,
     MANIFEST_DAMAGED,
     MANIFEST_INCOMPLETE,
@@ -193,6 +195,36 @@ def _describe(t: Tip | None) -> str:
     return "no items" if t is None else f"next_seq={t.next_seq} created_us={t.created_us} last_us={t.last_us}"
 
 
+class _ListingReader:
+    """Reads one site's listing entries on demand, incrementally (for :func:`_check_conversation`)."""
+
+    def __init__(self, site_dir: str, lock_timeout: float) -> None:
+        self.site_dir = site_dir
+        self.lock_timeout = lock_timeout
+        self.state: _ManifestState | None = None
+
+    def __call__(self, conversation_id: str) -> Listed | None:
+        try:
+            self.state = _read_manifest_locked(self.site_dir, self.lock_timeout, self.state)
+        except (Timeout, OSError):
+            return None
+        if self.state.epoch is None:
+            return None
+        e = self.state.entries.get(conversation_id)
+        if e is None:
+            return Listed(0, None)
+        return Listed(e.next_seq, e.pending[2] if e.pending is not None else None)
+
+
+@dataclass
+class _Verified:
+    """What the listing check established for a conversation under its lock."""
+
+    truth: Tip | None  # the log's extent
+    listed: Tip | None  # the listing's committed extent at that moment
+    pending: tuple[int, int, int] | None  # the orphaned intent seen then (None if none)
+
+
 def _read_manifest_locked(site_dir: str, lock_timeout: float, state: _ManifestState | None = None) -> _ManifestState:
     """:func:`_refresh_manifest` under the manifest's lock, held shared: no writer is mid-record."""
     with _flocked(os.path.join(site_dir, manifest.LOCK_FILE), False, lock_timeout, create=False):
@@ -200,15 +232,25 @@ def _read_manifest_locked(site_dir: str, lock_timeout: float, state: _ManifestSt
 
 
 def _write_manifest(
-    root: str, site: str, tips: Mapping[str, Tip | None], truncated: set[str], whole_site: bool, lock_timeout: float
+    root: str,
+    site: str,
+    tips: Mapping[str, Tip | None],
+    truncated: set[str],
+    whole_site: bool,
+    lock_timeout: float,
+    verified: Mapping[str, _Verified] | None = None,
 ) -> None:
     """Write the site's listing as a new, complete epoch (under the manifest lock).
 
-    The scanned extents are the truth, except that a larger committed extent in
-    the current manifest is newer (an append since the scan) and wins, unless
-    the log was cut by this run. Pending intents are carried over for the
-    engine to resolve.
+    The scanned extents are the truth. A larger committed extent in the
+    current manifest wins only when it is newer than the scan: not for a log
+    this run cut, and not for a conversation whose extent was verified under
+    its lock (``verified``) while the listing still says what it said then
+    (a commit logged since is an append since, and wins). Pending intents are
+    carried over for the engine to resolve, except the orphaned ones verified
+    here: the rewritten entry is their resolution.
     """
+    verified = verified or {}
     sdir = layout.site_dir(root, site)
     m = manifest.SiteManifest(sdir, probe=lambda _c, _w: None, walk=lambda: iter(()), lock_timeout=lock_timeout)
     try:
@@ -231,6 +273,9 @@ def _write_manifest(
                 mine = out.get(conv)
                 if conv in truncated:
                     continue
+                v = verified.get(conv)
+                if v is not None and _committed(e) == v.listed and e.pending in (None, v.pending):
+                    continue  # nothing happened to it since it was verified: the log's extent stands
                 if e.next_seq > 0 and (mine is None or e.next_seq > mine.next_seq):
                     if mine is not None or (
                         conv not in tips and _has_segments(layout.conversation_dir(root, site, conv))
@@ -257,8 +302,18 @@ def _check_manifest(
     damaged: set[str],
     only: str | None,
     lock_timeout: float,
+    verified: dict[str, _Verified] | None = None,
 ) -> list[Problem]:
-    """Compare the site's listing with the scanned conversations; re-verify each difference under locks."""
+    """Compare the site's listing with the scanned conversations; re-verify each difference under locks.
+
+    Each difference, and each intent without its commit, is looked at again
+    under the conversation's lock (no append of it is then half done) and
+    recorded in ``verified``. It is then one of: an orphaned intent (its
+    writer stopped before the commit; the engine resolves it by reading the
+    log at the next listing: a note), a stale listing (behind the log), or
+    acknowledged items lost (the log ends before the committed extent).
+    """
+    verified = {} if verified is None else verified
     sdir = layout.site_dir(root, site)
     try:
         state = _read_manifest_locked(sdir, lock_timeout)
@@ -277,6 +332,11 @@ def _check_manifest(
     suspects = [c for c, t in tips.items() if c not in damaged and _committed(state.entries.get(c)) != t]
     if only is None:
         suspects += [c for c, e in state.entries.items() if e.next_seq > 0 and c not in tips and c not in damaged]
+    suspects += [
+        c
+        for c, e in state.entries.items()
+        if e.pending is not None and c not in damaged and c not in suspects and (only is None or c == only)
+    ]
     spath = manifest.snap_path(sdir, state.epoch or 0)
     for conv in suspects:
         conv_dir = layout.conversation_dir(root, site, conv)
@@ -295,18 +355,66 @@ def _check_manifest(
                 state = now = _read_manifest_locked(sdir, lock_timeout, state)
         except Timeout:
             continue
-        listed = _committed(now.entries.get(conv))
+        entry = now.entries.get(conv)
+        listed = _committed(entry)
+        pending = entry.pending if entry is not None else None
         tips[conv] = truth
-        if listed != truth:
-            out.append(
-                Problem(
-                    site,
-                    conv,
-                    spath,
-                    None,
-                    MANIFEST_STALE,
-                    f"the listing has {_describe(listed)}, the log holds {_describe(truth)}",
-                    action,
-                )
-            )
+        verified[conv] = _Verified(truth, listed, pending)
+        problem = _judge_listing(site, conv, conv_dir, spath, listed, truth, pending)
+        if problem is not None:
+            out.append(problem)
     return out
+
+
+def _judge_listing(
+    site: str,
+    conv: str,
+    conv_dir: str,
+    spath: str,
+    listed: Tip | None,
+    truth: Tip | None,
+    pending: tuple[int, int, int] | None,
+) -> Problem | None:
+    """The problem (or note) for one conversation's listed extent against its log's, both verified under its lock."""
+    have = truth.next_seq if truth is not None else 0
+    committed = listed.next_seq if listed is not None else 0
+    action = "rewrite the manifest from the conversations (--repair)"
+    if have < committed:
+        last = committed - 1
+        return Problem(
+            site,
+            conv,
+            conv_dir,
+            None,
+            ACKNOWLEDGED_LOST,
+            f"the listing recorded next_seq={committed} as committed, the log ends before seq {have}: "
+            f"acknowledged seqs {have}..{last} are gone",
+            "none in fsck: restore the conversation from an export (`convmem import --conversation`); "
+            "--repair makes the listing agree with the log",
+            lost_seqs=(have, last),
+        )
+    if pending is not None and committed <= have <= pending[2]:
+        wrote = "its batch is in the log" if have == pending[2] else "its batch is not in the log"
+        return Problem(
+            site,
+            conv,
+            spath,
+            None,
+            INTENT_UNRESOLVED,
+            f"an intent for next_seq={pending[2]} has no commit (its writer stopped before it); {wrote}, "
+            f"which holds {_describe(truth)}",
+            "none needed: the engine resolves it by reading the log at the site's next listing; "
+            "--repair resolves it now",
+            resolves_itself=True,
+        )
+    if listed != truth:
+        return Problem(
+            site,
+            conv,
+            spath,
+            None,
+            MANIFEST_STALE,
+            f"the listing has {_describe(listed)}, the log holds {_describe(truth)}",
+            action,
+        )
+    return None

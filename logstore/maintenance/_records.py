@@ -206,3 +206,93 @@ def build_index(fd: int, base_seq: int, salt: int, size: int, interval: int = IN
             idx.add(rec.header.first_seq, rec.offset)
             last = rec.offset
     return idx
+
+
+@dataclass(frozen=True)
+class IndexEntryInfo:
+    """One entry of an index file and whether the segment beside it agrees."""
+
+    position: int  # byte offset of the entry in the index file
+    seq: int
+    segment_offset: int
+    #: ``"ok"``, why the entry is wrong, or ``"not checked"`` when the segment could not be read.
+    verdict: str
+
+
+@dataclass(frozen=True)
+class IndexInfo:
+    """An index file (``<base-seq>.idx``) as :func:`scan_index` reads it."""
+
+    path: str
+    size: int
+    #: Why the header is unusable, or None when it is well-formed.
+    header_problem: str | None
+    base_seq: int | None
+    salt: int | None
+    entries: list[IndexEntryInfo]
+    #: Bytes after the last whole entry (a write cut short).
+    trailing_bytes: int
+    #: The segment the entries were checked against (None when there is none beside it).
+    segment: str | None
+    #: Why the segment does not match the index as a whole (wrong salt or base seq), or None.
+    segment_problem: str | None
+
+
+def scan_index(path: str | os.PathLike[str]) -> IndexInfo:
+    """Read an index file and check each entry against the segment of the same name beside it.
+
+    An entry is ``ok`` when its segment offset starts a valid batch record
+    holding that seq. Raises OSError when the index file cannot be read.
+    """
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        data = f.read()
+    size = len(data)
+    if size < index.INDEX_HEADER_SIZE:
+        return IndexInfo(path, size, "the header is truncated", None, None, [], size, None, None)
+    magic, version, _r, base, salt = index.INDEX_HEADER.unpack_from(data)
+    if magic != index.INDEX_MAGIC or version != 1:
+        return IndexInfo(path, size, "not an index file (wrong magic or version)", None, None, [], 0, None, None)
+    seg_path = path[: -len(".idx")] + ".seg" if path.endswith(".idx") else None
+    seg_problem: str | None = None
+    fd: int | None = None
+    seg_size = 0
+    if seg_path is not None:
+        try:
+            fd = os.open(seg_path, os.O_RDONLY)
+        except FileNotFoundError:
+            seg_path, seg_problem = None, "no segment of the same name beside it"
+    try:
+        if fd is not None:
+            seg_size = os.fstat(fd).st_size
+            header = frame.decode_segment_header(os.pread(fd, SEGMENT_HEADER_SIZE, 0))
+            if header is None:
+                seg_problem = "the segment's header is invalid"
+            elif header.base_seq != base or header.salt != salt:
+                seg_problem = "the index belongs to another segment (its base seq or salt differs)"
+        whole = size - (size - index.INDEX_HEADER_SIZE) % index.ENTRY_SIZE
+        entries: list[IndexEntryInfo] = []
+        prev_seq, prev_off = -1, 0
+        for n, (rel, off) in enumerate(index.ENTRY.iter_unpack(data[index.INDEX_HEADER_SIZE : whole])):
+            seq = base + rel
+            at = index.INDEX_HEADER_SIZE + n * index.ENTRY_SIZE
+            if seq <= prev_seq or off <= prev_off:
+                verdict = "out of order"
+            elif fd is None or seg_problem is not None:
+                verdict = "not checked"
+            elif off >= seg_size:
+                verdict = "past the segment's end"
+            else:
+                rec = next(_walk(fd, off, min(seg_size, off + frame.RECORD_OVERHEAD + frame.MAX_BODY), salt), None)
+                if not isinstance(rec, _Rec) or rec.offset != off:
+                    verdict = "does not point at a valid record"
+                elif rec.header.kind != KIND_BATCH or rec.header.first_seq != seq:
+                    verdict = f"points at a record starting at seq {rec.header.first_seq}"
+                else:
+                    verdict = "ok"
+            entries.append(IndexEntryInfo(at, seq, off, verdict))
+            prev_seq, prev_off = max(prev_seq, seq), max(prev_off, off)
+    finally:
+        if fd is not None:
+            os.close(fd)
+    return IndexInfo(path, size, None, base, salt, entries, size - whole, seg_path, seg_problem)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .. import layout
+import msgspec
+
+from .. import fileio, layout
 from ..codec import encode_batch
 from ..conversation import Conversation
 from ..errors import ConversationFull, StoreError
@@ -16,8 +20,13 @@ from ..ids import ConversationId, SiteName
 from ..limits import MAX_CONVERSATION_ITEMS
 from ..model import SeqRange
 from ._files import (
+    _flocked,
     _has_segments,
+    _open_ro,
+    _open_rw,
 )
+from ._manifest import _write_manifest
+from ._types import QUARANTINE_DIR
 
 
 class RestoreConflict(StoreError):
@@ -108,3 +117,52 @@ class Restorer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def set_aside_conversation(
+    data_dir: str | os.PathLike[str], site: str, conversation_id: str, *, lock_timeout: float = 30.0
+) -> str:
+    """Move a (damaged) conversation's log into ``DATA/quarantine/`` so it can be restored from a backup.
+
+    Under the conversation's exclusive lock: every segment is copied (and
+    synced) into a new quarantine folder, then removed with its index; each
+    removed file is first shrunk to nothing, so an engine holding it open
+    notices and reloads. The site's listing then drops the conversation.
+    Returns the quarantine folder.
+    """
+    root = os.path.abspath(os.fspath(data_dir))
+    site, conversation_id = SiteName(site), ConversationId(conversation_id)
+    cdir = layout.conversation_dir(root, site, conversation_id)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    qdir = os.path.join(
+        root,
+        QUARANTINE_DIR,
+        f"{stamp}-{layout.encode_name(site)}-{layout.encode_name(conversation_id)}-replaced-"
+        f"{time.time_ns() % 1_000_000_000:09d}",
+    )
+    with _flocked(os.path.join(cdir, layout.LOCK_FILE), True, lock_timeout, create=True):
+        names = sorted(n for n in os.listdir(cdir) if layout.parse_segment_name(n) is not None)
+        fileio.makedirs_durable(qdir)
+        for name in names:
+            shutil.copyfile(os.path.join(cdir, name), os.path.join(qdir, name))
+            with _open_ro(os.path.join(qdir, name)) as qfd:
+                fileio.fsync(qfd)
+        info = {
+            "site": str(site),
+            "conversation_id": str(conversation_id),
+            "reason": "replaced by an import",
+            "segments": names,
+        }
+        fileio.write_file_atomic(os.path.join(qdir, "replaced.json"), msgspec.json.encode(info) + b"\n")
+        fileio.fsync_dir(qdir)
+        for name in reversed(names):
+            base = layout.parse_segment_name(name)
+            assert base is not None
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(cdir, layout.index_name(base)))
+            with _open_rw(os.path.join(cdir, name)) as fd:
+                os.unlink(os.path.join(cdir, name))
+                fileio.truncate(fd, 0)
+        fileio.fsync_dir(cdir)
+    _write_manifest(root, site, {conversation_id: None}, {conversation_id}, False, lock_timeout)
+    return qdir

@@ -6,6 +6,7 @@ import contextlib
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -33,8 +34,10 @@ from ._types import (
     BAD_BATCH,
     BAD_SEGMENT_HEADER,
     CORRUPT_RECORD,
+    INDEX_INTERVAL,
     INDEX_MISMATCH,
     INDEX_MISSING,
+    INDEX_SHORT,
     INDEX_STALE,
     LOCK_TIMEOUT,
     ORPHAN_INDEX,
@@ -49,6 +52,26 @@ from ._types import (
     UNSEALED_SEGMENT,
     Problem,
 )
+
+#: The index kinds: derived data that ``--repair`` rebuilds from the segment.
+_INDEX_KINDS = (INDEX_MISSING, INDEX_STALE, INDEX_MISMATCH, INDEX_SHORT)
+
+#: How many entries an index may lack after its last one before fsck calls it
+#: short: a writer writes its entries sixteen at a time, so a killed writer
+#: can leave up to fifteen unwritten, which the next opening scans past.
+INDEX_SHORT_TOLERANCE = 16
+
+
+@dataclass(frozen=True)
+class Listed:
+    """What the site's listing says of one conversation, read under the conversation's lock."""
+
+    committed_next_seq: int  # 0 when the listing holds no commit for it
+    pending_next_seq: int | None  # an intent's extent not yet followed by its commit
+
+
+#: Reads the listing's entry for a conversation (None when the listing cannot be read).
+ListingReader = Callable[[str], Listed | None]
 
 
 @dataclass
@@ -90,7 +113,9 @@ class _ConvScanner:
         self.records = 0
         self.bytes = 0
         self.segments = 0
-        self.torn: tuple[Problem, int, int] | None = None
+        self.torn: tuple[Problem, int, int] | None = None  # problem, segment index, offset
+        self.torn_first_seq = 0  # first seq the torn record would have held
+        self.torn_acknowledged = False
         self.damage_problem: Problem | None = None
 
     def _path(self, name: str) -> str:
@@ -149,14 +174,19 @@ class _ConvScanner:
                         f"segment starts at seq {base}, the log before it ends at {expected}: {what}",
                     )
                 expected = base
-                entries = self._index_entries(base, header.salt, path, size)
+                entries = self._index_entries(base, header.salt, path, size, last_seg)
                 verified: set[int] = set()
                 sealed = False
                 batch_problem = _batch_problem
+                # Entries a rebuild would add after the index's last one (until the first damage).
+                indexed_to = max(entries, default=0)
+                missing_entries = 0
+                walking_whole = True
                 for rec in _walk(fd, SEGMENT_HEADER_SIZE, size, header.salt):
                     if isinstance(rec, _Bad):
                         self._bad(fd, path, i, last_seg, size, header.salt, rec, expected)
                         expected = None
+                        walking_whole = False
                         continue
                     offset, h, body = rec
                     _ck, _n, count, kind, first, ts = h
@@ -194,6 +224,9 @@ class _ConvScanner:
                     why = batch_problem(body, count)
                     if why is not None:
                         self.damaged(path, i, offset, first, BAD_BATCH, why)
+                    if walking_whole and offset - indexed_to >= INDEX_INTERVAL and offset > SEGMENT_HEADER_SIZE:
+                        missing_entries += 1
+                        indexed_to = offset
                     if entries:
                         entry = entries.get(offset)
                         if entry is not None and entry[0] == first:
@@ -206,6 +239,16 @@ class _ConvScanner:
                             self.created_us = ts
                         self.last_us = ts
                         self.next_seq = expected
+                if missing_entries > INDEX_SHORT_TOLERANCE and base not in self.rebuild_index:
+                    last = max(entries, default=None)
+                    where = f"its last entry points at segment byte {last}" if last is not None else "it has no entry"
+                    self._index_problem(
+                        base,
+                        INDEX_SHORT,
+                        None,
+                        f"the index stops short of its segment: {where}, and {missing_entries} entries are "
+                        f"missing for the records after it (the segment is {size} bytes)",
+                    )
                 for off, (seq, at) in entries.items():
                     if off not in verified:
                         self._index_problem(
@@ -260,10 +303,11 @@ class _ConvScanner:
                 path,
                 rec.offset,
                 TORN_TAIL,
-                f"{size - rec.offset} bytes of an unfinished write ({rec.why}); never acknowledged",
+                f"{size - rec.offset} bytes of an unfinished write ({rec.why})",
                 "truncate the segment here (--repair)",
             )
             self.torn = (p, seg_i, rec.offset)
+            self.torn_first_seq = self.next_seq if self.damage is None else (expected or 0)
             return
         seq = expected if expected is not None else (rec.header.first_seq if rec.header else None)
         self.damaged(
@@ -287,14 +331,23 @@ class _ConvScanner:
 
     # -------------------------------------------------------------- indexes
 
-    def _index_entries(self, base: int, salt: int, seg_path: str, size: int) -> dict[int, tuple[int, int]]:
+    def _index_entries(
+        self, base: int, salt: int, seg_path: str, size: int, last_seg: bool
+    ) -> dict[int, tuple[int, int]]:
         """The index's entries as ``{segment offset: (seq, offset in the index file)}``.
 
         A missing or stale index, or entries out of order, are reported here.
         """
         data = self.snap.indexes.get(base)
         if data is None:
-            self._index_problem(base, INDEX_MISSING, None, "the segment has no index file")
+            p = self._index_problem(base, INDEX_MISSING, None, "the segment has no index file")
+            if last_seg and p is not None:
+                # A writer killed between creating a segment and its index leaves this.
+                p.resolves_itself = True
+                p.action = (
+                    "none needed: the engine writes it when it next opens the conversation for an append; "
+                    "--repair rebuilds it now"
+                )
             return {}
         if len(data) < index.INDEX_HEADER_SIZE:
             self._index_problem(base, INDEX_STALE, 0, "index header is truncated")
@@ -322,13 +375,41 @@ class _ConvScanner:
             prev_seq, prev_off = seq, off
         return out
 
-    def _index_problem(self, base: int, kind: str, offset: int | None, detail: str) -> None:
+    def _index_problem(self, base: int, kind: str, offset: int | None, detail: str) -> Problem | None:
         if base in self.rebuild_index and kind == INDEX_MISMATCH:
-            return  # one problem per index file is enough
+            return None  # one problem per index file is enough
         self.rebuild_index.add(base)
-        self.problem(
+        return self.problem(
             self._path(layout.index_name(base)), offset, kind, detail, "rebuild the index from its segment (--repair)"
         )
+
+    def judge_tail(self, listed: Listed | None) -> None:
+        """Say whether a torn tail held acknowledged items, from the listing's last commit.
+
+        The engine syncs a batch before it logs the commit and answers, so a
+        record that starts at or past the committed extent was never
+        acknowledged: the engine cuts it at the conversation's next append.
+        One that starts before it held acknowledged items (see the
+        ``acknowledged-lost`` problem the listing check adds).
+        """
+        if self.torn is None:
+            return
+        p = self.torn[0]
+        committed = listed.committed_next_seq if listed is not None else 0
+        first = self.torn_first_seq
+        if self.damage is None and first < committed:
+            self.torn_acknowledged = True
+            p.detail += (
+                f"; it holds seqs from {first} on, which the listing recorded as committed "
+                f"(next_seq={committed}): acknowledged items were lost"
+            )
+            p.action = "truncate the segment here, keeping a copy in quarantine/ (--repair)"
+            return
+        if self.damage is None:
+            known = f"the listing's commits end before seq {committed}" if committed else "the listing has no commit"
+            p.detail += f"; never acknowledged ({known})"
+            p.action = "none needed: the engine cuts it at the conversation's next append; --repair cuts it now"
+            p.resolves_itself = True
 
     # --------------------------------------------------------------- repair
 
@@ -339,12 +420,17 @@ class _ConvScanner:
         if torn is not None and self.damage is None:
             p, seg_i, offset = torn
             base = self.snap.segments[seg_i][0]
+            kept = ""
+            if self.torn_acknowledged:
+                qdir = self._quarantine_copy([base])
+                kept = f"; the original segment is in {qdir}"
             with _open_rw(self._path(layout.segment_name(base))) as fd:
                 fileio.truncate(fd, offset)
             self.snap.segments[seg_i] = (base, offset)
             self.rebuild_index.add(base)
             p.repaired = True
-            p.action = f"truncated the segment to {offset} bytes (the torn write was never acknowledged)"
+            why = "it held acknowledged items, see below" if self.torn_acknowledged else "never acknowledged"
+            p.action = f"truncated the segment to {offset} bytes ({why}){kept}"
         elif torn is not None:
             torn[0].action = "none: the log is damaged before it (see above); --truncate-at-corruption cuts both"
         if self.damage is not None and truncate_at_corruption:
@@ -354,7 +440,7 @@ class _ConvScanner:
         for base in sorted(self.rebuild_index):
             ok = self._rebuild_index(base)
             for p in self.problems:
-                if p.kind in (INDEX_MISSING, INDEX_STALE, INDEX_MISMATCH) and p.file == self._path(
+                if p.kind in _INDEX_KINDS and p.file == self._path(
                     layout.index_name(base)
                 ):
                     p.repaired = ok
@@ -383,10 +469,8 @@ class _ConvScanner:
                 p.repaired = True
                 p.action = "removed the index (derived data; its segment does not exist)"
 
-    def _truncate_at_corruption(self) -> None:
-        dmg = self.damage
-        assert dmg is not None
-        segs = self.snap.segments
+    def _quarantine_copy(self, bases: list[int]) -> str:
+        """Copy (and sync) these segments into a new folder under ``DATA/quarantine/``; return its path."""
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         qdir = os.path.join(
             self.root,
@@ -395,12 +479,20 @@ class _ConvScanner:
             f"{layout.encode_name(self.cid)}-{time.time_ns() % 1_000_000_000:09d}",
         )
         fileio.makedirs_durable(qdir)
-        cut = segs[dmg.seg_i :]
-        for base, _size in cut:
+        for base in bases:
             name = layout.segment_name(base)
             shutil.copyfile(self._path(name), os.path.join(qdir, name))
             with _open_ro(os.path.join(qdir, name)) as qfd:
                 fileio.fsync(qfd)
+        fileio.fsync_dir(qdir)
+        return qdir
+
+    def _truncate_at_corruption(self) -> None:
+        dmg = self.damage
+        assert dmg is not None
+        segs = self.snap.segments
+        cut = segs[dmg.seg_i :]
+        qdir = self._quarantine_copy([b for b, _ in cut])
         lost_last = max(self.seen_end, dmg.seq) - 1
         lost = f"seqs {dmg.seq}..{lost_last}" if lost_last >= dmg.seq else f"seqs from {dmg.seq} on"
         info = {
@@ -441,7 +533,7 @@ class _ConvScanner:
             ):
                 p.repaired = True
                 p.action = action
-            elif p.kind in (INDEX_MISSING, INDEX_STALE, INDEX_MISMATCH):
+            elif p.kind in _INDEX_KINDS:
                 base = int(os.path.basename(p.file)[:20])
                 if base >= first_base and not (keep_first and base == first_base):
                     p.repaired, p.action = True, action
@@ -469,10 +561,22 @@ def _at_or_after(p: Problem, segs: list[tuple[int, int]], dmg: _Damage) -> bool:
 
 
 def _check_conversation(
-    root: str, site: str, cid: str, conv_dir: str, repair: bool, truncate: bool, lock_timeout: float
+    root: str,
+    site: str,
+    cid: str,
+    conv_dir: str,
+    repair: bool,
+    truncate: bool,
+    lock_timeout: float,
+    listing: ListingReader | None = None,
 ) -> _ConvResult | None:
     """Scan one conversation: first from a snapshot taken under its shared lock, then, if
-    anything looks wrong, again under the lock (exclusive when repairing)."""
+    anything looks wrong, again under the lock (exclusive when repairing).
+
+    ``listing`` reads the site listing's entry for the conversation; it is
+    consulted under the conversation's lock (so no append of it is half done)
+    to tell a torn tail that was never acknowledged from one that was.
+    """
     lock_path = os.path.join(conv_dir, layout.LOCK_FILE)
     try:
         with _flocked(lock_path, False, lock_timeout, create=False):
@@ -491,6 +595,8 @@ def _check_conversation(
                 return None
             sc = _ConvScanner(root, site, cid, snap)
             sc.scan()
+            if sc.torn is not None:
+                sc.judge_tail(listing(cid) if listing is not None else None)
             cut = sc.repair(truncate) if repair and sc.problems else False
         return sc.result(cut)
     except Timeout as exc:

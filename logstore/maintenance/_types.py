@@ -62,6 +62,11 @@ INDEX_STALE = "index-stale"
 INDEX_MISMATCH = "index-mismatch"
 
 
+#: The index's entries end well before its segment does (more entries missing
+#: than a crash or a writer's unwritten group of entries can leave).
+INDEX_SHORT = "index-short"
+
+
 ORPHAN_INDEX = "orphan-index"
 
 
@@ -75,6 +80,17 @@ MANIFEST_INCOMPLETE = "manifest-incomplete"
 
 
 MANIFEST_STALE = "manifest-stale"
+
+
+# Acknowledged data that is gone: the log ends before the extent the listing
+# recorded as committed. Never repairable by fsck; --repair only makes the
+# listing agree with the log.
+ACKNOWLEDGED_LOST = "acknowledged-lost"
+
+
+# States a crash leaves that the engine resolves by itself (reported as notes,
+# never as errors; --repair resolves them at once):
+INTENT_UNRESOLVED = "intent-unresolved"
 
 
 # Left alone (not engine data, or not knowable):
@@ -122,6 +138,9 @@ class Problem:
     #: Set by ``truncate_at_corruption`` on the problem where the log was cut:
     #: ``(first, last)`` seqs dropped; ``last`` is None when no later record was readable.
     lost_seqs: tuple[int, int | None] | None = None
+    #: True for a state a crash can leave that the engine resolves by itself
+    #: (``action`` says how): a note, not an error, for the exit status.
+    resolves_itself: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -134,6 +153,7 @@ class Problem:
             "action": self.action,
             "repaired": self.repaired,
             "lost_seqs": list(self.lost_seqs) if self.lost_seqs is not None else None,
+            "resolves_itself": self.resolves_itself,
         }
 
 
@@ -160,4 +180,10 @@ class CheckReport:
 
     @property
     def unrepaired(self) -> list[Problem]:
-        return [p for p in self.problems if not p.repaired]
+        """Problems neither repaired in this run nor left for the engine to resolve by itself."""
+        return [p for p in self.problems if not p.repaired and not p.resolves_itself]
+
+    @property
+    def notes(self) -> list[Problem]:
+        """States the engine resolves by itself, left as they were."""
+        return [p for p in self.problems if not p.repaired and p.resolves_itself]

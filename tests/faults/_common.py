@@ -13,6 +13,7 @@ import hashlib
 import itertools
 import json
 import os
+import random
 import shutil
 import sys
 from collections import Counter
@@ -41,6 +42,57 @@ def rounds(ci: int, soak_rounds: int) -> int:
     if override:
         return int(override)
     return soak_rounds if soak() else ci
+
+
+def fault_rng(what: str) -> random.Random:
+    """The random source of a randomised fault test, from ``CONVMEM_FAULT_SEED`` or a fresh seed.
+
+    The seed is printed (pytest shows a failed test's output), so any failure
+    can be rerun exactly with ``CONVMEM_FAULT_SEED=<seed>``.
+    """
+    env = os.environ.get("CONVMEM_FAULT_SEED", "")
+    seed = int(env) if env else random.randrange(1, 2**32)
+    print(f"{what}: seed {seed} (rerun with CONVMEM_FAULT_SEED={seed})", flush=True)
+    return random.Random(seed)
+
+
+#: The summary's figures, in order: (STATS key, how it reads). A figure is
+#: printed only when a check that counts it ran in this session.
+SUMMARY_FIGURES = [
+    ("crash rounds", "crash rounds"),
+    ("server kill rounds", "server kill rounds"),
+    ("crash points", "crash-point runs"),
+    ("crash points not reached", "crash-point runs whose point the workload never reached (not counted above)"),
+    ("acked batches verified", "acked batches verified"),
+    ("torn tails", "torn tails"),
+    ("flipped bytes", "flipped bytes"),
+    ("disk full appends", "disk-full appends"),
+    ("fsync faults", "fsync faults"),
+    ("lock timeouts", "lock timeouts"),
+    ("clock steps", "clock steps"),
+    ("derived deletions", "derived-data deletions"),
+    ("bad inputs", "bad inputs"),
+]
+
+
+def summary_line(stats: Counter[str]) -> str | None:
+    """The session's one-line summary, from the counters the checks that ran set (None when none ran).
+
+    Acknowledged items lost is a count :func:`verify` computes by comparing
+    every acknowledged item with what the store returns; it is reported with
+    how many such verifications ran, and as "not checked" when none did.
+    """
+    if not stats:
+        return None
+    parts = [f"{stats[key]} {words}" for key, words in SUMMARY_FIGURES if key in stats]
+    known = {key for key, _ in SUMMARY_FIGURES} | {"lost", "loss checks"}
+    parts += [f"{stats[key]} {key}" for key in sorted(stats) if key not in known]
+    checks = stats.get("loss checks", 0)
+    if checks:
+        parts.append(f"{stats['lost']} acknowledged items lost (counted by {checks} verifications)")
+    else:
+        parts.append("acknowledged items lost: not checked (no verification ran)")
+    return "faults: " + ", ".join(parts)
 
 
 def make_payload(w: str, b: int, i: int, n: int, pad: int) -> dict[str, Any]:
@@ -180,6 +232,7 @@ def verify(store: Any, site: str, acks: list[Ack], convs: list[str]) -> dict[str
     _COUNTED.update(fresh)
     STATS["acked batches verified"] += len(fresh)
     STATS["lost"] += lost
+    STATS["loss checks"] += 1
     assert not problems, f"{lost} acknowledged items lost or wrong, e.g. {problems[:5]}"
     # Listing: every conversation holding an acknowledged item is listed, once, in order.
     listing = list_all(store, site)

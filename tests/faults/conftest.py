@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ._common import STATS, soak
+from ._common import STATS, soak, summary_line
 
 HERE = Path(__file__).parent
 #: Per-test timeout in soak mode (seconds): a hang is still caught, eventually.
@@ -40,21 +40,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if not STATS:
-        return
-    parts = [
-        f"{STATS['crash rounds']} crash rounds",
-        f"{STATS['server kill rounds']} server kill rounds",
-        f"{STATS['crash points']} crash-point runs",
-        f"{STATS['acked batches verified']} acked batches verified",
-        f"{STATS['torn tails']} torn tails",
-        f"{STATS['flipped bytes']} flipped bytes",
-        f"{STATS['disk full appends']} disk-full appends",
-        f"{STATS['fsync faults']} fsync faults",
-        f"{STATS['lock timeouts']} lock timeouts",
-        f"{STATS['clock steps']} clock steps",
-        f"{STATS['derived deletions']} derived-data deletions",
-        f"{STATS['bad inputs']} bad inputs",
-        f"{STATS['lost']} acknowledged items lost",
-    ]
-    terminalreporter.write_line("faults: " + ", ".join(parts))
+    line = summary_line(STATS)
+    if line is not None:
+        terminalreporter.write_line(line)

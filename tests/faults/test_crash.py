@@ -11,7 +11,6 @@ they left off.
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess
@@ -27,6 +26,7 @@ from ._common import (
     Ack,
     check_listing_order,
     check_log,
+    fault_rng,
     make_batch,
     read_acks,
     read_all,
@@ -137,7 +137,7 @@ ROUNDS_PER_DIR = 30
 
 def test_sigkill_writers(tmp_path: Path) -> None:
     n_rounds = rounds(24, 2000)
-    rng = random.Random(int(os.environ.get("CONVMEM_FAULT_SEED", "0")) or None)
+    rng = fault_rng("test_sigkill_writers")
     for start in range(0, n_rounds, ROUNDS_PER_DIR):
         stop = min(start + ROUNDS_PER_DIR, n_rounds)
         _rounds_on_one_dir(tmp_path / f"run-{start}", range(start + 1, stop + 1), rng)

@@ -131,6 +131,8 @@ def test_manifest_lock_taken_between_data_sync_and_commit(tmp_path: Path, monkey
             monkeypatch.setattr(fileio, "crashpoint", real)
             for p in holder:
                 _release(p)
+        # Without this the test passes untested when the hook never fires.
+        assert len(holder) == 1, "the append never reached after-data-sync: no process took the manifest lock"
         batches = [it.payload["b"] for it in read_all(store, SITE, CONV)]
         if outcome == "timeout":
             assert batches == [0], f"the append reported Timeout but its batch is in the log: {batches}"

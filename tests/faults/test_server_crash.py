@@ -10,7 +10,6 @@ the log left off.
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import threading
@@ -22,7 +21,7 @@ import httpx2
 from logstore import FileStore
 
 from . import _server
-from ._common import SITE, STATS, Ack, make_batch, rounds, verify
+from ._common import SITE, STATS, Ack, fault_rng, make_batch, rounds, verify
 
 CLIENTS = 4
 SHARED = "srv-shared-conv"
@@ -58,7 +57,7 @@ ROUNDS_PER_DIR = 30
 
 def test_sigkill_server(tmp_path: Path) -> None:
     n_rounds = rounds(6, 500)
-    rng = random.Random(int(os.environ.get("CONVMEM_FAULT_SEED", "0")) or None)
+    rng = fault_rng("test_sigkill_server")
     for start in range(0, n_rounds, ROUNDS_PER_DIR):
         stop = min(start + ROUNDS_PER_DIR, n_rounds)
         _rounds_on_one_dir(tmp_path / f"run-{start}" / "data", range(start + 1, stop + 1), rng)
