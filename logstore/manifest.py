@@ -173,8 +173,8 @@ class SiteManifest(ManifestHook):
 
     def _flock(self) -> None:
         if self._lock_fd is None:
-            os.makedirs(self.site_dir, exist_ok=True)
-            self._lock_fd = os.open(os.path.join(self.site_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+            fileio.makedirs(self.site_dir)
+            self._lock_fd = fileio.open_create(os.path.join(self.site_dir, LOCK_FILE))
         started = time.monotonic()
         delay = 0.0005
         while True:
@@ -222,7 +222,7 @@ class SiteManifest(ManifestHook):
                 for kind in epochs[e]:
                     path = snap_path(self.site_dir, e) if kind == "snap" else log_path(self.site_dir, e)
                     try:
-                        os.unlink(path)
+                        fileio.unlink(path)
                     except FileNotFoundError:
                         pass
         return epoch
@@ -278,7 +278,7 @@ class SiteManifest(ManifestHook):
                         self._wfd, self._wsalt = self._open_log(epoch, os.O_RDWR | os.O_APPEND)
                     self._wepoch = epoch
                     self._wsnap = _size(snap_path(self.site_dir, epoch))
-                os.write(self._wfd, encode_log_record(self._wsalt, _enc.encode(record)))
+                fileio.append(self._wfd, encode_log_record(self._wsalt, _enc.encode(record)))
                 if sync:
                     fileio.fdatasync(self._wfd)
                 self._writes += 1

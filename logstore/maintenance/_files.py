@@ -106,13 +106,13 @@ def _replace_with_prefix(path: str, fd: int, length: int) -> None:
     """
     prefix = _pread_range(fd, 0, length)
     tmp = path + ".tmp"
-    out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    out = fileio.open_create(tmp, os.O_WRONLY | os.O_TRUNC)
     try:
         fileio.pwrite_all(out, prefix, 0)
         fileio.fdatasync(out)
     finally:
         os.close(out)
-    os.rename(tmp, path)
+    fileio.rename(tmp, path)
     fileio.fsync_dir(os.path.dirname(path))
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import time
 from dataclasses import dataclass
 
@@ -379,7 +378,7 @@ class _ConvScanner:
         for p in self.problems:
             if p.kind == ORPHAN_INDEX and not p.repaired:
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(p.file)
+                    fileio.unlink(p.file)
                 p.repaired = True
                 p.action = "removed the index (derived data; its segment does not exist)"
 
@@ -398,7 +397,7 @@ class _ConvScanner:
         cut = segs[dmg.seg_i :]
         for base, _size in cut:
             name = layout.segment_name(base)
-            shutil.copyfile(self._path(name), os.path.join(qdir, name))
+            fileio.copy_file(self._path(name), os.path.join(qdir, name))
             with _open_ro(os.path.join(qdir, name)) as qfd:
                 fileio.fsync(qfd)
         lost_last = max(self.seen_end, dmg.seq) - 1
@@ -419,12 +418,12 @@ class _ConvScanner:
         for base, _size in reversed(cut):
             seg = self._path(layout.segment_name(base))
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._path(layout.index_name(base)))
+                fileio.unlink(self._path(layout.index_name(base)))
             with _open_rw(seg) as fd:
                 if base == first_base and keep_first:
                     _replace_with_prefix(seg, fd, dmg.offset)
                 else:
-                    os.unlink(seg)
+                    fileio.unlink(seg)
                 # Shrink the old file to nothing: an engine holding it open sees its size
                 # change, drops what it knew (including a remembered Corrupted) and reloads.
                 fileio.truncate(fd, 0)
