@@ -3,12 +3,17 @@
 It is derived data, rebuilt from the segments whenever missing or damaged.
 On disk it is a snapshot plus an append-only activity log (FORMAT.md):
 
-* before a batch is written, its conversation logs an *intent* (synced for a
-  conversation's first batch, so a new conversation can never be lost from
-  the listing, even by a power cut);
-* after the batch is durable, a *commit* with the conversation's new extent;
+* before a batch is written, its conversation logs an *intent*, synced for
+  the conversation's first batch in the epoch (per writing process), so that
+  after a power cut the log names every conversation written since its
+  snapshot, even when the later, unsynced records are lost;
+* after the batch is durable, a *commit* with the conversation's new extent
+  (not synced: a power cut may lose it);
 * an intent that is never followed by a commit (its writer crashed) is
-  *resolved* later by probing the conversation itself.
+  *resolved* later by probing the conversation itself;
+* after (re)loading an epoch, every conversation its log has an intent for is
+  probed once (*recovery*): a commit lost to a power cut is logged again, so
+  ``last_appended_at`` and the order always follow the conversations' logs.
 
 Entries merge monotonically: a record only ever moves a conversation forward
 (larger ``next_seq``), so records may be applied twice or late without harm.
@@ -157,6 +162,8 @@ class SiteManifest(ManifestHook):
         self._wepoch = 0
         self._wsalt = 0
         self._writes = 0
+        #: Conversations whose intent this process has synced in the writer epoch.
+        self._touched: set[str] = set()
         # Reader side (the in-memory listing).
         self._loaded = False
         self._repo: dict[str, _Entry] = {}
@@ -168,6 +175,8 @@ class SiteManifest(ManifestHook):
         self._rfd: int | None = None
         self._roff = 0
         self._complete = True
+        #: Conversations with an intent in the log as loaded, while recovery is owed (None: not owed).
+        self._recover: set[str] | None = None
 
     # ------------------------------------------------------------ file lock
 
@@ -254,12 +263,13 @@ class SiteManifest(ManifestHook):
     # --------------------------------------------------------------- writes
 
     def intent(self, conversation_id: str, tip: Tip, *, new: bool) -> None:
-        self._write([INTENT, str(conversation_id), tip.created_us, tip.last_us, tip.next_seq], sync=new)
+        self._write([INTENT, str(conversation_id), tip.created_us, tip.last_us, tip.next_seq], sync=new, touch=True)
 
     def commit(self, conversation_id: str, tip: Tip) -> None:
         self._write([COMMIT, str(conversation_id), tip.created_us, tip.last_us, tip.next_seq], sync=False)
 
-    def _write(self, record: list[Any], sync: bool) -> None:
+    def _write(self, record: list[Any], sync: bool, touch: bool = False) -> None:
+        """Append one record to the current epoch's log; ``touch``: sync it unless this epoch already has one."""
         with self._mutex:
             self._flock()
             try:
@@ -276,11 +286,15 @@ class SiteManifest(ManifestHook):
                         self._write_epoch(epoch, [], False)
                         self._current_epoch_locked()
                         self._wfd, self._wsalt = self._open_log(epoch, os.O_RDWR | os.O_APPEND)
+                    if epoch != self._wepoch:
+                        self._touched.clear()
                     self._wepoch = epoch
                     self._wsnap = _size(snap_path(self.site_dir, epoch))
                 fileio.append(self._wfd, encode_log_record(self._wsalt, _enc.encode(record)))
-                if sync:
+                if sync or (touch and record[1] not in self._touched):
                     fileio.fdatasync(self._wfd)
+                    if touch:
+                        self._touched.add(record[1])
                 self._writes += 1
                 if self._writes % 512 == 0 and os.fstat(self._wfd).st_size > max(self._compact_bytes, self._wsnap // 4):
                     self._compact_locked()
@@ -316,6 +330,7 @@ class SiteManifest(ManifestHook):
         self._pending = {e.conversation_id for e in entries if e.pending is not None}
         self._rfd, self._rsalt, self._repoch, self._roff = rfd, rsalt, epoch, LOG_HEADER.size
         self._complete = complete
+        self._recover = set()
         self._loaded = True
 
     def _tail(self, locked: bool = False) -> None:
@@ -364,6 +379,8 @@ class SiteManifest(ManifestHook):
             return
         e = self._repo.get(conv)
         if kind == INTENT:
+            if self._recover is not None:
+                self._recover.add(conv)
             if e is None:
                 self._repo[conv] = e = _Entry(conv, 0, 0, 0)
             if nxt > e.next_seq and (e.pending is None or nxt > e.pending[2]):
@@ -395,6 +412,7 @@ class SiteManifest(ManifestHook):
                 self._load()
                 self._tail()
             rebuild = not self._complete
+            recover, self._recover = self._recover, None
             # An intent without its commit: the writer is still at it (it holds the
             # conversation: skip it), or it died or failed to log the commit after the
             # data sync (the conversation is free: probe it now, without waiting).
@@ -402,6 +420,8 @@ class SiteManifest(ManifestHook):
         if rebuild:
             self.rebuild()
             return
+        if recover:
+            self._recover_listing(recover, {c for c, _ in due})
         for conv, pending in due:
             assert pending is not None
             # Probed without holding the manifest: an appender holds the conversation, then the manifest.
@@ -414,9 +434,31 @@ class SiteManifest(ManifestHook):
             if tip is not None:
                 rec[2:5] = [tip.created_us, tip.last_us, tip.next_seq]
             self._write(rec, sync=False)
-        if due:
+        if due or recover:
             with self._mutex:
                 self._tail()
+
+    def _recover_listing(self, convs: set[str], pending: set[str]) -> None:
+        """Probe the conversations the loaded log has intents for; log again any commit a power cut lost.
+
+        Their first intent of the epoch was synced before their first batch was
+        written, so this covers every conversation appended to since the
+        snapshot. A conversation held by a writer is skipped: its writer is at
+        work and commits. Conversations with a pending intent are resolved by
+        the caller.
+        """
+        for conv in sorted(convs - pending):
+            try:
+                tip = self._probe(conv, False)
+            except StoreError:
+                continue  # busy (its writer commits) or damaged (fsck reports it)
+            if tip is None:
+                continue
+            with self._mutex:
+                e = self._repo.get(conv)
+                stale = e is None or tip.next_seq > e.next_seq
+            if stale:
+                self._write([COMMIT, conv, tip.created_us, tip.last_us, tip.next_seq], sync=False)
 
     def rebuild(self) -> None:
         """Re-derive every entry from the conversations themselves, then compact."""

@@ -14,9 +14,11 @@ there, under two models:
   its 512-byte sectors, the rest left as they were or zero past the old end)
   or turned to zeros (the size reached the disk, the data did not), each
   independently, in order. A directory entry (create, mkdir, rename, unlink)
-  is durable only once that directory was synced: every change since is
-  rolled back, so a file created and synced but never linked by a directory
-  sync is gone, and a rename not covered is undone.
+  is durable only once that directory was synced: the ``drop`` and ``keep``
+  variants roll back every change since (a file created and synced but never
+  linked by a directory sync is gone, a rename not covered is undone); the
+  ``random`` variant keeps a random subset of those changes, each whole
+  (a rename is atomic), in the order they were made.
 * **lenient** (like ext4 with ``data=ordered``): operations reach the disk in
   the order they were issued, data before the metadata that follows it: the
   state is the prefix of the log up to the cut, and the write in flight at
@@ -217,7 +219,9 @@ class _Model:
     def __init__(self, dirs: list[str], files: list[tuple[str, int, bytes]]) -> None:
         self.top = _Dir()
         self.files: dict[int, _File] = {}
-        self.next_op: Op | None = None
+        #: Directory changes not yet covered by a sync of every directory they touch:
+        #: (operation, directories still to sync, the node it created or moved).
+        self.uncovered: list[tuple[Op, list[_Dir], _File | _Dir | None]] = []
         for d in dirs:
             parent, name = self._parent(d)
             node = _Dir()
@@ -260,19 +264,27 @@ class _Model:
             f = _File(op[2])
             self.files[op[2]] = f
             parent.current[name] = f
+            self.uncovered.append((op, [parent], f))
         elif kind == "mkdir":
             parent, name = self._parent(op[1])
-            parent.current[name] = _Dir()
+            parent.current[name] = d = _Dir()
+            self.uncovered.append((op, [parent], d))
         elif kind == "dirsync":
             d = self._dir(op[1])
             d.durable = dict(d.current)
+            for _op, dirs, _node in self.uncovered:
+                while d in dirs:
+                    dirs.remove(d)
+            self.uncovered = [u for u in self.uncovered if u[1]]
         elif kind == "rename":
             sp, sn = self._parent(op[1])
             dp, dn = self._parent(op[2])
-            dp.current[dn] = sp.current.pop(sn)
+            node = dp.current[dn] = sp.current.pop(sn)
+            self.uncovered.append((op, [sp, dp], node))
         elif kind in ("unlink", "rmtree"):
             parent, name = self._parent(op[1])
             del parent.current[name]
+            self.uncovered.append((op, [parent], None))
         else:  # pragma: no cover
             raise AssertionError(f"unknown operation {op!r}")
 
@@ -316,16 +328,25 @@ class _Model:
                     _apply_write(buf, op[1], op[2], None, zeros=True)
             return bytes(buf)
 
-        def walk(d: _Dir, prefix: str) -> None:
-            for name, node in sorted(d.durable.items()):
+        view = _durable_view(self.top)
+        if policy == "random":
+            assert rng is not None
+            for op, _dirs, node in self.uncovered:
+                if rng.random() < 0.5:
+                    _replay(view, op, node)
+        dirs: set[str] = set()
+        files: list[tuple[str, bytes]] = []
+
+        def walk(d: dict[str, Any], prefix: str) -> None:
+            for name, node in sorted(d.items()):
                 rel = os.path.join(prefix, name) if prefix else name
-                if isinstance(node, _Dir):
+                if isinstance(node, dict):
                     dirs.add(rel)
                     walk(node, rel)
                 else:
                     files.append((rel, content(node)))
 
-        walk(self.top, "")
+        walk(view, "")
         return Image(frozenset(dirs), tuple(files))
 
     def lenient(self, tear: Op | None, rng: random.Random) -> Image:
@@ -352,3 +373,36 @@ class _Model:
 
         walk(self.top, "")
         return Image(frozenset(dirs), tuple(files))
+
+
+def _durable_view(d: _Dir) -> dict[str, Any]:
+    """A directory as its last sync left it, as nested dicts (files as :class:`_File`)."""
+    return {name: _durable_view(node) if isinstance(node, _Dir) else node for name, node in d.durable.items()}
+
+
+def _replay(view: dict[str, Any], op: Op, node: _File | _Dir | None) -> None:
+    """Apply one uncovered directory change to a durable view (skipped where it no longer applies)."""
+
+    def parent(rel: str) -> tuple[dict[str, Any] | None, str]:
+        head, name = os.path.split(rel)
+        d: Any = view
+        for part in head.split(os.sep) if head else ():
+            d = d.get(part) if isinstance(d, dict) else None
+        return (d if isinstance(d, dict) else None), name
+
+    kind = op[0]
+    p, name = parent(op[1])
+    if p is None:
+        return
+    if kind == "create":
+        p[name] = node
+    elif kind == "mkdir":
+        assert isinstance(node, _Dir)
+        p[name] = _durable_view(node)
+    elif kind == "rename":
+        if name in p:
+            q, dst = parent(op[2])
+            if q is not None:
+                q[dst] = p.pop(name)
+    else:
+        p.pop(name, None)

@@ -55,6 +55,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         f"{STATS['clock steps']} clock steps",
         f"{STATS['derived deletions']} derived-data deletions",
         f"{STATS['bad inputs']} bad inputs",
+        f"{STATS['power-cut states']} power-cut states ({STATS['power-cut strict']} strict, "
+        f"{STATS['power-cut lenient']} lenient; {STATS['power-cut batches checked']} acked batches checked)",
         f"{STATS['lost']} acknowledged items lost",
     ]
     terminalreporter.write_line("faults: " + ", ".join(parts))
