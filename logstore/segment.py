@@ -98,8 +98,9 @@ def classify_failure(fd: int, bad_offset: int, file_size: int, salt: int) -> Ver
     It is damage to acknowledged data ("corrupt") when a valid record follows
     it anywhere in the file, or when the file ends with an intact record
     trailer that belongs to the failed record (it was written whole, then
-    damaged) and holds no run of zero bytes (see ``_ZERO_RUN``). Otherwise it is a torn tail: a write that never completed, and
-    so was never acknowledged.
+    damaged) and holds no run of zero bytes (see ``_ZERO_RUN``). Otherwise it
+    is a torn tail: a write that never completed, and so was never
+    acknowledged.
     """
     data = os.pread(fd, file_size - bad_offset, bad_offset)
     # A valid record after the bad one: every record ends with the trailer magic.
