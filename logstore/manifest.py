@@ -35,7 +35,7 @@ import msgspec
 import xxhash
 from sortedcontainers import SortedList
 
-from . import fileio
+from . import fileio, frame, layout
 from .conversation import ManifestHook, Tip
 from .errors import StoreError, Timeout
 
@@ -448,6 +448,11 @@ class SiteManifest(ManifestHook):
         the caller.
         """
         for conv in sorted(convs - pending):
+            with self._mutex:
+                e = self._repo.get(conv)
+                listed = (e.next_seq, e.last_us) if e is not None and e.next_seq > 0 else None
+            if listed is not None and _ends_at(self._conversation_dir(conv), *listed):
+                continue  # its log ends exactly where its entry says: nothing was lost
             try:
                 tip = self._probe(conv, False)
             except StoreError:
@@ -459,6 +464,9 @@ class SiteManifest(ManifestHook):
                 stale = e is None or tip.next_seq > e.next_seq
             if stale:
                 self._write([COMMIT, conv, tip.created_us, tip.last_us, tip.next_seq], sync=False)
+
+    def _conversation_dir(self, conv: str) -> str:
+        return os.path.join(self.site_dir, layout.CONVERSATIONS_DIR, *layout.fanout(conv), layout.encode_name(conv))
 
     def rebuild(self) -> None:
         """Re-derive every entry from the conversations themselves, then compact."""
@@ -520,6 +528,44 @@ class SiteManifest(ManifestHook):
                 for e in self._repo.values()
                 if e.next_seq > 0
             ]
+
+
+def _ends_at(conv_dir: str, next_seq: int, last_us: int) -> bool:
+    """True when the conversation's last segment ends with a valid batch ending at ``next_seq``, stamped ``last_us``.
+
+    A cheap check (the last record only, found from its trailer) that spares a
+    probe; False whenever anything else is there (a torn tail, a new segment).
+    """
+    try:
+        bases = [b for b in map(layout.parse_segment_name, os.listdir(conv_dir)) if b is not None]
+        if not bases:
+            return False
+        fd = os.open(os.path.join(conv_dir, layout.segment_name(max(bases))), os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        header = frame.decode_segment_header(os.pread(fd, frame.SEGMENT_HEADER_SIZE, 0))
+        size = os.fstat(fd).st_size
+        if header is None or size < frame.SEGMENT_HEADER_SIZE + frame.RECORD_OVERHEAD:
+            return False
+        _check, body_len, magic = frame.TRAILER.unpack(os.pread(fd, frame.TRAILER_SIZE, size - frame.TRAILER_SIZE))
+        start = size - frame.RECORD_OVERHEAD - body_len
+        if magic != frame.TRAILER_MAGIC or start < frame.SEGMENT_HEADER_SIZE:
+            return False
+        data = os.pread(fd, size - start, start)
+        h = frame.decode_record_header(data)
+        return (
+            h.kind == frame.KIND_BATCH
+            and h.end_seq == next_seq
+            and h.recorded_at_us == last_us
+            and frame.plausible(h)
+            and len(data) == h.size
+            and frame.checksum_ok(data, 0, h, header.salt)
+        )
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 class _Damaged(Exception):

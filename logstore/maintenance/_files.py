@@ -47,7 +47,7 @@ def _open_ro(path: str) -> Iterator[int]:
 def _flocked(path: str, exclusive: bool, timeout: float, create: bool) -> Iterator[None]:
     """Hold ``flock`` on ``path`` (as the engine does); without ``create`` a missing file means no lock."""
     try:
-        fd = os.open(path, (os.O_RDWR | os.O_CREAT) if create else os.O_RDONLY, 0o644)
+        fd = fileio.open_create(path) if create else os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         yield
         return
