@@ -11,9 +11,14 @@ On disk it is a snapshot plus an append-only activity log (FORMAT.md):
   (not synced: a power cut may lose it);
 * an intent that is never followed by a commit (its writer crashed) is
   *resolved* later by probing the conversation itself;
-* after (re)loading an epoch, every conversation its log has an intent for is
-  probed once (*recovery*): a commit lost to a power cut is logged again, so
-  ``last_appended_at`` and the order always follow the conversations' logs.
+* a writer opening an epoch's log logs a *boot* record naming this boot of
+  the machine;
+* after loading an epoch, every conversation with an intent logged before the
+  first boot record of this boot (a power cut since may have lost its
+  commits) is checked against its log (*recovery*): a lost commit is logged
+  again, so ``last_appended_at`` and the order always follow the logs. A
+  compaction before that check carries those conversations into the snapshot
+  as pending, so the next listing probes them.
 
 Entries merge monotonically: a record only ever moves a conversation forward
 (larger ``next_seq``), so records may be applied twice or late without harm.
@@ -46,8 +51,23 @@ SNAP_HEADER = struct.Struct("<8sQQQQQ")  # magic, epoch, complete, body_len, xxh
 REC_MAGIC = b"\xc7\x4d"
 REC_HEADER = struct.Struct("<2sHIQ")  # magic, reserved, body_len, xxh3(body_len bytes + body, seed=salt)
 
-INTENT, COMMIT, RESOLVE = 1, 2, 3
+INTENT, COMMIT, RESOLVE, BOOT = 1, 2, 3, 4
 LOCK_FILE = "manifest.lock"
+
+
+def _read_boot_id() -> str:
+    """This boot of the machine (Linux); elsewhere a per-process id, which only makes recovery check more."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            return f.read().decode("ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return f"process-{os.getpid()}-{os.urandom(8).hex()}"
+
+
+#: Names this boot in the activity log: records logged after a ``BOOT`` record
+#: carrying it cannot have been lost to a power cut (this boot's page cache holds
+#: them). Tests set it to simulate the restart after a power cut.
+boot_id = _read_boot_id()
 _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder()
 
@@ -175,8 +195,10 @@ class SiteManifest(ManifestHook):
         self._rfd: int | None = None
         self._roff = 0
         self._complete = True
-        #: Conversations with an intent in the log as loaded, while recovery is owed (None: not owed).
-        self._recover: set[str] | None = None
+        #: Conversations whose intent predates this boot in the loaded log, not yet checked.
+        self._recover: set[str] = set()
+        #: Loading: collecting ``_recover`` until a boot record of this boot is read.
+        self._collecting = False
 
     # ------------------------------------------------------------ file lock
 
@@ -290,6 +312,7 @@ class SiteManifest(ManifestHook):
                         self._touched.clear()
                     self._wepoch = epoch
                     self._wsnap = _size(snap_path(self.site_dir, epoch))
+                    fileio.append(self._wfd, encode_log_record(self._wsalt, _enc.encode([BOOT, boot_id, 0, 0, 0])))
                 fileio.append(self._wfd, encode_log_record(self._wsalt, _enc.encode(record)))
                 if sync or (touch and record[1] not in self._touched):
                     fileio.fdatasync(self._wfd)
@@ -330,8 +353,14 @@ class SiteManifest(ManifestHook):
         self._pending = {e.conversation_id for e in entries if e.pending is not None}
         self._rfd, self._rsalt, self._repoch, self._roff = rfd, rsalt, epoch, LOG_HEADER.size
         self._complete = complete
-        self._recover = set()
         self._loaded = True
+        # Note which conversations were written before this boot (see _recover_listing).
+        self._recover = set()
+        self._collecting = True
+        try:
+            self._tail(locked=True)
+        finally:
+            self._collecting = False
 
     def _tail(self, locked: bool = False) -> None:
         """Apply log records written since we last looked (``locked``: the file lock is held).
@@ -378,8 +407,12 @@ class SiteManifest(ManifestHook):
         except (ValueError, TypeError):
             return
         e = self._repo.get(conv)
+        if kind == BOOT:
+            if self._collecting and conv == boot_id:
+                self._collecting = False  # everything after it was logged in this boot
+            return
         if kind == INTENT:
-            if self._recover is not None:
+            if self._collecting:
                 self._recover.add(conv)
             if e is None:
                 self._repo[conv] = e = _Entry(conv, 0, 0, 0)
@@ -412,7 +445,7 @@ class SiteManifest(ManifestHook):
                 self._load()
                 self._tail()
             rebuild = not self._complete
-            recover, self._recover = self._recover, None
+            recover, self._recover = self._recover, set()
             # An intent without its commit: the writer is still at it (it holds the
             # conversation: skip it), or it died or failed to log the commit after the
             # data sync (the conversation is free: probe it now, without waiting).
@@ -439,13 +472,13 @@ class SiteManifest(ManifestHook):
                 self._tail()
 
     def _recover_listing(self, convs: set[str], pending: set[str]) -> None:
-        """Probe the conversations the loaded log has intents for; log again any commit a power cut lost.
+        """Check the conversations written before this boot; log again any commit a power cut lost.
 
         Their first intent of the epoch was synced before their first batch was
-        written, so this covers every conversation appended to since the
-        snapshot. A conversation held by a writer is skipped: its writer is at
-        work and commits. Conversations with a pending intent are resolved by
-        the caller.
+        written, so ``convs`` holds every conversation appended to since the
+        snapshot and before this boot. A conversation held by a writer is
+        skipped: its writer is at work and commits. Conversations with a
+        pending intent are resolved by the caller.
         """
         for conv in sorted(convs - pending):
             with self._mutex:
@@ -502,6 +535,14 @@ class SiteManifest(ManifestHook):
             self._apply(rec)
         if complete is not None:
             self._complete = complete
+        for conv in self._recover if extra is None else ():
+            # Not checked since a power cut that may have lost its commits: the next
+            # listing probes it (a rebuild has just probed every conversation).
+            e = self._repo.get(conv)
+            if e is not None and e.pending is None:
+                e.pending = (e.created_us, e.last_us, e.next_seq + 1)
+                self._pending.add(conv)
+        self._recover = set()
         self._write_epoch(self._repoch + 1, list(self._repo.values()), self._complete)
         self._current_epoch_locked()
 

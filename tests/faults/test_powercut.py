@@ -136,8 +136,17 @@ class StateFailed(AssertionError):
 
 def check_state(root: str, rec: Recording, acked: list[Ack], nth: int, held: Counter[str]) -> None:
     """Everything a state must show (see the module doc); raises AssertionError, counts what held in ``held``."""
+    booted = manifest.boot_id
+    manifest.boot_id = f"restarted-after-power-cut-{nth}"  # a power cut means a new boot
     store = FileStore(root, **OPTS)
     try:
+        if nth % 2:
+            # Every other state: first a writer that never lists appends and compacts the
+            # manifest, before anything has checked the listing against the logs.
+            m = store._manifest(SITE)
+            m._compact_bytes, m._writes = 1, 510
+            store.append(SITE, rec.convs[(nth + 1) % len(rec.convs)], make_batch("pre", nth, 1, 10))
+            held["compacted first"] += 1
         logs = {c: read_all(store, SITE, c) for c in rec.convs}
         held["opened"] += 1
         for conv, items in logs.items():
@@ -161,6 +170,7 @@ def check_state(root: str, rec: Recording, acked: list[Ack], nth: int, held: Cou
         held["appends continued"] += 1
     finally:
         store.close()
+        manifest.boot_id = booted
 
 
 def _check_whole_batches(conv: str, items: list[Any]) -> None:
