@@ -299,10 +299,9 @@ class _Model:
 
         ``drop``: everything unsynced lost; ``keep``: every unsynced write
         reached the disk (only the directory rollback bites); ``random``:
-        each pending operation dropped, applied, torn or zeroed (``rng``).
+        each pending operation dropped, applied, torn or zeroed (``rng``),
+        and each directory change not covered kept or not.
         """
-        dirs: set[str] = set()
-        files: list[tuple[str, bytes]] = []
 
         def content(f: _File) -> bytes:
             if policy == "drop" or not f.pending:
