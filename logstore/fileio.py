@@ -93,12 +93,14 @@ def pwrite_all(fd: int, data: bytes, offset: int) -> None:
 
 def append(fd: int, data: bytes) -> None:
     """Write all of ``data`` at the end of a file opened with ``O_APPEND`` (derived data: no fault hook)."""
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        if n <= 0:  # pragma: no cover - the kernel reports errors by raising
-            raise OSError(_errno.EIO, "short write")
-        view = view[n:]
+    n = os.write(fd, data)
+    if n != len(data):  # pragma: no cover - regular files take whole writes
+        view = memoryview(data)[n:]
+        while view:
+            n = os.write(fd, view)
+            if n <= 0:
+                raise OSError(_errno.EIO, "short write")
+            view = view[n:]
     if recorder is not None:
         recorder("write", fd, os.fstat(fd).st_size - len(data), bytes(data))
 

@@ -483,3 +483,46 @@ def test_simulated_disk_models(shm_path: Path) -> None:
     assert len(shapes) >= 4, f"random cuts hardly vary: {shapes}"
     lenient = files(model.lenient(None, random.Random(0)))
     assert lenient == {os.path.join("d", "a"): b"A" * 1000 + b"B" * 1000, os.path.join("d", "new"): b"old"}
+
+
+def test_listing_recovery_runs_only_after_a_reboot(shm_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lost commit is recovered at the first listing after a reboot; a plain restart checks nothing."""
+    root = shm_path / "data"
+    store = FileStore(root, **OPTS)
+    try:
+        store.append(SITE, CONVS[0], make_batch("x", 1, 1, 10))
+        store.append(SITE, CONVS[1], make_batch("x", 2, 1, 10))
+        store.append(SITE, CONVS[0], make_batch("x", 3, 2, 10))
+    finally:
+        store.close()
+    # What a power cut can leave: the last batch's intent and commit (neither synced) lost.
+    sdir = Path(layout.site_dir(str(root), SITE))
+    log = max(p for p in sdir.iterdir() if p.suffix == ".log")
+    data = log.read_bytes()
+    salt = manifest.LOG_HEADER.unpack(data[: manifest.LOG_HEADER.size])[2]
+    recs = list(manifest.iter_log_records(data, salt, manifest.LOG_HEADER.size))
+    assert recs[-1][2] is not None and recs[-1][2][:2] == [manifest.COMMIT, CONVS[0]]
+    assert recs[-2][2] is not None and recs[-2][2][:2] == [manifest.INTENT, CONVS[0]]
+    os.truncate(log, recs[-2][0])
+    looked: list[str] = []
+    real = manifest._ends_at
+    monkeypatch.setattr(manifest, "_ends_at", lambda d, *a: looked.append(d) or real(d, *a))
+
+    store = FileStore(root, **OPTS)  # same boot: the page cache held everything, nothing is checked
+    try:
+        by_id = {s.conversation_id: s for s in list_all(store, SITE)}
+        assert looked == []
+        assert by_id[CONVS[0]].last_appended_at < read_all(store, SITE, CONVS[0])[-1].recorded_at
+    finally:
+        store.close()
+    monkeypatch.setattr(manifest, "boot_id", "a-later-boot")
+    store = FileStore(root, **OPTS)
+    try:
+        listing = list_all(store, SITE)
+        assert len(looked) == 2, looked  # both conversations were written before this boot
+        logs = {c: read_all(store, SITE, c) for c in CONVS[:2]}
+        assert [s.conversation_id for s in listing] == [CONVS[0], CONVS[1]]
+        for s in listing:
+            assert s.last_appended_at == logs[s.conversation_id][-1].recorded_at
+    finally:
+        store.close()
