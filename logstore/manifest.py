@@ -176,6 +176,7 @@ class SiteManifest(ManifestHook):
         self._compact_bytes = compact_bytes
         self._wsnap = 0
         self._mutex = threading.RLock()
+        self._recovering = threading.Lock()
         self._lock_fd: int | None = None
         # Writer side.
         self._wfd: int | None = None
@@ -445,7 +446,6 @@ class SiteManifest(ManifestHook):
                 self._load()
                 self._tail()
             rebuild = not self._complete
-            recover, self._recover = self._recover, set()
             # An intent without its commit: the writer is still at it (it holds the
             # conversation: skip it), or it died or failed to log the commit after the
             # data sync (the conversation is free: probe it now, without waiting).
@@ -453,8 +453,14 @@ class SiteManifest(ManifestHook):
         if rebuild:
             self.rebuild()
             return
-        if recover:
-            self._recover_listing(recover, {c for c, _ in due})
+        with self._recovering:
+            # Other threads wait for the check rather than list what it is about to correct.
+            with self._mutex:
+                recover, self._recover = self._recover, set()
+            if recover:
+                self._recover_listing(recover, {c for c, _ in due})
+                with self._mutex:
+                    self._tail()
         for conv, pending in due:
             assert pending is not None
             # Probed without holding the manifest: an appender holds the conversation, then the manifest.
@@ -467,7 +473,7 @@ class SiteManifest(ManifestHook):
             if tip is not None:
                 rec[2:5] = [tip.created_us, tip.last_us, tip.next_seq]
             self._write(rec, sync=False)
-        if due or recover:
+        if due:
             with self._mutex:
                 self._tail()
 
