@@ -526,3 +526,23 @@ def test_listing_recovery_runs_only_after_a_reboot(shm_path: Path, monkeypatch: 
             assert s.last_appended_at == logs[s.conversation_id][-1].recorded_at
     finally:
         store.close()
+
+
+def test_power_cut_two_writers(shm_path: Path) -> None:
+    """Two stores on one directory (as two processes): each logs its own boot record and synced intents."""
+    root = shm_path / "data"
+
+    def work(w: Writer) -> None:
+        other = Writer(w.rec, FileStore(root, **OPTS), "o")
+        try:
+            for i, (conv_i, n, pad) in enumerate([(0, 1, 40), (0, 2, 200), (1, 1, 30), (1, 3, 300), (0, 1, 60)]):
+                (w if i % 2 else other).append(CONVS[conv_i], n, pad)
+            m = other.store._manifest(SITE)
+            m._compact_bytes, m._writes = 1, 510  # the other writer compacts at its next commit
+            other.append(CONVS[2], 1, 20)
+            w.append(CONVS[0], 1, 20)
+        finally:
+            other.store.close()
+
+    rec = record(root, CONVS, _some_history, work)
+    explore(rec, "two writers", shm_path)
