@@ -8,17 +8,22 @@ under the strict POSIX model (unsynced data dropped, kept, torn or zeroed;
 directory entries no directory sync covered rolled back) and under the lenient
 ordered model (a prefix of the operations, the write in flight torn).
 
-Every state must: open without error; show every acknowledged batch byte for
-byte and never part of a batch; list exactly the conversations that hold
-items, each with ``created_at`` its first item's and ``last_appended_at`` its
-last item's ``recorded_at``, in listing order; and take a further append at
-the next seq.
+Every state is opened as after a reboot (a new ``manifest.boot_id``) and must:
+open without error; show every acknowledged batch byte for byte and never
+part of a batch; list exactly the conversations that hold items, each with
+``created_at`` its first item's and ``last_appended_at`` its last item's
+``recorded_at``, in listing order; and take a further append at the next
+seq. Every other state first gets an append that compacts the manifest
+before anything has listed (a writer-only process after the reboot).
 
 Workloads: ordinary appends with segment rolls and the first append of new
 conversations; manifest compaction (by the engine and by a rebuild); sparse
 index writes (index groups, and indexes rebuilt by a read); ``fsck --repair``
-(``logstore.maintenance.check``) of a torn tail, a missing index and a stale
-manifest; and restores (``convmem import``'s ``Restorer``).
+(``logstore.maintenance.check``) of a torn tail, a missing index and a lost
+commit; restores (``convmem import``'s ``Restorer``); and two writers on one
+directory. Two more tests keep the harness honest: every file operation of
+the engine goes through ``fileio`` (else the simulation would not see it),
+and the simulated disk's models hold on a known sequence.
 
 CI explores every cut point with a few variants each (a few hundred distinct
 states); ``CONVMEM_SOAK=1`` adds many random variants per cut point.
