@@ -221,7 +221,7 @@ def mkdir(path: str) -> None:
 
 def makedirs(path: str) -> None:
     """Create ``path`` and any missing parents, none of them synced."""
-    if os.path.isdir(path):
+    if not path or os.path.isdir(path):
         return
     makedirs(os.path.dirname(path))
     try:
