@@ -154,7 +154,7 @@ class Conversation:
 
     def _lock(self, exclusive: bool, deadline: float, started: float) -> None:
         if self._lock_fd is None:
-            self._lock_fd = os.open(os.path.join(self.path, layout.LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+            self._lock_fd = fileio.open_create(os.path.join(self.path, layout.LOCK_FILE))
         fd = self._lock_fd
         _lock_wait(lambda: fileio.try_lock(fd, exclusive), deadline, started)
 
@@ -444,7 +444,7 @@ class Conversation:
     def _write_index_entries(self) -> None:
         if self._idx_unwritten and self._idx_fd is not None:
             try:
-                os.write(self._idx_fd, b"".join(self._idx_unwritten))
+                fileio.append(self._idx_fd, b"".join(self._idx_unwritten))
             except OSError:
                 pass  # derived data: a missing entry only costs a longer scan
         self._idx_unwritten.clear()
@@ -454,11 +454,11 @@ class Conversation:
         salt = frame.new_salt()
         final = self._seg_path(base)
         tmp = final + ".tmp"
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = fileio.open_create(tmp, os.O_RDWR | os.O_TRUNC)
         try:
             fileio.pwrite_all(fd, frame.encode_segment_header(base, salt), 0)
             fileio.fdatasync(fd)
-            os.rename(tmp, final)
+            fileio.rename(tmp, final)
             fileio.crashpoint("after-file-create")
             fileio.fsync_dir(self.path)
         except BaseException:

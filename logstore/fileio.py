@@ -1,8 +1,10 @@
 """The single seam for file I/O that matters to durability.
 
-Every write, sync, directory sync, rename and truncate of the engine goes
-through here, so that fault-injection tests can make any of them fail and
-named crash points can stop the process between them.
+Every write, sync, directory sync, create, rename, unlink and truncate of
+the engine goes through here, so that fault-injection tests can make any of
+them fail, named crash points can stop the process between them, and a
+recorder can log them all to simulate a power cut (what the disk may hold
+when power is lost after any one of them).
 
 Crash points are inert unless the environment variable ``CONVMEM_CRASH_AT``
 is set when this module is imported, to ``NAME`` or ``NAME:N`` (crash at the
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import errno as _errno
 import os
+import shutil
 from collections.abc import Callable
 
 from . import observe
@@ -46,6 +49,16 @@ _crash_hits = 0
 fault_hook: Callable[[str], None] | None = None
 
 
+#: Power-cut simulation for tests: when set, called after each durability-relevant
+#: operation succeeded, with its name and arguments (descriptors still open):
+#: ``("create", path, fd)`` (a file opened with O_CREAT, possibly truncated),
+#: ``("write", fd, offset, data)``, ``("sync", fd)`` (fsync or fdatasync),
+#: ``("truncate", fd, size)``, ``("dirsync", path)``, ``("mkdir", path)``,
+#: ``("rename", src, dst)``, ``("unlink", path)``, ``("rmtree", path)``.
+#: None (the default) costs one global lookup per operation.
+recorder: Callable[..., None] | None = None
+
+
 def crashpoint(name: str) -> None:
     """Exit the process here if ``CONVMEM_CRASH_AT`` names this point."""
     global _crash_hits
@@ -64,6 +77,7 @@ def _fault(op: str) -> None:
 def pwrite_all(fd: int, data: bytes, offset: int) -> None:
     """Write all of ``data`` at ``offset``; short writes are continued."""
     _fault("write")
+    start = offset
     view = memoryview(data)
     if _crash_at is not None and _crash_at[0] == "record-mid-write" and len(view) > 1:
         half = len(view) // 2
@@ -75,6 +89,22 @@ def pwrite_all(fd: int, data: bytes, offset: int) -> None:
         if n <= 0:  # pragma: no cover - the kernel reports errors by raising
             raise OSError(_errno.EIO, "short write")
         view, offset = view[n:], offset + n
+    if recorder is not None:
+        recorder("write", fd, start, bytes(data))
+
+
+def append(fd: int, data: bytes) -> None:
+    """Write all of ``data`` at the end of a file opened with ``O_APPEND`` (derived data: no fault hook)."""
+    n = os.write(fd, data)
+    if n != len(data):  # pragma: no cover - regular files take whole writes
+        view = memoryview(data)[n:]
+        while view:
+            n = os.write(fd, view)
+            if n <= 0:
+                raise OSError(_errno.EIO, "short write")
+            view = view[n:]
+    if recorder is not None:
+        recorder("write", fd, os.fstat(fd).st_size - len(data), bytes(data))
 
 
 def fdatasync(fd: int) -> None:
@@ -82,6 +112,8 @@ def fdatasync(fd: int) -> None:
     _fault("fdatasync")
     with observe.timed("fdatasync"):
         os.fdatasync(fd)
+    if recorder is not None:
+        recorder("sync", fd)
 
 
 def fsync(fd: int) -> None:
@@ -89,6 +121,8 @@ def fsync(fd: int) -> None:
     _fault("fsync")
     with observe.timed("fsync"):
         os.fsync(fd)
+    if recorder is not None:
+        recorder("sync", fd)
 
 
 #: Directories whose sync failed: an entry made in them (a new directory or
@@ -111,6 +145,8 @@ def fsync_dir(path: str) -> None:
         _unsynced_dirs.add(path)
         raise
     _unsynced_dirs.discard(path)
+    if recorder is not None:
+        recorder("dirsync", path)
 
 
 def _resync_dirs(path: str) -> None:
@@ -133,7 +169,7 @@ def makedirs_durable(path: str) -> bool:
     parent = os.path.dirname(path)
     makedirs_durable(parent)
     try:
-        os.mkdir(path)
+        mkdir(path)
     except FileExistsError:
         return False
     fsync_dir(parent)
@@ -145,19 +181,86 @@ def write_file_atomic(path: str, data: bytes) -> None:
     """Replace ``path`` with ``data``: temp file, sync, rename, sync directory."""
     directory = os.path.dirname(path)
     tmp = f"{path}.tmp.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = open_create(tmp, os.O_WRONLY | os.O_TRUNC)
     try:
         pwrite_all(fd, data, 0)
         fsync(fd)
     finally:
         os.close(fd)
-    os.replace(tmp, path)
+    rename(tmp, path)
     fsync_dir(directory)
+
+
+def write_file(path: str, data: bytes) -> None:
+    """Create or replace the file ``path`` with ``data``, in place and unsynced (derived data)."""
+    fd = open_create(path, os.O_WRONLY | os.O_TRUNC)
+    try:
+        pwrite_all(fd, data, 0)
+    finally:
+        os.close(fd)
+
+
+def copy_file(src: str, dst: str) -> None:
+    """Copy the bytes of ``src`` to a new file ``dst`` (unsynced: the caller syncs)."""
+    if recorder is None:
+        shutil.copyfile(src, dst)
+        return
+    with open(src, "rb") as f:
+        write_file(dst, f.read())
+
+
+def open_create(path: str, flags: int = os.O_RDWR, mode: int = 0o644) -> int:
+    """``os.open(path, flags | O_CREAT)``: a descriptor of a file that may be new (or, with O_TRUNC, emptied)."""
+    fd = os.open(path, flags | os.O_CREAT, mode)
+    if recorder is not None:
+        recorder("create", path, fd)
+    return fd
+
+
+def mkdir(path: str) -> None:
+    """Create one directory (not synced: see :func:`makedirs_durable`)."""
+    os.mkdir(path)
+    if recorder is not None:
+        recorder("mkdir", path)
+
+
+def makedirs(path: str) -> None:
+    """Create ``path`` and any missing parents, none of them synced."""
+    if not path or os.path.isdir(path):
+        return
+    makedirs(os.path.dirname(path))
+    try:
+        mkdir(path)
+    except FileExistsError:
+        pass
+
+
+def rename(src: str, dst: str) -> None:
+    """Rename ``src`` to ``dst``, replacing it (durable once the directory is synced)."""
+    os.replace(src, dst)
+    if recorder is not None:
+        recorder("rename", src, dst)
+
+
+def unlink(path: str) -> None:
+    """Remove a file name (raises FileNotFoundError as ``os.unlink``)."""
+    os.unlink(path)
+    if recorder is not None:
+        recorder("unlink", path)
+
+
+def remove_tree(path: str) -> None:
+    """Remove a directory and everything below it."""
+    shutil.rmtree(path)
+    if recorder is not None:
+        recorder("rmtree", path)
 
 
 def truncate(fd: int, size: int) -> None:
     """Cut a file to ``size`` bytes and make that durable."""
     os.ftruncate(fd, size)
+    if recorder is not None:
+        recorder("truncate", fd, size)
     fsync(fd)
 
 

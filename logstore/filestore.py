@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 import threading
 import time
 from collections import OrderedDict
@@ -280,9 +279,9 @@ class FileStore(MemoryStore):
             return
         trash = os.path.join(self.root, layout.SITES_DIR, f".dropped-{os.getpid()}-{time.time_ns()}")
         try:
-            os.rename(path, trash)
+            fileio.rename(path, trash)
             fileio.fsync_dir(os.path.dirname(path))
-            shutil.rmtree(trash)
+            fileio.remove_tree(trash)
         except OSError as exc:
             raise _io(exc, f"dropping site {site} failed") from exc
 

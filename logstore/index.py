@@ -17,6 +17,8 @@ import bisect
 import os
 import struct
 
+from . import fileio
+
 INDEX_MAGIC = b"CVMIDX\x00\x01"
 INDEX_HEADER = struct.Struct("<8sIIQQ")
 INDEX_HEADER_SIZE = INDEX_HEADER.size  # 32
@@ -106,9 +108,8 @@ def load(path: str, base_seq: int, salt: int, segment_size: int) -> SparseIndex 
 def write(path: str, idx: SparseIndex) -> None:
     """Replace the index file with ``idx`` (atomic rename, not synced: derived data)."""
     tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(idx.to_bytes())
-    os.replace(tmp, path)
+    fileio.write_file(tmp, idx.to_bytes())
+    fileio.rename(tmp, path)
 
 
 def open_for_append(path: str, idx: SparseIndex) -> int:

@@ -3,12 +3,22 @@
 It is derived data, rebuilt from the segments whenever missing or damaged.
 On disk it is a snapshot plus an append-only activity log (FORMAT.md):
 
-* before a batch is written, its conversation logs an *intent* (synced for a
-  conversation's first batch, so a new conversation can never be lost from
-  the listing, even by a power cut);
-* after the batch is durable, a *commit* with the conversation's new extent;
+* before a batch is written, its conversation logs an *intent*, synced for
+  the conversation's first batch in the epoch (per writing process), so that
+  after a power cut the log names every conversation written since its
+  snapshot, even when the later, unsynced records are lost;
+* after the batch is durable, a *commit* with the conversation's new extent
+  (not synced: a power cut may lose it);
 * an intent that is never followed by a commit (its writer crashed) is
-  *resolved* later by probing the conversation itself.
+  *resolved* later by probing the conversation itself;
+* a writer opening an epoch's log logs a *boot* record naming this boot of
+  the machine;
+* after loading an epoch, every conversation with an intent logged before the
+  first boot record of this boot (a power cut since may have lost its
+  commits) is checked against its log (*recovery*): a lost commit is logged
+  again, so ``last_appended_at`` and the order always follow the logs. A
+  compaction before that check carries those conversations into the snapshot
+  as pending, so the next listing probes them.
 
 Entries merge monotonically: a record only ever moves a conversation forward
 (larger ``next_seq``), so records may be applied twice or late without harm.
@@ -30,7 +40,7 @@ import msgspec
 import xxhash
 from sortedcontainers import SortedList
 
-from . import fileio
+from . import fileio, frame, layout
 from .conversation import ManifestHook, Tip
 from .errors import StoreError, Timeout
 
@@ -41,8 +51,23 @@ SNAP_HEADER = struct.Struct("<8sQQQQQ")  # magic, epoch, complete, body_len, xxh
 REC_MAGIC = b"\xc7\x4d"
 REC_HEADER = struct.Struct("<2sHIQ")  # magic, reserved, body_len, xxh3(body_len bytes + body, seed=salt)
 
-INTENT, COMMIT, RESOLVE = 1, 2, 3
+INTENT, COMMIT, RESOLVE, BOOT = 1, 2, 3, 4
 LOCK_FILE = "manifest.lock"
+
+
+def _read_boot_id() -> str:
+    """This boot of the machine (Linux); elsewhere a per-process id, which only makes recovery check more."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            return f.read().decode("ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return f"process-{os.getpid()}-{os.urandom(8).hex()}"
+
+
+#: Names this boot in the activity log: records logged after a ``BOOT`` record
+#: carrying it cannot have been lost to a power cut (this boot's page cache holds
+#: them). Tests set it to simulate the restart after a power cut.
+boot_id = _read_boot_id()
 _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder()
 
@@ -151,12 +176,15 @@ class SiteManifest(ManifestHook):
         self._compact_bytes = compact_bytes
         self._wsnap = 0
         self._mutex = threading.RLock()
+        self._recovering = threading.Lock()
         self._lock_fd: int | None = None
         # Writer side.
         self._wfd: int | None = None
         self._wepoch = 0
         self._wsalt = 0
         self._writes = 0
+        #: Conversations whose intent this process has synced in the writer epoch.
+        self._touched: set[str] = set()
         # Reader side (the in-memory listing).
         self._loaded = False
         self._repo: dict[str, _Entry] = {}
@@ -168,13 +196,17 @@ class SiteManifest(ManifestHook):
         self._rfd: int | None = None
         self._roff = 0
         self._complete = True
+        #: Conversations whose intent predates this boot in the loaded log, not yet checked.
+        self._recover: set[str] = set()
+        #: Loading: collecting ``_recover`` until a boot record of this boot is read.
+        self._collecting = False
 
     # ------------------------------------------------------------ file lock
 
     def _flock(self) -> None:
         if self._lock_fd is None:
-            os.makedirs(self.site_dir, exist_ok=True)
-            self._lock_fd = os.open(os.path.join(self.site_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+            fileio.makedirs(self.site_dir)
+            self._lock_fd = fileio.open_create(os.path.join(self.site_dir, LOCK_FILE))
         started = time.monotonic()
         delay = 0.0005
         while True:
@@ -222,7 +254,7 @@ class SiteManifest(ManifestHook):
                 for kind in epochs[e]:
                     path = snap_path(self.site_dir, e) if kind == "snap" else log_path(self.site_dir, e)
                     try:
-                        os.unlink(path)
+                        fileio.unlink(path)
                     except FileNotFoundError:
                         pass
         return epoch
@@ -254,12 +286,13 @@ class SiteManifest(ManifestHook):
     # --------------------------------------------------------------- writes
 
     def intent(self, conversation_id: str, tip: Tip, *, new: bool) -> None:
-        self._write([INTENT, str(conversation_id), tip.created_us, tip.last_us, tip.next_seq], sync=new)
+        self._write([INTENT, str(conversation_id), tip.created_us, tip.last_us, tip.next_seq], sync=new, touch=True)
 
     def commit(self, conversation_id: str, tip: Tip) -> None:
         self._write([COMMIT, str(conversation_id), tip.created_us, tip.last_us, tip.next_seq], sync=False)
 
-    def _write(self, record: list[Any], sync: bool) -> None:
+    def _write(self, record: list[Any], sync: bool, touch: bool = False) -> None:
+        """Append one record to the current epoch's log; ``touch``: sync it unless this epoch already has one."""
         with self._mutex:
             self._flock()
             try:
@@ -276,11 +309,16 @@ class SiteManifest(ManifestHook):
                         self._write_epoch(epoch, [], False)
                         self._current_epoch_locked()
                         self._wfd, self._wsalt = self._open_log(epoch, os.O_RDWR | os.O_APPEND)
+                    if epoch != self._wepoch:
+                        self._touched.clear()
                     self._wepoch = epoch
                     self._wsnap = _size(snap_path(self.site_dir, epoch))
-                os.write(self._wfd, encode_log_record(self._wsalt, _enc.encode(record)))
-                if sync:
+                    fileio.append(self._wfd, encode_log_record(self._wsalt, _enc.encode([BOOT, boot_id, 0, 0, 0])))
+                fileio.append(self._wfd, encode_log_record(self._wsalt, _enc.encode(record)))
+                if sync or (touch and record[1] not in self._touched):
                     fileio.fdatasync(self._wfd)
+                    if touch:
+                        self._touched.add(record[1])
                 self._writes += 1
                 if self._writes % 512 == 0 and os.fstat(self._wfd).st_size > max(self._compact_bytes, self._wsnap // 4):
                     self._compact_locked()
@@ -317,6 +355,13 @@ class SiteManifest(ManifestHook):
         self._rfd, self._rsalt, self._repoch, self._roff = rfd, rsalt, epoch, LOG_HEADER.size
         self._complete = complete
         self._loaded = True
+        # Note which conversations were written before this boot (see _recover_listing).
+        self._recover = set()
+        self._collecting = True
+        try:
+            self._tail(locked=True)
+        finally:
+            self._collecting = False
 
     def _tail(self, locked: bool = False) -> None:
         """Apply log records written since we last looked (``locked``: the file lock is held).
@@ -363,7 +408,13 @@ class SiteManifest(ManifestHook):
         except (ValueError, TypeError):
             return
         e = self._repo.get(conv)
+        if kind == BOOT:
+            if self._collecting and conv == boot_id:
+                self._collecting = False  # everything after it was logged in this boot
+            return
         if kind == INTENT:
+            if self._collecting:
+                self._recover.add(conv)
             if e is None:
                 self._repo[conv] = e = _Entry(conv, 0, 0, 0)
             if nxt > e.next_seq and (e.pending is None or nxt > e.pending[2]):
@@ -402,6 +453,14 @@ class SiteManifest(ManifestHook):
         if rebuild:
             self.rebuild()
             return
+        with self._recovering:
+            # Other threads wait for the check rather than list what it is about to correct.
+            with self._mutex:
+                recover, self._recover = self._recover, set()
+            if recover:
+                self._recover_listing(recover, {c for c, _ in due})
+                with self._mutex:
+                    self._tail()
         for conv, pending in due:
             assert pending is not None
             # Probed without holding the manifest: an appender holds the conversation, then the manifest.
@@ -417,6 +476,36 @@ class SiteManifest(ManifestHook):
         if due:
             with self._mutex:
                 self._tail()
+
+    def _recover_listing(self, convs: set[str], pending: set[str]) -> None:
+        """Check the conversations written before this boot; log again any commit a power cut lost.
+
+        Their first intent of the epoch was synced before their first batch was
+        written, so ``convs`` holds every conversation appended to since the
+        snapshot and before this boot. A conversation held by a writer is
+        skipped: its writer is at work and commits. Conversations with a
+        pending intent are resolved by the caller.
+        """
+        for conv in sorted(convs - pending):
+            with self._mutex:
+                e = self._repo.get(conv)
+                listed = (e.next_seq, e.last_us) if e is not None and e.next_seq > 0 else None
+            if listed is not None and _ends_at(self._conversation_dir(conv), *listed):
+                continue  # its log ends exactly where its entry says: nothing was lost
+            try:
+                tip = self._probe(conv, False)
+            except StoreError:
+                continue  # busy (its writer commits) or damaged (fsck reports it)
+            if tip is None:
+                continue
+            with self._mutex:
+                e = self._repo.get(conv)
+                stale = e is None or tip.next_seq > e.next_seq
+            if stale:
+                self._write([COMMIT, conv, tip.created_us, tip.last_us, tip.next_seq], sync=False)
+
+    def _conversation_dir(self, conv: str) -> str:
+        return os.path.join(self.site_dir, layout.CONVERSATIONS_DIR, *layout.fanout(conv), layout.encode_name(conv))
 
     def rebuild(self) -> None:
         """Re-derive every entry from the conversations themselves, then compact."""
@@ -452,6 +541,14 @@ class SiteManifest(ManifestHook):
             self._apply(rec)
         if complete is not None:
             self._complete = complete
+        for conv in self._recover if extra is None else ():
+            # Not checked since a power cut that may have lost its commits: the next
+            # listing probes it (a rebuild has just probed every conversation).
+            e = self._repo.get(conv)
+            if e is not None and e.pending is None:
+                e.pending = (e.created_us, e.last_us, e.next_seq + 1)
+                self._pending.add(conv)
+        self._recover = set()
         self._write_epoch(self._repoch + 1, list(self._repo.values()), self._complete)
         self._current_epoch_locked()
 
@@ -478,6 +575,44 @@ class SiteManifest(ManifestHook):
                 for e in self._repo.values()
                 if e.next_seq > 0
             ]
+
+
+def _ends_at(conv_dir: str, next_seq: int, last_us: int) -> bool:
+    """True when the conversation's last segment ends with a valid batch ending at ``next_seq``, stamped ``last_us``.
+
+    A cheap check (the last record only, found from its trailer) that spares a
+    probe; False whenever anything else is there (a torn tail, a new segment).
+    """
+    try:
+        bases = [b for b in map(layout.parse_segment_name, os.listdir(conv_dir)) if b is not None]
+        if not bases:
+            return False
+        fd = os.open(os.path.join(conv_dir, layout.segment_name(max(bases))), os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        header = frame.decode_segment_header(os.pread(fd, frame.SEGMENT_HEADER_SIZE, 0))
+        size = os.fstat(fd).st_size
+        if header is None or size < frame.SEGMENT_HEADER_SIZE + frame.RECORD_OVERHEAD:
+            return False
+        _check, body_len, magic = frame.TRAILER.unpack(os.pread(fd, frame.TRAILER_SIZE, size - frame.TRAILER_SIZE))
+        start = size - frame.RECORD_OVERHEAD - body_len
+        if magic != frame.TRAILER_MAGIC or start < frame.SEGMENT_HEADER_SIZE:
+            return False
+        data = os.pread(fd, size - start, start)
+        h = frame.decode_record_header(data)
+        return (
+            h.kind == frame.KIND_BATCH
+            and h.end_seq == next_seq
+            and h.recorded_at_us == last_us
+            and frame.plausible(h)
+            and len(data) == h.size
+            and frame.checksum_ok(data, 0, h, header.salt)
+        )
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 class _Damaged(Exception):

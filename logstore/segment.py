@@ -98,8 +98,9 @@ def classify_failure(fd: int, bad_offset: int, file_size: int, salt: int) -> Ver
     It is damage to acknowledged data ("corrupt") when a valid record follows
     it anywhere in the file, or when the file ends with an intact record
     trailer that belongs to the failed record (it was written whole, then
-    damaged). Otherwise it is a torn tail: a write that never completed, and
-    so was never acknowledged.
+    damaged) and holds no run of zero bytes (see ``_ZERO_RUN``). Otherwise it
+    is a torn tail: a write that never completed, and so was never
+    acknowledged.
     """
     data = os.pread(fd, file_size - bad_offset, bad_offset)
     # A valid record after the bad one: every record ends with the trailer magic.
@@ -113,6 +114,13 @@ def classify_failure(fd: int, bad_offset: int, file_size: int, salt: int) -> Ver
             return "corrupt"
         probe = m + 1
     tail = frame.trailer_at_end(data, len(data))
-    if tail is not None and tail[0] == 0:
+    if tail is not None and tail[0] == 0 and _ZERO_RUN not in data[: len(data) - frame.TRAILER_SIZE]:
         return "corrupt"
     return "torn"
+
+
+#: A power cut can persist an unsynced record's sectors in any order (its trailer
+#: but not its header, say); those that never reached the disk read as zeros. A
+#: record written whole never holds this many zero bytes in a row (its body is
+#: JSON text, with no NUL byte), and bit rot does not write them.
+_ZERO_RUN = bytes(16)

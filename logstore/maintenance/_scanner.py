@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -465,7 +464,7 @@ class _ConvScanner:
         for p in self.problems:
             if p.kind == ORPHAN_INDEX and not p.repaired:
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(p.file)
+                    fileio.unlink(p.file)
                 p.repaired = True
                 p.action = "removed the index (derived data; its segment does not exist)"
 
@@ -481,7 +480,7 @@ class _ConvScanner:
         fileio.makedirs_durable(qdir)
         for base in bases:
             name = layout.segment_name(base)
-            shutil.copyfile(self._path(name), os.path.join(qdir, name))
+            fileio.copy_file(self._path(name), os.path.join(qdir, name))
             with _open_ro(os.path.join(qdir, name)) as qfd:
                 fileio.fsync(qfd)
         fileio.fsync_dir(qdir)
@@ -511,12 +510,12 @@ class _ConvScanner:
         for base, _size in reversed(cut):
             seg = self._path(layout.segment_name(base))
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._path(layout.index_name(base)))
+                fileio.unlink(self._path(layout.index_name(base)))
             with _open_rw(seg) as fd:
                 if base == first_base and keep_first:
                     _replace_with_prefix(seg, fd, dmg.offset)
                 else:
-                    os.unlink(seg)
+                    fileio.unlink(seg)
                 # Shrink the old file to nothing: an engine holding it open sees its size
                 # change, drops what it knew (including a remembered Corrupted) and reloads.
                 fileio.truncate(fd, 0)

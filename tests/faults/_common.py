@@ -72,6 +72,10 @@ SUMMARY_FIGURES = [
     ("clock steps", "clock steps"),
     ("derived deletions", "derived-data deletions"),
     ("bad inputs", "bad inputs"),
+    ("power-cut states", "power-cut states"),
+    ("power-cut strict", "of them under the strict model"),
+    ("power-cut lenient", "under the lenient model"),
+    ("power-cut batches checked", "acked batches checked after power cuts"),
 ]
 
 

@@ -1,0 +1,553 @@
+"""Fault 9: a power cut, simulated.
+
+A kill leaves the page cache behind, so it can never show a missing sync. Here
+every durability-relevant operation of a workload is recorded through the
+engine's I/O seam (``logstore.fileio.recorder``, see ``_disk.py``), and the
+disk a power cut could leave is rebuilt for cut points after each operation:
+under the strict POSIX model (unsynced data dropped, kept, torn or zeroed;
+directory entries no directory sync covered rolled back) and under the lenient
+ordered model (a prefix of the operations, the write in flight torn).
+
+Every state is opened as after a reboot (a new ``manifest.boot_id``) and must:
+open without error; show every acknowledged batch byte for byte and never
+part of a batch; list exactly the conversations that hold items, each with
+``created_at`` its first item's and ``last_appended_at`` its last item's
+``recorded_at``, in listing order; and take a further append at the next
+seq. Every other state first gets an append that compacts the manifest
+before anything has listed (a writer-only process after the reboot).
+
+Workloads: ordinary appends with segment rolls and the first append of new
+conversations; manifest compaction (by the engine and by a rebuild); sparse
+index writes (index groups, and indexes rebuilt by a read); ``fsck --repair``
+(``logstore.maintenance.check``) of a torn tail, a missing index and a lost
+commit; restores (``convmem import``'s ``Restorer``); and two writers on one
+directory. Two more tests keep the harness honest: every file operation of
+the engine goes through ``fileio`` (else the simulation would not see it),
+and the simulated disk's models hold on a known sequence.
+
+CI explores every cut point with a few variants each (a few hundred distinct
+states); ``CONVMEM_SOAK=1`` adds many random variants per cut point.
+``CONVMEM_POWERCUT_SEED`` reruns the random parts of a failing run.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from logstore import FileStore, fileio, layout, manifest
+from logstore.maintenance import Restorer, check
+
+from ._common import SITE, STATS, Ack, check_listing_order, list_all, make_batch, make_payload, read_all, rounds
+from ._disk import Image, SimDisk
+
+OPTS: dict[str, Any] = {"segment_bytes": 1024, "index_interval": 64}
+CONVS = ["pc-conv-0001", "pc-conv-0002", "pc-conv-0003"]
+#: Random strict variants per cut point with unsynced data (soak: many more).
+RANDOM_VARIANTS = rounds(1, 24)
+SEED = int(os.environ.get("CONVMEM_POWERCUT_SEED", "0")) or random.SystemRandom().randrange(1, 2**31)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _print_seed() -> Iterator[None]:
+    print(f"\npower-cut seed {SEED} (rerun with CONVMEM_POWERCUT_SEED={SEED})")
+    yield
+
+
+@pytest.fixture
+def shm_path(tmp_path: Path) -> Iterator[Path]:
+    """A scratch directory on tmpfs when there is one: the states are checked, not the disk's speed."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    if base is None:
+        yield tmp_path
+        return
+    with tempfile.TemporaryDirectory(prefix="convmem-powercut-", dir=base) as d:
+        yield Path(d)
+
+
+@dataclass
+class Recording:
+    """A workload's recorded operations, and when each of its batches was acknowledged."""
+
+    disk: SimDisk
+    convs: list[str]
+    before: list[Ack]  # acknowledged before recording started (durable in every state)
+    acks: list[tuple[int, Ack]] = field(default_factory=list)  # (operations done at acknowledgement, batch)
+
+    def acked_at(self, k: int) -> list[Ack]:
+        return self.before + [a for done, a in self.acks if done <= k]
+
+
+class Writer:
+    """Appends (or restores) deterministic batches and notes when each was acknowledged."""
+
+    def __init__(self, rec: Recording | None, store: FileStore, w: str) -> None:
+        self.rec = rec
+        self.store = store
+        self.w = w
+        self.b = 0
+        self.acked: list[Ack] = []
+
+    def append(self, conv: str, n: int, pad: int) -> Ack:
+        self.b += 1
+        r = self.store.append(SITE, conv, make_batch(self.w, self.b, n, pad))
+        return self._ack(Ack(conv, r.first, r.last, self.w, self.b, n, pad))
+
+    def _ack(self, ack: Ack) -> Ack:
+        if self.rec is not None:
+            self.rec.acks.append((len(self.rec.disk.ops), ack))
+        self.acked.append(ack)
+        return ack
+
+
+def record(root: Path, convs: list[str], setup: Callable[[Writer], None], work: Callable[[Writer], None]) -> Recording:
+    """Run ``setup`` plainly, then ``work`` with every operation recorded."""
+    store = FileStore(root, **OPTS)
+    try:
+        w = Writer(None, store, "s")
+        setup(w)
+        before = w.acked
+    finally:
+        store.close()
+    disk = SimDisk(str(root))
+    rec = Recording(disk, convs, before)
+    fileio.recorder = disk
+    try:
+        store = FileStore(root, **OPTS)
+        try:
+            work(Writer(rec, store, "p"))
+        finally:
+            store.close()
+    finally:
+        fileio.recorder = None
+    assert disk.ops, "the workload performed no recorded operation"
+    return rec
+
+
+# ------------------------------------------------------------------ checks
+
+
+class StateFailed(AssertionError):
+    pass
+
+
+def check_state(root: str, rec: Recording, acked: list[Ack], nth: int, held: Counter[str]) -> None:
+    """Everything a state must show (see the module doc); raises AssertionError, counts what held in ``held``."""
+    booted = manifest.boot_id
+    manifest.boot_id = f"restarted-after-power-cut-{nth}"  # a power cut means a new boot
+    store = FileStore(root, **OPTS)
+    try:
+        if nth % 2:
+            # Every other state: first a writer that never lists appends and compacts the
+            # manifest, before anything has checked the listing against the logs.
+            m = store._manifest(SITE)
+            m._compact_bytes, m._writes = 1, 510
+            store.append(SITE, rec.convs[(nth + 1) % len(rec.convs)], make_batch("pre", nth, 1, 10))
+            held["compacted first"] += 1
+        logs = {c: read_all(store, SITE, c) for c in rec.convs}
+        held["opened"] += 1
+        for conv, items in logs.items():
+            _check_whole_batches(conv, items)
+        held["batches whole"] += sum(len({(it.payload["w"], it.payload["b"]) for it in v}) for v in logs.values())
+        for a in acked:
+            items = logs[a.conv]
+            for seq in range(a.first, a.last + 1):
+                want = make_payload(a.w, a.b, seq - a.first, a.n, a.pad)
+                assert seq < len(items), f"{a.conv}: acknowledged seq {seq} (batch {a.w}/{a.b}) is missing"
+                assert items[seq].payload == want, f"{a.conv}: acknowledged seq {seq} holds other data"
+        held["acknowledged batches intact"] += len(acked)
+        _check_listing(store, logs)
+        held["listings agree"] += 1
+        # Appends continue at the next seq, and the listing follows.
+        conv = rec.convs[nth % len(rec.convs)]
+        r = store.append(SITE, conv, make_batch("after", nth, 1, 10))
+        assert r.first == len(logs[conv]), f"{conv}: the next append got seq {r.first}, expected {len(logs[conv])}"
+        logs[conv] = read_all(store, SITE, conv)
+        _check_listing(store, logs)
+        held["appends continued"] += 1
+    finally:
+        store.close()
+        manifest.boot_id = booted
+
+
+def _check_whole_batches(conv: str, items: list[Any]) -> None:
+    pos = 0
+    while pos < len(items):
+        it = items[pos]
+        assert it.seq == pos, f"{conv}: seq gap at {pos}"
+        p = it.payload
+        assert p["i"] == 0, f"{conv}: seq {pos} starts inside batch {p['w']}/{p['b']}: partial batch"
+        assert pos + p["n"] <= len(items), f"{conv}: batch {p['w']}/{p['b']} at seq {pos} is cut short"
+        for i in range(p["n"]):
+            item = items[pos + i]
+            assert item.payload == make_payload(p["w"], p["b"], i, p["n"], p["p"]), f"{conv}: seq {pos + i} is wrong"
+            assert item.recorded_at == it.recorded_at, f"{conv}: batch at seq {pos} has two recorded_at"
+        pos += p["n"]
+
+
+def _check_listing(store: FileStore, logs: dict[str, list[Any]]) -> None:
+    listing = list_all(store, SITE)
+    check_listing_order(listing)
+    ids = [s.conversation_id for s in listing]
+    assert len(ids) == len(set(ids)), f"the listing repeats a conversation: {ids}"
+    by_id = {s.conversation_id: s for s in listing}
+    for conv, items in logs.items():
+        if not items:
+            assert conv not in by_id, f"the listing names {conv}, which holds nothing"
+            continue
+        assert conv in by_id, f"{conv} holds {len(items)} items but is not listed"
+        s = by_id[conv]
+        assert s.created_at == items[0].recorded_at, f"{conv}: created_at {s.created_at} != {items[0].recorded_at}"
+        assert s.last_appended_at == items[-1].recorded_at, (
+            f"{conv}: last_appended_at {s.last_appended_at}, its last item was recorded at {items[-1].recorded_at}"
+        )
+    extra = set(by_id) - set(logs)
+    assert not extra, f"the listing names conversations never written: {extra}"
+
+
+# --------------------------------------------------------------- exploring
+
+
+def explore(rec: Recording, scenario: str, scratch: Path) -> dict[str, int]:
+    """Check the states a power cut after each recorded operation could leave; return counts."""
+    counts = {"cut points": 0, "strict": 0, "lenient": 0, "duplicates": 0}
+    seen: set[tuple[str, int]] = set()
+    state_dir = str(scratch / "state")
+    n_ops = len(rec.disk.ops)
+    checked = 0
+    held: Counter[str] = Counter()
+    for k, model in rec.disk.states():
+        counts["cut points"] += 1
+        acked = rec.acked_at(k)
+        variants: list[tuple[str, Image]] = [
+            ("strict/drop", model.strict("drop")),
+            ("strict/keep", model.strict("keep")),
+        ]
+        if model.pending_data() or model.uncovered:
+            for i in range(RANDOM_VARIANTS):
+                rng = random.Random(f"{SEED}:{scenario}:{k}:{i}")
+                variants.append((f"strict/random#{i}", model.strict("random", rng)))
+        tear = rec.disk.ops[k] if k < n_ops else None
+        variants.append(("lenient", model.lenient(tear, random.Random(f"{SEED}:{scenario}:{k}:lenient"))))
+        for label, image in variants:
+            key = (image.digest(), len(acked))
+            if key in seen:
+                counts["duplicates"] += 1
+                continue
+            seen.add(key)
+            image.write(state_dir)
+            try:
+                check_state(state_dir, rec, acked, checked, held)
+            except Exception as exc:
+                raise StateFailed(
+                    f"{scenario}: power cut {rec.disk.describe(k)} of {n_ops}, {label} model, "
+                    f"{len(acked)} batches acknowledged (seed {SEED}): {type(exc).__name__}: {exc}"
+                ) from exc
+            checked += 1
+            counts["strict" if label.startswith("strict") else "lenient"] += 1
+    STATS["power-cut states"] += counts["strict"] + counts["lenient"]
+    STATS["power-cut strict"] += counts["strict"]
+    STATS["power-cut lenient"] += counts["lenient"]
+    STATS["power-cut batches checked"] += held["acknowledged batches intact"]
+    print(
+        f"{scenario}: {n_ops} operations, {counts['cut points']} cut points, "
+        f"{counts['strict']} strict + {counts['lenient']} lenient states ({counts['duplicates']} duplicates skipped); "
+        "held: " + ", ".join(f"{v} {k}" for k, v in held.items())
+    )
+    assert held["opened"] == counts["strict"] + counts["lenient"]
+    return counts
+
+
+# --------------------------------------------------------------- workloads
+
+
+def _nothing(w: Writer) -> None:
+    del w
+
+
+def _appends(w: Writer) -> None:
+    # conv 1 alone, then conv 2 and 3 get their first batches mid-way; big pads roll segments.
+    plan = [(0, 1, 40), (0, 3, 120), (1, 1, 30), (0, 2, 300), (2, 1, 20), (1, 4, 200), (0, 1, 500), (2, 2, 60)]
+    for conv_i, n, pad in plan:
+        w.append(CONVS[conv_i], n, pad)
+
+
+def _some_history(w: Writer) -> None:
+    for b in range(9):
+        w.append(CONVS[b % 3], 1 + b % 3, 40 + 37 * b)
+
+
+def _compaction(w: Writer) -> None:
+    m = w.store._manifest(SITE)
+    w.append(CONVS[0], 2, 50)
+    # The engine compacts every 512th log record once the log is big enough: bring that
+    # moment to the next append's commit record.
+    m._compact_bytes = 1
+    m._writes = 510
+    w.append(CONVS[1], 1, 30)
+    w.append(CONVS[0], 1, 30)
+    w.store.rebuild_manifest(SITE)  # what fsck --repair and a damaged manifest use
+    w.append(CONVS[2], 1, 30)
+
+
+def _drop_indexes(root: Path) -> None:
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            if name.endswith(layout.INDEX_SUFFIX):
+                os.unlink(os.path.join(dirpath, name))
+
+
+def _index_writes(w: Writer) -> None:
+    # Reads rebuild the missing indexes of sealed segments; many small appends to one
+    # conversation fill a group of index entries.
+    for conv in CONVS:
+        read_all(w.store, SITE, conv)
+    for _ in range(18):
+        w.append(CONVS[1], 1, 40)
+
+
+def test_power_cut_appends(shm_path: Path) -> None:
+    rec = record(shm_path / "data", CONVS, _nothing, _appends)
+    counts = explore(rec, "appends", shm_path)
+    assert counts["strict"] and counts["lenient"]
+
+
+def test_power_cut_compaction(shm_path: Path) -> None:
+    rec = record(shm_path / "data", CONVS, _some_history, _compaction)
+    ops = {op[0] for op in rec.disk.ops}
+    assert {"rename", "unlink", "dirsync"} <= ops, f"no compaction was recorded: {sorted(ops)}"
+    explore(rec, "manifest compaction", shm_path)
+
+
+def test_power_cut_index_writes(shm_path: Path) -> None:
+    root = shm_path / "data"
+
+    def setup(w: Writer) -> None:
+        _some_history(w)
+        w.store.close()
+        _drop_indexes(root)
+
+    rec = record(root, CONVS, setup, _index_writes)
+    idx_writes = [op for op in rec.disk.ops if op[0] == "create" and ".idx" in op[1]]
+    assert idx_writes, "no index file was written"
+    explore(rec, "index writes", shm_path)
+
+
+def test_power_cut_fsck_repair(shm_path: Path) -> None:
+    root = shm_path / "data"
+
+    def setup(w: Writer) -> None:
+        _some_history(w)
+        w.store.close()
+        # A torn tail (never acknowledged) on one conversation, a missing index on
+        # another, and a manifest whose activity log lost its last (commit) record.
+        segs = sorted(
+            p for p in Path(layout.conversation_dir(str(root), SITE, CONVS[0])).iterdir() if p.suffix == ".seg"
+        )
+        with open(segs[-1], "ab") as f:
+            f.write(b"\x17" * 37)
+        idx = sorted(
+            p for p in Path(layout.conversation_dir(str(root), SITE, CONVS[1])).iterdir() if p.suffix == ".idx"
+        )
+        idx[0].unlink()
+        sdir = Path(layout.site_dir(str(root), SITE))
+        log = max(p for p in sdir.iterdir() if p.suffix == ".log")
+        salt = manifest.LOG_HEADER.unpack(log.read_bytes()[: manifest.LOG_HEADER.size])[2]
+        recs = list(manifest.iter_log_records(log.read_bytes(), salt, manifest.LOG_HEADER.size))
+        assert recs[-1][2] is not None and recs[-1][2][0] == manifest.COMMIT
+        os.truncate(log, recs[-1][0])
+
+    def work(w: Writer) -> None:
+        report = check(str(root), repair=True, lock_timeout=5.0)
+        assert any(p.repaired for p in report.problems), report.problems
+
+    rec = record(root, CONVS, setup, work)
+    explore(rec, "fsck --repair", shm_path)
+
+
+def test_power_cut_restore(shm_path: Path) -> None:
+    root = shm_path / "data"
+
+    def work(w: Writer) -> None:
+        w.store.close()
+        with Restorer(str(root), segment_bytes=OPTS["segment_bytes"]) as r:
+            stamp = 1_700_000_000_000_000
+            for b, (conv, n, pad) in enumerate([(CONVS[0], 2, 300), (CONVS[1], 1, 20), (CONVS[0], 3, 400)], 1):
+                first = sum(a.n for a in w.acked if a.conv == conv)
+                got = r.restore_batch(SITE, conv, first, stamp + b, make_batch("r", b, n, pad))
+                w._ack(Ack(conv, got.first, got.last, "r", b, n, pad))
+
+    rec = record(root, CONVS, _nothing, work)
+    explore(rec, "restore", shm_path)
+
+
+# ------------------------------------------------------------ the seam itself
+
+_DURABLE_CALLS = {
+    ("os", n)
+    for n in (
+        "write",
+        "pwrite",
+        "rename",
+        "replace",
+        "unlink",
+        "remove",
+        "truncate",
+        "ftruncate",
+        "mkdir",
+        "makedirs",
+        "fsync",
+        "fdatasync",
+        "rmdir",
+        "link",
+        "symlink",
+    )
+} | {("shutil", n) for n in ("copyfile", "copy", "copy2", "move", "rmtree")}
+
+
+def test_engine_io_goes_through_the_seam() -> None:
+    """No module of the engine but fileio writes, syncs, creates, renames or removes files itself.
+
+    Anything that did would be invisible to the power-cut simulation (and to the
+    fault hooks): the states above would miss what it leaves.
+    """
+    import ast
+
+    import logstore
+
+    pkg = Path(logstore.__file__).parent
+    found = []
+    for path in sorted(pkg.rglob("*.py")):
+        if path.name == "fileio.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            where = f"{path.relative_to(pkg.parent)}:{node.lineno}"
+            if (
+                isinstance(f, ast.Attribute)
+                and isinstance(f.value, ast.Name)
+                and (f.value.id, f.attr) in _DURABLE_CALLS
+            ):
+                found.append(f"{where} {f.value.id}.{f.attr}")
+            elif isinstance(f, ast.Attribute) and f.attr == "open" and "O_CREAT" in ast.unparse(node):
+                found.append(f"{where} os.open(O_CREAT)")
+            elif (
+                isinstance(f, ast.Name)
+                and f.id == "open"
+                and len(node.args) > 1
+                and "r" not in ast.unparse(node.args[1])
+            ):
+                found.append(f"{where} open() for writing")
+    assert not found, "file operations that bypass logstore.fileio: " + ", ".join(found)
+
+
+def test_simulated_disk_models(shm_path: Path) -> None:
+    """The simulator itself: unsynced data and uncovered directory entries are what a cut takes."""
+    root = shm_path / "sim"
+    (root / "d").mkdir(parents=True)
+    (root / "d" / "old").write_bytes(b"old")
+    disk = SimDisk(str(root))
+    fileio.recorder = disk
+    try:
+        fd = fileio.open_create(str(root / "d" / "a"))
+        fileio.pwrite_all(fd, b"A" * 1000, 0)
+        fileio.fdatasync(fd)
+        fileio.pwrite_all(fd, b"B" * 1000, 1000)  # never synced
+        os.close(fd)
+        fileio.fsync_dir(str(root / "d"))
+        fileio.rename(str(root / "d" / "old"), str(root / "d" / "new"))  # never covered by a directory sync
+    finally:
+        fileio.recorder = None
+    *_, (k, model) = disk.states()
+    assert k == len(disk.ops) == 6
+
+    def files(image: Image) -> dict[str, bytes]:
+        return dict(image.files)
+
+    drop = files(model.strict("drop"))
+    assert drop == {os.path.join("d", "a"): b"A" * 1000, os.path.join("d", "old"): b"old"}
+    keep = files(model.strict("keep"))
+    assert keep[os.path.join("d", "a")] == b"A" * 1000 + b"B" * 1000 and os.path.join("d", "new") not in keep
+    shapes = set()
+    for i in range(64):
+        got = files(model.strict("random", random.Random(i)))
+        a = got[os.path.join("d", "a")]
+        assert a[:1000] == b"A" * 1000 and set(a[1000:]) <= {ord("B"), 0}
+        assert (os.path.join("d", "old") in got) != (os.path.join("d", "new") in got), "a rename is atomic"
+        shapes.add((len(a), a.count(0) > 0, os.path.join("d", "new") in got))
+    assert len(shapes) >= 4, f"random cuts hardly vary: {shapes}"
+    lenient = files(model.lenient(None, random.Random(0)))
+    assert lenient == {os.path.join("d", "a"): b"A" * 1000 + b"B" * 1000, os.path.join("d", "new"): b"old"}
+
+
+def test_listing_recovery_runs_only_after_a_reboot(shm_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lost commit is recovered at the first listing after a reboot; a plain restart checks nothing."""
+    root = shm_path / "data"
+    store = FileStore(root, **OPTS)
+    try:
+        store.append(SITE, CONVS[0], make_batch("x", 1, 1, 10))
+        store.append(SITE, CONVS[1], make_batch("x", 2, 1, 10))
+        store.append(SITE, CONVS[0], make_batch("x", 3, 2, 10))
+    finally:
+        store.close()
+    # What a power cut can leave: the last batch's intent and commit (neither synced) lost.
+    sdir = Path(layout.site_dir(str(root), SITE))
+    log = max(p for p in sdir.iterdir() if p.suffix == ".log")
+    data = log.read_bytes()
+    salt = manifest.LOG_HEADER.unpack(data[: manifest.LOG_HEADER.size])[2]
+    recs = list(manifest.iter_log_records(data, salt, manifest.LOG_HEADER.size))
+    assert recs[-1][2] is not None and recs[-1][2][:2] == [manifest.COMMIT, CONVS[0]]
+    assert recs[-2][2] is not None and recs[-2][2][:2] == [manifest.INTENT, CONVS[0]]
+    os.truncate(log, recs[-2][0])
+    looked: list[str] = []
+    real = manifest._ends_at
+    monkeypatch.setattr(manifest, "_ends_at", lambda d, *a: looked.append(d) or real(d, *a))
+
+    store = FileStore(root, **OPTS)  # same boot: the page cache held everything, nothing is checked
+    try:
+        by_id = {s.conversation_id: s for s in list_all(store, SITE)}
+        assert looked == []
+        assert by_id[CONVS[0]].last_appended_at < read_all(store, SITE, CONVS[0])[-1].recorded_at
+    finally:
+        store.close()
+    monkeypatch.setattr(manifest, "boot_id", "a-later-boot")
+    store = FileStore(root, **OPTS)
+    try:
+        listing = list_all(store, SITE)
+        assert len(looked) == 2, looked  # both conversations were written before this boot
+        logs = {c: read_all(store, SITE, c) for c in CONVS[:2]}
+        assert [s.conversation_id for s in listing] == [CONVS[0], CONVS[1]]
+        for s in listing:
+            assert s.last_appended_at == logs[s.conversation_id][-1].recorded_at
+    finally:
+        store.close()
+
+
+def test_power_cut_two_writers(shm_path: Path) -> None:
+    """Two stores on one directory (as two processes): each logs its own boot record and synced intents."""
+    root = shm_path / "data"
+
+    def work(w: Writer) -> None:
+        other = Writer(w.rec, FileStore(root, **OPTS), "o")
+        try:
+            for i, (conv_i, n, pad) in enumerate([(0, 1, 40), (0, 2, 200), (1, 1, 30), (1, 3, 300), (0, 1, 60)]):
+                (w if i % 2 else other).append(CONVS[conv_i], n, pad)
+            m = other.store._manifest(SITE)
+            m._compact_bytes, m._writes = 1, 510  # the other writer compacts at its next commit
+            other.append(CONVS[2], 1, 20)
+            w.append(CONVS[0], 1, 20)
+        finally:
+            other.store.close()
+
+    rec = record(root, CONVS, _some_history, work)
+    explore(rec, "two writers", shm_path)
