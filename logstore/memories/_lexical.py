@@ -114,5 +114,12 @@ class LexicalIndex:
         )
         return [(int(k), float(s)) for k, s in cur.fetchall()]
 
+    def matching_all(self, terms: Sequence[str]) -> set[int]:
+        """Keys of the rows that contain every one of ``terms`` (after stemming)."""
+        if not terms:
+            return set()
+        match = " AND ".join('"' + t.replace('"', '""') + '"' for t in terms)
+        return {int(k) for (k,) in self._db.execute("SELECT rowid FROM fts WHERE fts MATCH ?", (match,))}
+
     def close(self) -> None:
         self._db.close()
