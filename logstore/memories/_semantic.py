@@ -108,26 +108,30 @@ class SemanticIndex:
         """``(similarity, key)`` of the ``want`` most similar rows (more on a tie), each at least ``min_sim``.
 
         Unordered; similarities are rounded to 1e-6 so that equal texts tie
-        exactly whatever rows they sit in.
+        exactly. ``einsum`` computes each row's dot product by the same loop
+        whatever the row's position (BLAS's gemv need not, and under load its
+        threads cost more than they save at this size).
         """
         n = self._n
         if n == 0 or want <= 0:
             return []
-        sims = np.round(self._m[:n] @ qvec, 6)
+        sims = np.einsum("ij,j->i", self._m[:n], qvec)
         sims[~self._used[:n]] = -np.inf
         if want < n:
-            cut = float(np.partition(sims, n - want)[n - want])
-            floor = max(min_sim, cut)
+            rows = np.argpartition(-sims, want - 1)[:want]
+            cut = float(np.round(sims[rows].min(), 6))
+            rows = np.flatnonzero(sims >= max(min_sim, cut) - 1e-6)
         else:
-            floor = min_sim
-        rows = np.flatnonzero(sims >= floor)
-        return list(zip(sims[rows].tolist(), self._row_key[rows].tolist(), strict=True))
+            rows = np.flatnonzero(sims >= min_sim - 1e-6)
+        rounded = np.round(sims[rows], 6)
+        ok = rounded >= min_sim
+        return list(zip(rounded[ok].tolist(), self._row_key[rows[ok]].tolist(), strict=True))
 
     def similarity(self, qvec: Vectors, keys: Sequence[int]) -> list[float]:
         """The similarity of each of ``keys`` to ``qvec`` (rounded like :meth:`rank`; -inf when absent)."""
         rows = [self._key_row.get(k, -1) for k in keys]
         present = [r for r in rows if r >= 0]
-        sims = iter(np.round(self._m[present] @ qvec, 6).tolist() if present else [])
+        sims = iter(np.round(np.einsum("ij,j->i", self._m[present], qvec), 6).tolist() if present else [])
         return [next(sims) if r >= 0 else float("-inf") for r in rows]
 
     def _grow(self) -> int:

@@ -151,7 +151,7 @@ class Retriever:
             rows = []
             for d in docs:
                 entry = self._new_entry(d)
-                rows.append((entry.key, d.subject, d.summary, d.details, d.tags))
+                rows.append((entry.key, d.memory_id, d.subject, d.summary, d.details, d.tags, d.category, d.active))
             self._lexical.put_many(rows)
             if self._embedder is not None:
                 vecs = self._embedder.embed([embedding_text(d) for d in docs])
@@ -167,7 +167,8 @@ class Retriever:
             else:
                 entry = _Entry(old.key, doc.category, frozenset(doc.tags), doc.active)
                 self._entries[doc.memory_id] = entry
-            self._lexical.put(entry.key, doc.subject, doc.summary, doc.details, doc.tags)
+            self._lexical.put(entry.key, doc.memory_id, doc.subject, doc.summary, doc.details, doc.tags, doc.category,
+                              doc.active)
             if self._embedder is not None:
                 self._semantic.put(entry.key, self._embedder.embed([embedding_text(doc)])[0])
 
@@ -208,7 +209,7 @@ class Retriever:
             raise ValueError(f"limit must be at least 1, got {limit}")
         with self._lock:
             self._check_open()
-            lex, sem = self._rankings(query, self._filter(category, tags, include_deleted), self._tuning.depth)
+            lex, sem = self._rankings(query, category, tuple(tags), include_deleted, self._tuning.depth)
             t = self._tuning
             fused: dict[str, float] = {}
             for weight, ranking in ((t.lexical, lex), (t.semantic, sem)):
@@ -253,29 +254,35 @@ class Retriever:
 
         return keep
 
-    def _rankings(self, query: str, keep: _Keep, depth: int) -> tuple[list[str], list[str]]:
+    def _rankings(self, query: str, category: str | None, tags: tuple[str, ...], include_deleted: bool,
+                  depth: int) -> tuple[list[str], list[str]]:
         """The lexical and semantic rankings of ``query`` (memory ids, best first, filtered, at most ``depth``).
 
-        The semantic one is empty when no model is attached or its weight is 0.
+        Either is empty when its weight is 0; the semantic one when no model is attached.
         """
+        keep = self._filter(category, tags, include_deleted)
         terms = query_terms(query)
         t = self._tuning
         use_semantic = self._embedder is not None and t.semantic > 0 and bool(terms)
-        gate = self._embedder is not None and t.semantic > 0 and len(terms) > 1
-        qvec = self._embedder.embed([" ".join(terms)])[0] if self._embedder is not None and terms else None
+        gate = use_semantic and len(terms) > 1
+        qvec = self._embedder.embed([" ".join(terms)])[0] if use_semantic and self._embedder is not None else None
         lex: list[str] = []
         if t.lexical > 0:
-            hits = [(key, self._ids[key]) for key, _score in self._lexical.rank(terms)]
-            hits = [(key, mid) for key, mid in hits if keep(self._entries[mid])]
-            if gate and qvec is not None:
-                full = self._lexical.matching_all(terms)
-                sims = self._semantic.similarity(qvec, [key for key, _ in hits])
-                hits = [h for h, sim in zip(hits, sims, strict=True) if h[0] in full or sim >= t.lexical_gate]
-            lex = [mid for _, mid in hits[:depth]]
+            # Tags are checked here, so with a tag filter FTS5 cannot stop early at ``depth``.
+            scored = self._lexical.rank(terms, limit=None if tags else depth, category=category,
+                                        include_inactive=include_deleted)
+            # Equal scores are ordered by memory id, not by key, so that a rebuilt index ranks the same.
+            ranked = sorted((score, self._ids[k], k) for k, score in scored)
+            keys = [k for _, mid, k in ranked if not tags or keep(self._entries[mid])][:depth]
+            if gate and qvec is not None and keys:
+                full = self._lexical.matching_all(terms, keys)
+                sims = self._semantic.similarity(qvec, keys)
+                keys = [k for k, sim in zip(keys, sims, strict=True) if k in full or sim >= t.lexical_gate]
+            lex = [self._ids[k] for k in keys]
         sem: list[str] = []
         if use_semantic and qvec is not None:
             total = len(self._entries)
-            want = depth
+            want = 2 * depth
             while True:
                 cands = self._semantic.rank(qvec, t.min_similarity, want)
                 kept = [(sim, mid) for sim, key in cands if keep(self._entries[mid := self._ids[key]])]
