@@ -60,6 +60,13 @@ def query_terms(text: str) -> list[str]:
     return out
 
 
+#: A query word found in more than this share of the memories (and in more than COMMON_MIN of them) is
+#: left out of the BM25 query unless it is the query's rarest: its IDF makes it worth little, and its
+#: long posting list is what a query spends its time on.
+COMMON_SHARE = 0.05
+COMMON_MIN = 50
+
+
 def _quote(term: str) -> str:
     return '"' + term.replace('"', '""') + '"'
 
@@ -91,10 +98,12 @@ class LexicalIndex:
         w = self._weights
         db.execute("INSERT INTO fts(fts, rank) VALUES ('rank', ?)", (f"bm25({w[0]!r}, {w[1]!r}, {w[2]!r}, {w[3]!r})",))
         self._db = db
+        self._rows = 0  # rows in the table; -1 when a change made it unknown
 
     def put(self, key: int, mid: str, subject: str, summary: str, details: str, tags: Iterable[str], category: str,
             active: bool) -> None:
         """Index (or re-index) the row ``key`` of memory ``mid``."""
+        self._rows = -1
         self._db.execute("DELETE FROM fts WHERE rowid = ?", (key,))
         self._db.execute(
             "INSERT INTO fts(rowid, subject, summary, details, tags, mid, category, active) "
@@ -104,6 +113,7 @@ class LexicalIndex:
 
     def put_many(self, rows: Iterable[tuple[int, str, str, str, str, Sequence[str], str, bool]]) -> None:
         """Index many new rows in one transaction (keys must not be present yet)."""
+        self._rows = -1
         self._db.execute("BEGIN")
         try:
             self._db.executemany(
@@ -118,15 +128,18 @@ class LexicalIndex:
 
     def remove(self, key: int) -> None:
         """Drop the row ``key`` (no-op when absent)."""
+        self._rows = -1
         self._db.execute("DELETE FROM fts WHERE rowid = ?", (key,))
 
     def rank(self, terms: Sequence[str], *, limit: int | None, category: str | None,
              include_inactive: bool) -> list[tuple[int, float]]:
         """``(key, bm25)`` of rows matching any of ``terms`` and the filters, best first (lower bm25 is better).
 
+        Words common to many rows are dropped first (see ``COMMON_SHARE``).
         At most ``limit`` when given. FTS5 orders ties by key; rows tied with
         the last one kept may be cut in favour of a lower key.
         """
+        terms = self._uncommon(terms)
         if not terms:
             return []
         sql = "SELECT rowid, rank FROM fts WHERE fts MATCH ?"
@@ -139,6 +152,20 @@ class LexicalIndex:
         sql += " ORDER BY rank LIMIT ?"
         args.append(-1 if limit is None else limit)
         return [(int(k), float(r)) for k, r in self._db.execute(sql, args)]
+
+    def _uncommon(self, terms: Sequence[str]) -> list[str]:
+        if not terms:
+            return []
+        self._rows = self._rows if self._rows >= 0 else self._count("")
+        cap = max(COMMON_MIN, int(COMMON_SHARE * self._rows))
+        counted = [(self._count(t), t) for t in terms]
+        kept = [t for n, t in counted if n <= cap]
+        return kept or [min(counted)[1]]
+
+    def _count(self, term: str) -> int:
+        if not term:
+            return int(self._db.execute("SELECT count(*) FROM fts").fetchone()[0])
+        return int(self._db.execute("SELECT count(*) FROM fts WHERE fts MATCH ?", (_quote(term),)).fetchone()[0])
 
     def matching_all(self, terms: Sequence[str], among: Sequence[int]) -> set[int]:
         """Those of the keys ``among`` whose rows contain every one of ``terms`` (after stemming)."""
