@@ -116,9 +116,10 @@ class SemanticIndex:
         if n == 0 or want <= 0:
             return []
         sims = np.einsum("ij,j->i", self._m[:n], qvec)
-        sims[~self._used[:n]] = -np.inf
+        if self._free:
+            sims[~self._used[:n]] = -np.inf
         if want < n:
-            rows = np.argpartition(-sims, want - 1)[:want]
+            rows = np.argpartition(sims, n - want)[n - want:]
             cut = float(np.round(sims[rows].min(), 6))
             rows = np.flatnonzero(sims >= max(min_sim, cut) - 1e-6)
         else:
