@@ -48,11 +48,14 @@ class WordLlamaEmbedder:
         shipped = Path(wordllama.__file__).parent
         self._model: Any = WordLlama.load(config="l2_supercat", dim=self.dim, cache_dir=shipped,
                                           disable_download=True)
+        # One model serves every site's retriever; the library does not promise thread safety.
+        self._lock = threading.Lock()
 
     def embed(self, texts: Sequence[str]) -> Vectors:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        vecs = np.asarray(self._model.embed(list(texts), norm=False), dtype=np.float32)
+        with self._lock:
+            vecs = np.asarray(self._model.embed(list(texts), norm=False), dtype=np.float32)
         norms = np.linalg.norm(vecs, axis=1, keepdims=True)
         np.maximum(norms, 1e-12, out=norms)
         out: Vectors = vecs / norms
