@@ -165,6 +165,77 @@ def _data_dir_parent() -> argparse.ArgumentParser:
     return parent
 
 
+def _env_float(name: str, default: float) -> float:
+    raw = _env(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise SystemExit(f"convmem: {ENV_PREFIX}{name} must be a number, got {raw!r}") from None
+
+
+def add_security_options(serve: argparse.ArgumentParser) -> None:
+    """``serve`` options limiting what clients (authenticated or not) can make the server do."""
+    from .connguard import DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS_PER_ADDRESS
+    from .http import BODY_TIMEOUT
+    from .throttle import ThrottleSettings
+
+    t = ThrottleSettings()
+    allowed = [h.strip() for h in str(_env("ALLOWED_HOSTS", "")).split(",") if h.strip()]
+    serve.add_argument(
+        "--allowed-host",
+        dest="allowed_hosts",
+        action="append",
+        default=allowed,
+        metavar="HOST[:PORT]",
+        help="a Host name clients use to reach the server (repeatable); required when binding to a "
+        "non-loopback address (env CONVMEM_ALLOWED_HOSTS, comma-separated)",
+    )
+    serve.add_argument(
+        "--limit-concurrency",
+        type=int,
+        default=_env_int("LIMIT_CONCURRENCY", 512),
+        help="most connections and requests at once; beyond it requests are answered 503 "
+        "(env CONVMEM_LIMIT_CONCURRENCY)",
+    )
+    serve.add_argument(
+        "--max-connections-per-address",
+        type=int,
+        default=_env_int("MAX_CONNECTIONS_PER_ADDRESS", DEFAULT_MAX_CONNECTIONS_PER_ADDRESS),
+        help="most connections one client address may hold (env CONVMEM_MAX_CONNECTIONS_PER_ADDRESS)",
+    )
+    serve.add_argument(
+        "--header-timeout",
+        type=float,
+        default=_env_float("HEADER_TIMEOUT", DEFAULT_HEADER_TIMEOUT),
+        help="seconds a client has to send a request's headers (env CONVMEM_HEADER_TIMEOUT)",
+    )
+    serve.add_argument(
+        "--body-timeout",
+        type=float,
+        default=_env_float("BODY_TIMEOUT", BODY_TIMEOUT),
+        help="seconds a client has to send a request's body (env CONVMEM_BODY_TIMEOUT)",
+    )
+    for scope, burst, rate in (("address", t.address_burst, t.address_rate), ("site", t.site_burst, t.site_rate)):
+        upper = scope.upper()
+        serve.add_argument(
+            f"--login-failures-per-{scope}",
+            dest=f"throttle_{scope}_burst",
+            type=int,
+            default=_env_int(f"LOGIN_FAILURES_PER_{upper}", burst),
+            help=f"failed logins one {scope} may make in a burst before being throttled "
+            f"(env CONVMEM_LOGIN_FAILURES_PER_{upper})",
+        )
+        serve.add_argument(
+            f"--login-refill-per-{scope}",
+            dest=f"throttle_{scope}_rate",
+            type=float,
+            default=_env_float(f"LOGIN_REFILL_PER_{upper}", rate),
+            help=f"failed logins per second a throttled {scope} gets back (env CONVMEM_LOGIN_REFILL_PER_{upper})",
+        )
+
+
 def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argparse.ArgumentParser]]:
     """The argument parser and its subcommand collection (for extension by ``tools.cli``)."""
     parser = argparse.ArgumentParser(prog="convmem", description="Durable conversation memory for AI agents, over MCP.")
@@ -218,6 +289,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[
         choices=["debug", "info", "warning", "error"],
         help="log verbosity (env CONVMEM_LOG_LEVEL)",
     )
+    add_security_options(serve)
     serve.set_defaults(func=cmd_serve)
 
     site = sub.add_parser(

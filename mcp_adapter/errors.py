@@ -8,8 +8,8 @@ text block written for the agent, and a machine-readable object in
      "limit": 262144, "actual": 300000, "index": 2}
 
 ``code`` is the spec's error name where the spec has one; the adapter adds
-``InvalidArguments``, ``InvalidCursor``, ``Unauthenticated`` and
-``InternalError``. Detail keys sit beside ``code``: ``reason`` for
+``InvalidArguments``, ``InvalidCursor``, ``Unauthenticated``, ``Throttled``
+(retryable, with ``retry_after_seconds``) and ``InternalError``. Detail keys sit beside ``code``: ``reason`` for
 ``InvalidConversationId``; ``limit``/``actual`` (and ``index``, ``unit``) for
 size errors; ``file``/``offset`` for ``Corrupted``; ``field``/``rule`` for
 ``InvalidArguments``; ``request_id`` for ``InternalError``. No
@@ -19,6 +19,7 @@ the success schema.
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -47,6 +48,10 @@ _ADVICE: dict[str, str] = {
     "Unauthenticated": "Configure the client with HTTP Basic credentials: the site name as user name and the "
     "site's password.",
     "InternalError": "An unexpected server error occurred; it is safe to retry.",
+    "Throttled": "Too many failed logins came from this address or for this site; wait retry_after_seconds, "
+    "check the credentials, then retry.",
+    "QuotaExceeded": "The site has used its storage allowance; retrying will not help until the operator raises "
+    "the quota or removes data.",
 }
 
 
@@ -91,6 +96,17 @@ def unauthenticated(*, bearer: bool = False) -> ToolFailure:
     else:
         message = "HTTP Basic authentication is required, with valid credentials (user name = site)"
     return ToolFailure("Unauthenticated", message)
+
+
+def throttled(retry_after: float) -> ToolFailure:
+    """Too many failed logins: the password was not checked; try again after ``retry_after`` seconds."""
+    seconds = max(1, math.ceil(retry_after))
+    return ToolFailure(
+        "Throttled",
+        f"too many failed logins; the credentials were not checked, try again in {seconds} s",
+        retryable=True,
+        retry_after_seconds=seconds,
+    )
 
 
 def internal_error(request_id: str) -> ToolFailure:

@@ -26,9 +26,11 @@ from logstore import MemoryStore, StoreError, open_store
 
 from . import __version__
 from .auth import Authenticator
+from .connguard import guarded_h11_protocol
 from .credentials import CredentialError, CredentialFile, generate_password
-from .http import HEALTH_PATH, MCP_PATH, build_app
+from .http import HEALTH_PATH, MCP_PATH, build_app, is_loopback
 from .server import Backend, build_server
+from .throttle import LoginThrottle, ThrottleSettings
 
 logger = logging.getLogger("convmem")
 
@@ -132,6 +134,41 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def bind_policy_refusal(host: str, allowed_hosts: list[str]) -> str | None:
+    """Why serving on ``host`` is refused (None when it is allowed).
+
+    Off loopback, the Host and Origin checks need to know the names clients
+    use; without them any web page could reach the server by DNS rebinding.
+    """
+    if is_loopback(host) or allowed_hosts:
+        return None
+    return (
+        f"binding to the non-loopback address {host} needs the host names clients use to reach the server: "
+        "give --allowed-host NAME (repeatable) or CONVMEM_ALLOWED_HOSTS=NAME1,NAME2; requests naming any other "
+        "Host are refused"
+    )
+
+
+def throttle_settings(args: argparse.Namespace) -> ThrottleSettings:
+    """The failed-login limits from the command line."""
+    return ThrottleSettings(
+        address_burst=args.throttle_address_burst,
+        address_rate=args.throttle_address_rate,
+        site_burst=args.throttle_site_burst,
+        site_rate=args.throttle_site_rate,
+    )
+
+
+def connection_limits(args: argparse.Namespace) -> dict[str, Any]:
+    """uvicorn settings bounding connections: concurrency cap, keep-alive, header deadline, per-address cap."""
+    return {
+        "limit_concurrency": args.limit_concurrency,
+        "timeout_keep_alive": 5,
+        "h11_max_incomplete_event_size": 64 * 1024,
+        "http": guarded_h11_protocol(args.header_timeout, args.max_connections_per_address),
+    }
+
+
 def _quiet_signals() -> None:
     """Make SIGINT/SIGTERM harmless once uvicorn has handled them.
 
@@ -160,6 +197,11 @@ def serve_http(args: argparse.Namespace) -> int:
         store.close()
         print(f"convmem: cannot set up the credentials under {creds.auth_dir}: {exc}", file=sys.stderr)
         return 2
+    refusal = bind_policy_refusal(args.host, args.allowed_hosts)
+    if refusal is not None:
+        store.close()
+        print(f"convmem: {refusal}", file=sys.stderr)
+        return 2
     try:
         sock = _bind(args.host, args.port)
     except OSError as exc:
@@ -171,10 +213,16 @@ def serve_http(args: argparse.Namespace) -> int:
     backend = Backend(
         store=store,
         data_dir=os.path.abspath(args.data_dir),
-        authenticator=Authenticator(creds),
+        authenticator=Authenticator(creds, throttle=LoginThrottle(throttle_settings(args))),
         max_concurrency=args.max_concurrency,
     )
-    app = build_app(build_server(backend), backend, host=args.host)
+    app = build_app(
+        build_server(backend),
+        backend,
+        host=args.host,
+        allowed_hosts=args.allowed_hosts,
+        body_timeout=args.body_timeout,
+    )
     config = uvicorn.Config(
         app,
         log_level=args.log_level,
@@ -182,6 +230,7 @@ def serve_http(args: argparse.Namespace) -> int:
         lifespan="on",
         access_log=args.log_level == "debug",
         server_header=False,
+        **connection_limits(args),
     )
     server = uvicorn.Server(config)
     print(_banner(args, port, demo, len(creds.sites())), flush=True)
