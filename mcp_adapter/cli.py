@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -77,11 +78,29 @@ def cmd_site_add(args: argparse.Namespace) -> int:
     password = _read_password_stdin() if args.password_stdin else generate_password()
     if password is None:
         return 2
+    creds = CredentialFile(args.data_dir)
+    if site in creds.sites():
+        return _fail(f"site {site!r} already exists")
     try:
-        CredentialFile(args.data_dir).add(site, password)
+        leftover = _site_has_data(args.data_dir, site)
+        if leftover and not args.purge_data:
+            return _fail(
+                f"the data directory still holds data of an earlier site named {site!r}; a new owner would see it. "
+                "Add --purge-data to delete that data first, or choose another name"
+            )
+        if leftover:
+            with open_store(args.data_dir) as store:
+                store.drop_site(site)
+    except StoreError as exc:
+        return _fail(f"cannot check the store in {args.data_dir}: {exc}")
+    try:
+        creds.add(site, password)
     except CredentialError as exc:
         return _fail(str(exc))
-    print(f"created site {site!r} in {args.data_dir}", file=sys.stderr)
+    print(
+        f"created site {site!r} in {args.data_dir}" + (" after deleting its old data" if leftover else ""),
+        file=sys.stderr,
+    )
     if not args.password_stdin:
         print("its password follows; it is shown only this once, so store it now:", file=sys.stderr)
         print(password)
@@ -122,20 +141,43 @@ def cmd_site_remove(args: argparse.Namespace) -> int:
     site = _site_name(args.name)
     if site is None:
         return 2
+    # Order matters: the password is revoked before any data is deleted, so that no client of the
+    # old tenant can authenticate (and recreate directories by appending) while the data goes.
     try:
         with open_store(args.data_dir) as store:
             holds = bool(store.list_conversations(site, ListSelector(limit=1)).summaries)
             if holds and not args.force:
                 return _fail(f"site {site!r} still holds conversations; use --force to delete them with the site")
-            if holds:
-                store.drop_site(site)
     except StoreError as exc:
         return _fail(f"cannot open the store in {args.data_dir}: {exc}")
-    creds.remove(site)
+    try:
+        creds.remove(site)
+    except CredentialError as exc:
+        return _fail(str(exc))
     if site == DEMO_SITE:
         creds.demo_password_path.unlink(missing_ok=True)
-    print(f"removed site {site!r}" + (" and its conversations" if holds else ""), file=sys.stderr)
+    if args.force:
+        # Calls that authenticated just before the revocation may still be running in a server;
+        # let them finish (they are bounded by the server's lock timeout) before deleting.
+        time.sleep(args.grace)
+        try:
+            with open_store(args.data_dir) as store:
+                store.drop_site(site)
+        except StoreError as exc:
+            return _fail(
+                f"revoked site {site!r} but could not delete its data: {exc}. "
+                f"`convmem site add {site} --purge-data` deletes it before the name is reused"
+            )
+    print(f"removed site {site!r}" + (" and its conversations" if args.force else ""), file=sys.stderr)
     return 0
+
+
+def _site_has_data(data_dir: str, site: str) -> bool:
+    """True when the store in ``data_dir`` holds a directory for ``site`` (conversations or not)."""
+    if not os.path.exists(os.path.join(data_dir, "logstore.json")):
+        return False
+    with open_store(data_dir) as store:
+        return site in store.sites()
 
 
 # -- serve -----------------------------------------------------------------------
@@ -302,6 +344,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[
     add = site_sub.add_parser("add", parents=[data_dir], help="create a site and print its generated password")
     add.add_argument("name", help="site name: 8-64 characters from [A-Za-z0-9_-]")
     add.add_argument("--password-stdin", action="store_true", help="read the password from the first line of stdin")
+    add.add_argument(
+        "--purge-data",
+        action="store_true",
+        help="delete data an earlier site of the same name left behind (otherwise such a name is refused)",
+    )
     add.set_defaults(func=cmd_site_add)
 
     lst = site_sub.add_parser("list", parents=[data_dir], help="list the sites")
@@ -315,6 +362,13 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[
     remove = site_sub.add_parser("remove", parents=[data_dir], help="delete a site")
     remove.add_argument("name")
     remove.add_argument("--force", action="store_true", help="also delete the site's conversations")
+    remove.add_argument(
+        "--grace",
+        type=float,
+        default=1.0,
+        help="with --force: seconds between revoking the password and deleting the data, for calls a "
+        "running server had already admitted (default 1)",
+    )
     remove.set_defaults(func=cmd_site_remove)
 
     try:
