@@ -201,14 +201,14 @@ class Authenticator:
             hit, site = self._cached(key, generation)
             if hit:
                 break
-            wait = self.throttle.retry_after(client, user)
+            wait = self.throttle.acquire(client, user)
             if wait > 0:
                 raise throttled(wait)
             with self._lock:
                 entry = self._hashes.get(user)
             site = await anyio.to_thread.run_sync(self._verify, user, password, entry, limiter=self._kdf_limiter)
-            if site is None:
-                self.throttle.failed(client, user)
+            if site is not None:
+                self.throttle.refund(client, user)
             if self._refresh() == generation:
                 self._remember(key, site, generation)
                 break

@@ -1,10 +1,11 @@
 """Token buckets that limit failed logins, per client address and per site name.
 
-Every password check that fails takes one token from the bucket of the
-client's address and one from the bucket of the site name it claimed. A check
-is only run (and its KDF paid for) when both buckets still hold a token;
-otherwise the caller is told to come back after the time the emptier bucket
-needs to refill one token. Successful logins take nothing.
+Every password check takes one token from the bucket of the client's address
+and one from the bucket of the site name it claimed, before it runs; a check
+that succeeds gives them back, so only failures count. A check is only run
+(and its KDF paid for) when both buckets still hold a token; otherwise the
+caller is told to come back after the time the emptier bucket needs to refill
+one token.
 
 The tables are bounded: beyond ``max_keys`` entries the least recently used
 bucket is forgotten (a forgotten bucket is full again, which is the lenient
@@ -67,6 +68,10 @@ class _Buckets:
         level = self._level(key, now)
         return 0.0 if level >= 1.0 else (1.0 - level) / self.rate
 
+    def give(self, key: str, now: float) -> None:
+        if key in self._table:
+            self._table[key] = (min(self._level(key, now) + 1.0, self.burst), now)
+
     def take(self, key: str, now: float) -> None:
         self._table[key] = (max(self._level(key, now) - 1.0, 0.0), now)
         self._table.move_to_end(key)
@@ -84,19 +89,30 @@ class LoginThrottle:
         self._addresses = _Buckets(s.address_burst, s.address_rate, s.max_keys)
         self._sites = _Buckets(s.site_burst, s.site_rate, s.max_keys)
 
-    def retry_after(self, address: str | None, site: str) -> float:
-        """0 when a password check may run now, else the seconds to wait before the next one."""
+    def acquire(self, address: str | None, site: str) -> float:
+        """Reserve one failed attempt for a password check about to run.
+
+        Returns 0 when the check may run (a token was taken from both
+        buckets: concurrent checks can never overrun the burst), else the
+        seconds to wait, and nothing is taken. Call :meth:`refund` when the
+        check succeeds.
+        """
         now = time.monotonic()
         with self._lock:
             wait = self._sites.wait(site, now)
             if address is not None:
                 wait = max(wait, self._addresses.wait(address, now))
-        return wait
-
-    def failed(self, address: str | None, site: str) -> None:
-        """Charge one failed attempt to ``address`` and ``site``."""
-        now = time.monotonic()
-        with self._lock:
+            if wait > 0:
+                return wait
             self._sites.take(site, now)
             if address is not None:
                 self._addresses.take(address, now)
+        return 0.0
+
+    def refund(self, address: str | None, site: str) -> None:
+        """Give back the token :meth:`acquire` took: the check succeeded."""
+        now = time.monotonic()
+        with self._lock:
+            self._sites.give(site, now)
+            if address is not None:
+                self._addresses.give(address, now)
