@@ -151,7 +151,7 @@ class Conversation:
 
     def _lock(self, exclusive: bool, deadline: float, started: float) -> None:
         if self._lock_fd is None:
-            self._lock_fd = os.open(os.path.join(self.path, layout.LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+            self._lock_fd = os.open(os.path.join(self.path, layout.LOCK_FILE), os.O_RDWR | os.O_CREAT, fileio.FILE_MODE)
         fd = self._lock_fd
         _lock_wait(lambda: fileio.try_lock(fd, exclusive), deadline, started)
 
@@ -451,7 +451,7 @@ class Conversation:
         salt = frame.new_salt()
         final = self._seg_path(base)
         tmp = final + ".tmp"
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, fileio.FILE_MODE)
         try:
             fileio.pwrite_all(fd, frame.encode_segment_header(base, salt), 0)
             fileio.fdatasync(fd)

@@ -27,6 +27,12 @@ except ImportError:  # pragma: no cover - not POSIX: fall back to portalocker
 
 CRASH_EXIT_STATUS = 86
 
+#: Mode of every file the engine creates: owner only. Sites are tenants; no other local
+#: user may read their conversations or hold their lock files.
+FILE_MODE = 0o600
+#: Mode of every directory the engine creates (the data directory included): owner only.
+DIR_MODE = 0o700
+
 
 def _parse_crash_env() -> tuple[str, int] | None:
     spec = os.environ.get("CONVMEM_CRASH_AT", "")
@@ -128,7 +134,7 @@ def makedirs_durable(path: str) -> bool:
     parent = os.path.dirname(path)
     makedirs_durable(parent)
     try:
-        os.mkdir(path)
+        os.mkdir(path, DIR_MODE)
     except FileExistsError:
         return False
     fsync_dir(parent)
@@ -140,7 +146,7 @@ def write_file_atomic(path: str, data: bytes) -> None:
     """Replace ``path`` with ``data``: temp file, sync, rename, sync directory."""
     directory = os.path.dirname(path)
     tmp = f"{path}.tmp.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
     try:
         pwrite_all(fd, data, 0)
         fsync(fd)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import stat
 import threading
 import time
 from collections import OrderedDict
@@ -93,7 +94,36 @@ class FileStore(MemoryStore):
         if self._closed:
             raise Unavailable("the store is closed")
 
+    def _refuse_symlinks(self, path: str) -> None:
+        """Raise Unavailable when ``path``, a directory between the root and it, or an entry in it is a symlink.
+
+        Invariant: the store never follows a symbolic link below its root, so a
+        site or conversation directory linked to another cannot serve (or
+        receive) that other's data. Checked whenever a site or conversation is
+        opened (not on every call); ``fsck`` reports links anywhere below the
+        root.
+        """
+        current = self.root
+        for part in os.path.relpath(path, self.root).split(os.sep):
+            current = os.path.join(current, part)
+            try:
+                if stat.S_ISLNK(os.lstat(current).st_mode):
+                    raise _symlink_refused(self.root, current)
+            except FileNotFoundError:
+                return
+        try:
+            with os.scandir(path) as entries:
+                for entry in entries:
+                    if entry.is_symlink():
+                        raise _symlink_refused(self.root, entry.path)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+
     def _manifest(self, site: str) -> SiteManifest:
+        with self._lock:
+            known = site in self._manifests
+        if not known:
+            self._refuse_symlinks(layout.site_dir(self.root, site))
         with self._lock:
             m = self._manifests.get(site)
             if m is None:
@@ -116,6 +146,8 @@ class FileStore(MemoryStore):
             manifest = self._manifests.get(site)
         if manifest is None:
             manifest = self._manifest(site)
+        path = layout.conversation_dir(self.root, site, conversation_id)
+        self._refuse_symlinks(path)
         with self._lock:
             conv = self._convs.get(key)
             if conv is None or conv.closed:
@@ -297,6 +329,14 @@ class FileStore(MemoryStore):
         """Re-derive a site's listing from its conversations (what fsck --repair uses)."""
         self._check_open()
         self._manifest(SiteName(site)).rebuild()
+
+
+def _symlink_refused(root: str, path: str) -> Unavailable:
+    rel = os.path.relpath(path, root)
+    return Unavailable(
+        f"{rel} in the data directory is a symbolic link; the store refuses symbolic links under its data "
+        "directory (replace it with the real directory or file; `convmem fsck` lists them)"
+    )
 
 
 def open_store(data_dir: str | os.PathLike[str], **options: Any) -> FileStore:

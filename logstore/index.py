@@ -17,6 +17,8 @@ import bisect
 import os
 import struct
 
+from . import fileio
+
 INDEX_MAGIC = b"CVMIDX\x00\x01"
 INDEX_HEADER = struct.Struct("<8sIIQQ")
 INDEX_HEADER_SIZE = INDEX_HEADER.size  # 32
@@ -106,7 +108,7 @@ def load(path: str, base_seq: int, salt: int, segment_size: int) -> SparseIndex 
 def write(path: str, idx: SparseIndex) -> None:
     """Replace the index file with ``idx`` (atomic rename, not synced: derived data)."""
     tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as f:
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, fileio.FILE_MODE), "wb") as f:
         f.write(idx.to_bytes())
     os.replace(tmp, path)
 

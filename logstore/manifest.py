@@ -173,8 +173,8 @@ class SiteManifest(ManifestHook):
 
     def _flock(self) -> None:
         if self._lock_fd is None:
-            os.makedirs(self.site_dir, exist_ok=True)
-            self._lock_fd = os.open(os.path.join(self.site_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+            os.makedirs(self.site_dir, mode=fileio.DIR_MODE, exist_ok=True)
+            self._lock_fd = os.open(os.path.join(self.site_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, fileio.FILE_MODE)
         started = time.monotonic()
         delay = 0.0005
         while True:

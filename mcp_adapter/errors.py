@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from typing import Any
 
 import mcp_types as types
@@ -131,6 +132,18 @@ def _public_path(path: str, data_dir: str | None) -> str:
     return os.path.basename(path)
 
 
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.])/[^\s'\",:;()]*")
+
+
+def _hide_paths(message: str, data_dir: str | None) -> str:
+    """``message`` with every absolute path made relative to the data directory (or cut to its last part).
+
+    OS errors name the file they failed on, with its absolute path; the
+    server's layout is none of the client's business.
+    """
+    return _ABSOLUTE_PATH.sub(lambda m: _public_path(m.group(0), data_dir), message)
+
+
 def from_store_error(exc: StoreError, data_dir: str | None = None) -> ToolFailure:
     """Map a :class:`logstore.StoreError` to the tool error the client sees."""
     message = str(exc).rstrip(".")
@@ -139,6 +152,8 @@ def from_store_error(exc: StoreError, data_dir: str | None = None) -> ToolFailur
         field = f"items[{exc.index}]"
         return ToolFailure("InvalidArguments", f"argument `{field}` is invalid: {exc.why}", field=field, rule=exc.why)
     details = dict(exc.details())
+    if not isinstance(exc, Corrupted):
+        message = _hide_paths(message, data_dir)
     if isinstance(exc, Corrupted):
         details["file"] = _public_path(exc.file, data_dir)
         message = f"{details['file']} is corrupted at byte offset {exc.offset}: {exc.why}"

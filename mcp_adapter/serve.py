@@ -53,7 +53,7 @@ def _configure_logging(level: str) -> None:
 
 def _open_store(args: argparse.Namespace) -> MemoryStore | None:
     try:
-        Path(args.data_dir).mkdir(parents=True, exist_ok=True)
+        Path(args.data_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
         return open_store(args.data_dir, lock_timeout=args.lock_timeout)
     except (OSError, StoreError) as exc:
         print(f"convmem: cannot open the data directory {args.data_dir}: {exc}", file=sys.stderr)

@@ -37,6 +37,10 @@ from ._files import (
     iter_conversations,
     list_sites,
 )
+from ._permissions import (
+    AccessFinding,
+    check_access,
+)
 from ._records import (
     RecordInfo,
     SegmentInfo,
@@ -108,6 +112,7 @@ __all__ = [
     "TORN_TAIL",
     "TRUNCATABLE_KINDS",
     "UNSEALED_SEGMENT",
+    "AccessFinding",
     "CheckReport",
     "ConversationStats",
     "ExportedItem",
@@ -121,6 +126,7 @@ __all__ = [
     "SiteStats",
     "build_index",
     "check",
+    "check_access",
     "export_items",
     "format_timestamp",
     "iter_conversation_items",

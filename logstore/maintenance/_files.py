@@ -47,7 +47,7 @@ def _open_ro(path: str) -> Iterator[int]:
 def _flocked(path: str, exclusive: bool, timeout: float, create: bool) -> Iterator[None]:
     """Hold ``flock`` on ``path`` (as the engine does); without ``create`` a missing file means no lock."""
     try:
-        fd = os.open(path, (os.O_RDWR | os.O_CREAT) if create else os.O_RDONLY, 0o644)
+        fd = os.open(path, (os.O_RDWR | os.O_CREAT) if create else os.O_RDONLY, fileio.FILE_MODE)
     except FileNotFoundError:
         yield
         return
@@ -106,7 +106,7 @@ def _replace_with_prefix(path: str, fd: int, length: int) -> None:
     """
     prefix = _pread_range(fd, 0, length)
     tmp = path + ".tmp"
-    out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, fileio.FILE_MODE)
     try:
         fileio.pwrite_all(out, prefix, 0)
         fileio.fdatasync(out)
