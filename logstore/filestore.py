@@ -31,6 +31,7 @@ from .model import (
     SeqRange,
     Tail,
 )
+from .quota import SiteQuota, UsageTracker
 from .store import MemoryStore
 from .timefmt import format_us, parse_rfc3339
 
@@ -58,6 +59,7 @@ class FileStore(MemoryStore):
         segment_bytes: int = 16 * 1024 * 1024,
         index_interval: int = 4096,
         max_open: int = 256,
+        quota: SiteQuota | None = None,
     ) -> None:
         self.root = os.path.abspath(os.fspath(data_dir))
         self.options = Options(lock_timeout=lock_timeout, segment_bytes=segment_bytes, index_interval=index_interval)
@@ -66,6 +68,8 @@ class FileStore(MemoryStore):
         self._convs: OrderedDict[tuple[str, str], Conversation] = OrderedDict()
         self._manifests: dict[str, SiteManifest] = {}
         self._closed = False
+        #: Present only when a quota is set: without one, appends do no accounting at all.
+        self._usage = UsageTracker(self.root, quota) if quota is not None and quota.active else None
         try:
             self._init_dir()
         except OSError as exc:
@@ -224,7 +228,10 @@ class FileStore(MemoryStore):
         try:
             conv = self._acquire(site, conversation_id, deadline, started)
             try:
-                first, last, _stamp = conv.append(body, count, deadline, started)
+                if self._usage is None:
+                    first, last, _stamp = conv.append(body, count, deadline, started)
+                else:
+                    first, last = self._append_within_quota(self._usage, site, conv, body, count, deadline, started)
             finally:
                 conv.mutex.release()
         except StoreError:
@@ -232,6 +239,26 @@ class FileStore(MemoryStore):
         except OSError as exc:
             raise _io(exc, "append failed") from exc
         return SeqRange(first, last)
+
+    @staticmethod
+    def _append_within_quota(
+        usage: UsageTracker, site: str, conv: Conversation, body: bytes, count: int, deadline: float, started: float
+    ) -> tuple[int, int]:
+        """Append after charging the site's quota (caller holds ``conv.mutex``); refunded if nothing is written.
+
+        Whether the conversation is new is judged before the write by one
+        ``stat`` of its directory and corrected after it from the first seq.
+        """
+        new = not os.path.isdir(conv.path)
+        cost = usage.charge(site, len(body), new)
+        try:
+            first, last, _stamp = conv.append(body, count, deadline, started)
+        except BaseException:
+            usage.refund(site, cost, new)
+            raise
+        if (first == 0) != new:
+            usage.adjust_conversations(site, 1 if first == 0 else -1)
+        return first, last
 
     def read(self, site: str, conversation_id: str, selector: ReadSelector) -> list[MemoryItem]:
         self._check_open()
@@ -300,6 +327,8 @@ class FileStore(MemoryStore):
             m = self._manifests.pop(site, None)
         if m is not None:
             m.close()
+        if self._usage is not None:
+            self._usage.forget(site)
         if not os.path.isdir(path):
             return
         trash = os.path.join(self.root, layout.SITES_DIR, f".dropped-{os.getpid()}-{time.time_ns()}")

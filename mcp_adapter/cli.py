@@ -259,6 +259,7 @@ def add_security_options(serve: argparse.ArgumentParser) -> None:
         default=_env_float("BODY_TIMEOUT", BODY_TIMEOUT),
         help="seconds a client has to send a request's body (env CONVMEM_BODY_TIMEOUT)",
     )
+    add_quota_options(serve)
     for scope, burst, rate in (("address", t.address_burst, t.address_rate), ("site", t.site_burst, t.site_rate)):
         upper = scope.upper()
         serve.add_argument(
@@ -276,6 +277,36 @@ def add_security_options(serve: argparse.ArgumentParser) -> None:
             default=_env_float(f"LOGIN_REFILL_PER_{upper}", rate),
             help=f"failed logins per second a throttled {scope} gets back (env CONVMEM_LOGIN_REFILL_PER_{upper})",
         )
+
+
+def parse_size(text: str) -> int:
+    """A byte count: digits with an optional K, M, G or T suffix (powers of 1024); 0 means unlimited."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    raw = text.strip().upper().removesuffix("B").removesuffix("I")
+    scale = units.get(raw[-1:], 1)
+    digits = raw[:-1] if raw[-1:] in units else raw
+    if not digits.isdigit():
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 500M, 20G)")
+    return int(digits) * scale
+
+
+def add_quota_options(parser: argparse.ArgumentParser) -> None:
+    """``--quota-bytes`` and ``--quota-conversations`` (shared by ``serve`` and ``stats``)."""
+    default_bytes = _env("QUOTA_BYTES")
+    parser.add_argument(
+        "--quota-bytes",
+        type=parse_size,
+        default=parse_size(default_bytes) if default_bytes else 0,
+        metavar="SIZE",
+        help="most bytes of logs one site may hold, e.g. 20G; 0 = unlimited (env CONVMEM_QUOTA_BYTES)",
+    )
+    parser.add_argument(
+        "--quota-conversations",
+        type=int,
+        default=_env_int("QUOTA_CONVERSATIONS", 0),
+        metavar="N",
+        help="most conversations one site may hold; 0 = unlimited (env CONVMEM_QUOTA_CONVERSATIONS)",
+    )
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argparse.ArgumentParser]]:

@@ -22,7 +22,7 @@ import anyio
 import uvicorn
 from mcp.server.stdio import stdio_server
 
-from logstore import MemoryStore, StoreError, open_store
+from logstore import MemoryStore, SiteQuota, StoreError, open_store
 
 from . import __version__
 from .auth import Authenticator
@@ -54,7 +54,7 @@ def _configure_logging(level: str) -> None:
 def _open_store(args: argparse.Namespace) -> MemoryStore | None:
     try:
         Path(args.data_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
-        return open_store(args.data_dir, lock_timeout=args.lock_timeout)
+        return open_store(args.data_dir, lock_timeout=args.lock_timeout, quota=site_quota(args))
     except (OSError, StoreError) as exc:
         print(f"convmem: cannot open the data directory {args.data_dir}: {exc}", file=sys.stderr)
         return None
@@ -146,6 +146,14 @@ def bind_policy_refusal(host: str, allowed_hosts: list[str]) -> str | None:
         f"binding to the non-loopback address {host} needs the host names clients use to reach the server: "
         "give --allowed-host NAME (repeatable) or CONVMEM_ALLOWED_HOSTS=NAME1,NAME2; requests naming any other "
         "Host are refused"
+    )
+
+
+def site_quota(args: argparse.Namespace) -> SiteQuota:
+    """The per-site quota from the command line (0 or absent: unlimited)."""
+    return SiteQuota(
+        max_bytes=getattr(args, "quota_bytes", 0) or None,
+        max_conversations=getattr(args, "quota_conversations", 0) or None,
     )
 
 
