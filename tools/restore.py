@@ -18,7 +18,7 @@ from typing import Any, BinaryIO
 
 import msgspec
 
-from logstore import MAX_BATCH_BYTES, MAX_BATCH_ITEMS, StoreError
+from logstore import MAX_BATCH_BYTES, MAX_BATCH_ITEMS, MAX_ITEM_BYTES, StoreError
 from logstore.maintenance import MaintenanceError, Restorer, parse_timestamp
 from tools.common import EXIT_CLEAN, EXIT_OPERATIONAL, command, exit_8_on_usage_error, fail
 
@@ -58,13 +58,35 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
 
 _Batch = tuple[str, int, int, list[dict[str, Any]]]  # conversation, first seq, recorded_at_us, payloads
 
+#: Longest line an export can hold: the largest item plus its conversation id, seq and timestamp,
+#: with room to spare. A longer line is refused after reading this much of it, never whole.
+MAX_LINE_BYTES = MAX_ITEM_BYTES + 4096
+
+
+def bounded_lines(stream: BinaryIO, limit: int = MAX_LINE_BYTES) -> Iterator[tuple[int, bytes]]:
+    """``(line number, line)`` for each line; raises BadInput on a line over ``limit`` bytes.
+
+    Memory stays bounded by ``limit`` whatever the input: a line is read at
+    most ``limit + 1`` bytes at a time, and an over-long one is refused
+    before the rest of it is read.
+    """
+    n = 0
+    while True:
+        raw = stream.readline(limit + 1)
+        if not raw:
+            return
+        n += 1
+        if len(raw) > limit:
+            raise BadInput(n, f"the line is longer than {limit} bytes, more than any exported item can take")
+        yield n, raw
+
 
 def batches(lines: BinaryIO) -> Iterator[tuple[int, _Batch]]:
     """Group the export's lines into batches; yields ``(line number of the batch's first item, batch)``."""
     cur: _Batch | None = None
     cur_line = 0
     size = 0
-    for n, raw in enumerate(lines, 1):
+    for n, raw in bounded_lines(lines):
         if not raw.strip():
             continue
         try:
