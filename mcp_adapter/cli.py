@@ -413,6 +413,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``convmem`` console script."""
+    # Everything convmem writes (data, credentials, exports) is tenant data: owner only,
+    # whatever umask the caller runs with. The engine also sets explicit modes itself.
+    os.umask(0o077)
     parser, _ = build_parser()
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
