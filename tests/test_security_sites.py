@@ -139,3 +139,45 @@ def test_site_add_refuses_a_name_whose_data_still_exists(tmp_path: Path) -> None
         from logstore import Tail
 
         assert store.read(SITE, "left-behind-01", Tail(10)) == []
+
+
+@pytest.mark.timeout(180)
+def test_a_changed_password_stops_working_at_once_under_concurrent_requests(tmp_path: Path) -> None:
+    """Requests with the old password race a `site passwd`; none sent after it returned may be accepted."""
+    data = tmp_path / "data"
+    CredentialFile(data).add(SITE, OLD_PASSWORD)
+    server = ServerProcess(data)
+    stop = threading.Event()
+    log: list[tuple[float, bool]] = []  # (time the request was sent, accepted)
+    lock = threading.Lock()
+
+    def hammer() -> None:
+        with httpx2.Client(timeout=30) as http:
+            while not stop.is_set():
+                sent = time.monotonic()
+                res = _call(http, server.url, OLD_PASSWORD, "list_conversations", {})
+                with lock:
+                    log.append((sent, not res.get("isError")))
+
+    threads = [threading.Thread(target=hammer, daemon=True) for _ in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        changed = run_convmem("site", "passwd", SITE, "--password-stdin", "--data-dir", str(data), input=NEW_PASSWORD)
+        assert changed.returncode == 0, changed.stderr
+        done = time.monotonic()
+        time.sleep(2.0)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+    try:
+        before = [ok for sent, ok in log if sent < done]
+        after = [ok for sent, ok in log if sent > done]
+        assert any(before), "the old password never worked before the change"
+        assert after and not any(after), f"{sum(after)} of {len(after)} old-password requests accepted after the change"
+        with httpx2.Client(timeout=30) as http:
+            assert not _call(http, server.url, NEW_PASSWORD, "list_conversations", {}).get("isError")
+    finally:
+        assert server.stop() == 0
