@@ -217,13 +217,6 @@ class Authenticator:
             raise unauthenticated()
         return site
 
-    async def try_authenticate(self, header: str | None, client: str | None = None) -> str | None:
-        """Like :meth:`authenticate`, but None instead of an error (for request admission)."""
-        try:
-            return await self.authenticate(header, client)
-        except ToolFailure:
-            return None
-
 
 def check_password(credentials: CredentialFile, site: str, password: str) -> None:
     """Verify a site's password once (stdio start-up). Raises ToolFailure when wrong."""

@@ -44,6 +44,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from logstore import MAX_BATCH_BYTES
 
 from .auth import Authenticator
+from .errors import ToolFailure, unauthenticated
 from .server import Backend
 
 MCP_PATH = "/mcp"
@@ -165,8 +166,17 @@ class RequestAdmission:
         declared = _content_length(scope)
         limit = self.unauthenticated_body
         if declared is None or declared > limit:
-            if await self._authenticated(scope, auth_headers):
+            verdict = await self._authenticate(scope, auth_headers)
+            if verdict is None:
                 limit = self.max_body
+            elif verdict.code == "Throttled":
+                # A large body with credentials we may not check yet: say when to come back, not "too large".
+                retry = str(verdict.details.get("retry_after_seconds", 1))
+                response = PlainTextResponse(
+                    f"{verdict.message}.", status_code=429, headers={"Retry-After": retry, "Connection": "close"}
+                )
+                await response(scope, receive, send)
+                return
         if declared is not None and declared > limit:
             await _plain(scope, receive, send, 413, _too_large(limit))
             return
@@ -176,12 +186,17 @@ class RequestAdmission:
         async with self._large:
             await self._forward(scope, receive, send, limit)
 
-    async def _authenticated(self, scope: Scope, auth_headers: list[bytes]) -> bool:
+    async def _authenticate(self, scope: Scope, auth_headers: list[bytes]) -> ToolFailure | None:
+        """None when the request's credentials are valid, else why not."""
         if self.authenticator is None or not auth_headers:
-            return False
+            return unauthenticated()
         client = scope.get("client")
         header = auth_headers[0].decode("latin-1")
-        return await self.authenticator.try_authenticate(header, client[0] if client else None) is not None
+        try:
+            await self.authenticator.authenticate(header, client[0] if client else None)
+        except ToolFailure as failure:
+            return failure
+        return None
 
     async def _forward(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
         """Read the body (at most ``limit`` bytes, within the deadline), then hand it to the app."""

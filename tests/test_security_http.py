@@ -200,3 +200,24 @@ def test_a_non_loopback_bind_needs_allowed_hosts(tmp_path: Path) -> None:
     )
     assert out.returncode == 2
     assert "--allowed-host" in out.stderr, out.stderr
+
+
+def test_a_throttled_address_is_told_when_to_come_back_before_sending_a_large_body(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    CredentialFile(data).add(SITE, PASSWORD)
+    proc = ServerProcess(data, "--login-failures-per-address", "1", "--login-refill-per-address", "0.01")
+    try:
+        body = call_body("list_conversations", {})
+        wrong = _raw(proc, _post_head(proc, len(body), [auth(SITE, "wrong-password-000")]) + body, source="127.0.0.4")
+        assert wrong.startswith(b"HTTP/1.1 200") and b"Unauthenticated" in wrong, wrong[:300]
+        # The address has used its allowance: even the right password is not checked now.
+        reply = _raw(proc, _post_head(proc, 2_000_000, [auth()]), source="127.0.0.4")
+        assert reply.startswith(b"HTTP/1.1 429"), reply[:300]
+        assert b"retry-after:" in reply.lower()
+        small = _raw(proc, _post_head(proc, len(body), [auth(SITE, "another-wrong-pass")]) + body, source="127.0.0.4")
+        assert b"Throttled" in small and b"retry_after_seconds" in small, small[:600]
+        # Another address is unaffected.
+        ok = _raw(proc, _post_head(proc, len(body), [auth()]) + body, source="127.0.0.5")
+        assert ok.startswith(b"HTTP/1.1 200") and b"conversations" in ok, ok[:300]
+    finally:
+        assert proc.stop() == 0
