@@ -174,6 +174,18 @@ class CredentialFile:
             return False
         return entry.verify(password)
 
+    def login(self, site: str, password: str) -> bool:
+        """:meth:`verify`, and on success replace a hash made with weaker parameters than today's."""
+        entry = self.load().get(site)
+        if entry is None:
+            DUMMY_HASH.verify(password)
+            return False
+        if not entry.verify(password):
+            return False
+        if entry.needs_rehash():
+            self.rehash(site, password, entry)
+        return True
+
     # -- writing -----------------------------------------------------------
 
     def ensure_dir(self) -> None:

@@ -272,7 +272,7 @@ def serve_stdio(args: argparse.Namespace) -> int:
         )
         return 2
     creds = CredentialFile(args.data_dir)
-    if not creds.verify(args.site, password):
+    if not creds.login(args.site, password):
         print("convmem: the site name or the password in CONVMEM_PASSWORD is wrong", file=sys.stderr)
         return 3
     store = _open_store(args)

@@ -175,3 +175,14 @@ def test_new_hashes_use_owasp_scrypt_settings(creds: CredentialFile) -> None:
     entry = creds.load()[SITE]
     assert (entry.n, entry.r, entry.p) == (2**17, 8, 1)
     assert not entry.needs_rehash()
+
+
+def test_a_stdio_login_upgrades_a_weak_hash_too(creds: CredentialFile) -> None:
+    doc = json.loads(creds.path.read_text())
+    salt = b"t" * 16
+    doc["sites"][SITE] = PasswordHash(salt=salt, digest=_scrypt(PASSWORD, salt, 2**14, 8, 1), n=2**14).to_json()
+    creds.path.write_text(json.dumps(doc))
+    assert not creds.login(SITE, "wrong-password-0000")
+    assert creds.load()[SITE].n == 2**14
+    assert creds.login(SITE, PASSWORD)
+    assert creds.load()[SITE].n == SCRYPT_N
