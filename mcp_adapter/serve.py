@@ -168,11 +168,13 @@ def throttle_settings(args: argparse.Namespace) -> ThrottleSettings:
 
 
 def connection_limits(args: argparse.Namespace) -> dict[str, Any]:
-    """uvicorn settings bounding connections: concurrency cap, keep-alive, header deadline, per-address cap."""
+    """uvicorn settings bounding connections: concurrency cap, keep-alive, header deadline, per-address cap.
+
+    Request heads stay limited to h11's default of 16 KiB.
+    """
     return {
         "limit_concurrency": args.limit_concurrency,
         "timeout_keep_alive": 5,
-        "h11_max_incomplete_event_size": 64 * 1024,
         "http": guarded_h11_protocol(args.header_timeout, args.max_connections_per_address),
     }
 
