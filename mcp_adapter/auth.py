@@ -84,6 +84,7 @@ class Authenticator:
       otherwise the caller gets ``Throttled`` (retryable, with a retry-after
       hint) at the cost of a dictionary lookup.
     * The cache evicts the least recently used entry.
+    * Concurrent checks of the same header share one KDF run.
     """
 
     def __init__(
@@ -107,6 +108,8 @@ class Authenticator:
         self._generation = 0
         self._hashes: dict[str, PasswordHash] = {}
         self._kdf_limiter = anyio.CapacityLimiter(KDF_CONCURRENCY)
+        #: Headers whose KDF run is in progress (touched only from the event loop).
+        self._inflight: dict[bytes, anyio.Event] = {}
         self.throttle = throttle or LoginThrottle()
 
     def _digest(self, header: str) -> bytes:
@@ -196,23 +199,37 @@ class Authenticator:
             raise unauthenticated() from None
         assert header is not None
         key = self._digest(header)
-        for _attempt in range(2):
+        kdf_runs = 0
+        while True:
             generation = self._refresh()
             hit, site = self._cached(key, generation)
             if hit:
                 break
+            running = self._inflight.get(key)
+            if running is not None:
+                # The same header is being checked right now: share that KDF run's answer.
+                await running.wait()
+                continue
+            if kdf_runs == 2:
+                break  # the credentials changed twice during our checks: answer from the last one
             wait = self.throttle.acquire(client, user)
             if wait > 0:
                 raise throttled(wait)
             with self._lock:
                 entry = self._hashes.get(user)
-            site = await anyio.to_thread.run_sync(self._verify, user, password, entry, limiter=self._kdf_limiter)
-            if site is not None:
-                self.throttle.refund(client, user)
-            if self._refresh() == generation:
-                self._remember(key, site, generation)
-                break
-            # The credentials changed while the KDF ran: check again against the new ones.
+            done = self._inflight[key] = anyio.Event()
+            try:
+                site = await anyio.to_thread.run_sync(self._verify, user, password, entry, limiter=self._kdf_limiter)
+                kdf_runs += 1
+                if site is not None:
+                    self.throttle.refund(client, user)
+                if self._refresh() == generation:
+                    self._remember(key, site, generation)
+                    break
+                # The credentials changed while the KDF ran: check again against the new ones.
+            finally:
+                del self._inflight[key]
+                done.set()
         if site is None:
             raise unauthenticated()
         return site
