@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from logstore import InvalidConversationId, ListSelector, SiteName, StoreError, open_store
+from logstore import InvalidConversationId, ListSelector, SiteName, StoreError, open_store, site_usage
 
 from . import __version__
 from .credentials import CredentialError, CredentialFile, generate_password
@@ -82,13 +82,14 @@ def cmd_site_add(args: argparse.Namespace) -> int:
     if site in creds.sites():
         return _fail(f"site {site!r} already exists")
     try:
-        leftover = _site_has_data(args.data_dir, site)
-        if leftover and not args.purge_data:
+        leftover = _leftover_site_dir(args.data_dir, site)
+        if leftover == "conversations" and not args.purge_data:
             return _fail(
                 f"the data directory still holds data of an earlier site named {site!r}; a new owner would see it. "
                 "Add --purge-data to delete that data first, or choose another name"
             )
-        if leftover:
+        if leftover is not None:
+            # Conversations only with --purge-data; a directory without any (listing files) always.
             with open_store(args.data_dir) as store:
                 store.drop_site(site)
     except StoreError as exc:
@@ -98,7 +99,8 @@ def cmd_site_add(args: argparse.Namespace) -> int:
     except CredentialError as exc:
         return _fail(str(exc))
     print(
-        f"created site {site!r} in {args.data_dir}" + (" after deleting its old data" if leftover else ""),
+        f"created site {site!r} in {args.data_dir}"
+        + (" after deleting its old conversations" if leftover == "conversations" else ""),
         file=sys.stderr,
     )
     if not args.password_stdin:
@@ -172,12 +174,14 @@ def cmd_site_remove(args: argparse.Namespace) -> int:
     return 0
 
 
-def _site_has_data(data_dir: str, site: str) -> bool:
-    """True when the store in ``data_dir`` holds a directory for ``site`` (conversations or not)."""
+def _leftover_site_dir(data_dir: str, site: str) -> str | None:
+    """What the data directory still holds for ``site``: "conversations" (segments), "empty", or None."""
     if not os.path.exists(os.path.join(data_dir, "logstore.json")):
-        return False
+        return None
     with open_store(data_dir) as store:
-        return site in store.sites()
+        if site not in store.sites():
+            return None
+    return "conversations" if site_usage(data_dir, site).conversations else "empty"
 
 
 # -- serve -----------------------------------------------------------------------

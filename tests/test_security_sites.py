@@ -181,3 +181,18 @@ def test_a_changed_password_stops_working_at_once_under_concurrent_requests(tmp_
             assert not _call(http, server.url, NEW_PASSWORD, "list_conversations", {}).get("isError")
     finally:
         assert server.stop() == 0
+
+
+def test_site_add_clears_a_leftover_directory_without_conversations(tmp_path: Path) -> None:
+    import shutil
+
+    from logstore import open_store
+    from logstore.layout import site_dir
+
+    data = tmp_path / "data"
+    with open_store(data) as store:
+        store.append(SITE, "gone-conv-0001", [{"a": 1}])
+    shutil.rmtree(Path(site_dir(str(data), SITE)) / "c")  # listing files remain, no conversation does
+    added = run_convmem("site", "add", SITE, "--password-stdin", "--data-dir", str(data), input=NEW_PASSWORD)
+    assert added.returncode == 0, added.stderr
+    assert not Path(site_dir(str(data), SITE)).exists()
