@@ -18,6 +18,7 @@ from .errors import (
     InvalidPayload,
     Io,
     PayloadTooLarge,
+    QuotaExceeded,
     StoreError,
     Timeout,
     Unavailable,
@@ -44,6 +45,7 @@ from .model import (
     SeqRange,
     Tail,
 )
+from .quota import SiteQuota, Usage, site_usage
 from .store import MemoryStore
 
 __all__ = [
@@ -71,14 +73,18 @@ __all__ = [
     "MemoryItem",
     "MemoryStore",
     "PayloadTooLarge",
+    "QuotaExceeded",
     "Range",
     "ReadSelector",
     "SeqRange",
     "SiteName",
+    "SiteQuota",
     "StoreError",
     "Tail",
     "Timeout",
     "Unavailable",
+    "Usage",
     "maintenance",
     "open_store",
+    "site_usage",
 ]

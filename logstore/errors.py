@@ -192,3 +192,23 @@ class Corrupted(StoreError):
 
     def details(self) -> dict[str, object]:
         return {"file": self.file, "offset": self.offset}
+
+
+class QuotaExceeded(StoreError):
+    """The append would take the site past its configured quota (bytes of logs or conversations).
+
+    Permanent: retrying the same append fails again until the operator raises
+    the quota or data is removed.
+    """
+
+    code = "QuotaExceeded"
+
+    def __init__(self, unit: Literal["bytes", "conversations"], limit: int, actual: int) -> None:
+        self.unit = unit
+        self.limit = limit
+        self.actual = actual
+        what = "bytes of logs" if unit == "bytes" else "conversations"
+        super().__init__(f"the site would hold {actual} {what}; its quota is {limit} {what}")
+
+    def details(self) -> dict[str, object]:
+        return {"limit": self.limit, "actual": self.actual, "unit": self.unit}

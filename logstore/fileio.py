@@ -32,6 +32,12 @@ except ImportError:  # pragma: no cover - not POSIX: fall back to portalocker
 
 CRASH_EXIT_STATUS = 86
 
+#: Mode of every file the engine creates: owner only. Sites are tenants; no other local
+#: user may read their conversations or hold their lock files.
+FILE_MODE = 0o600
+#: Mode of every directory the engine creates (the data directory included): owner only.
+DIR_MODE = 0o700
+
 
 def _parse_crash_env() -> tuple[str, int] | None:
     spec = os.environ.get("CONVMEM_CRASH_AT", "")
@@ -209,7 +215,7 @@ def copy_file(src: str, dst: str) -> None:
         write_file(dst, f.read())
 
 
-def open_create(path: str, flags: int = os.O_RDWR, mode: int = 0o644) -> int:
+def open_create(path: str, flags: int = os.O_RDWR, mode: int = FILE_MODE) -> int:
     """``os.open(path, flags | O_CREAT)``: a descriptor of a file that may be new (or, with O_TRUNC, emptied)."""
     fd = os.open(path, flags | os.O_CREAT, mode)
     if recorder is not None:
@@ -219,7 +225,7 @@ def open_create(path: str, flags: int = os.O_RDWR, mode: int = 0o644) -> int:
 
 def mkdir(path: str) -> None:
     """Create one directory (not synced: see :func:`makedirs_durable`)."""
-    os.mkdir(path)
+    os.mkdir(path, DIR_MODE)
     if recorder is not None:
         recorder("mkdir", path)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import threading
 import time
 from collections import OrderedDict
@@ -29,6 +30,7 @@ from .model import (
     SeqRange,
     Tail,
 )
+from .quota import SiteQuota, UsageTracker
 from .store import MemoryStore
 from .timefmt import format_us, parse_rfc3339
 
@@ -56,6 +58,7 @@ class FileStore(MemoryStore):
         segment_bytes: int = 16 * 1024 * 1024,
         index_interval: int = 4096,
         max_open: int = 256,
+        quota: SiteQuota | None = None,
     ) -> None:
         self.root = os.path.abspath(os.fspath(data_dir))
         self.options = Options(lock_timeout=lock_timeout, segment_bytes=segment_bytes, index_interval=index_interval)
@@ -64,6 +67,8 @@ class FileStore(MemoryStore):
         self._convs: OrderedDict[tuple[str, str], Conversation] = OrderedDict()
         self._manifests: dict[str, SiteManifest] = {}
         self._closed = False
+        #: Present only when a quota is set: without one, appends do no accounting at all.
+        self._usage = UsageTracker(self.root, quota) if quota is not None and quota.active else None
         try:
             self._init_dir()
         except OSError as exc:
@@ -92,7 +97,36 @@ class FileStore(MemoryStore):
         if self._closed:
             raise Unavailable("the store is closed")
 
+    def _refuse_symlinks(self, path: str) -> None:
+        """Raise Unavailable when ``path``, a directory between the root and it, or an entry in it is a symlink.
+
+        Invariant: the store never follows a symbolic link below its root, so a
+        site or conversation directory linked to another cannot serve (or
+        receive) that other's data. Checked whenever a site or conversation is
+        opened (not on every call); ``fsck`` reports links anywhere below the
+        root.
+        """
+        current = self.root
+        for part in os.path.relpath(path, self.root).split(os.sep):
+            current = os.path.join(current, part)
+            try:
+                if stat.S_ISLNK(os.lstat(current).st_mode):
+                    raise _symlink_refused(self.root, current)
+            except FileNotFoundError:
+                return
+        try:
+            with os.scandir(path) as entries:
+                for entry in entries:
+                    if entry.is_symlink():
+                        raise _symlink_refused(self.root, entry.path)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+
     def _manifest(self, site: str) -> SiteManifest:
+        with self._lock:
+            known = site in self._manifests
+        if not known:
+            self._refuse_symlinks(layout.site_dir(self.root, site))
         with self._lock:
             m = self._manifests.get(site)
             if m is None:
@@ -115,6 +149,8 @@ class FileStore(MemoryStore):
             manifest = self._manifests.get(site)
         if manifest is None:
             manifest = self._manifest(site)
+        path = layout.conversation_dir(self.root, site, conversation_id)
+        self._refuse_symlinks(path)
         with self._lock:
             conv = self._convs.get(key)
             if conv is None or conv.closed:
@@ -198,7 +234,10 @@ class FileStore(MemoryStore):
         try:
             conv = self._acquire(site, conversation_id, deadline, started)
             try:
-                first, last, _stamp = conv.append(body, count, deadline, started)
+                if self._usage is None:
+                    first, last, _stamp = conv.append(body, count, deadline, started)
+                else:
+                    first, last = self._append_within_quota(self._usage, site, conv, body, count, deadline, started)
             finally:
                 conv.mutex.release()
         except StoreError:
@@ -207,6 +246,26 @@ class FileStore(MemoryStore):
             raise _io(exc, "append failed") from exc
         observe.emit("append_bytes", len(body))
         return SeqRange(first, last)
+
+    @staticmethod
+    def _append_within_quota(
+        usage: UsageTracker, site: str, conv: Conversation, body: bytes, count: int, deadline: float, started: float
+    ) -> tuple[int, int]:
+        """Append after charging the site's quota (caller holds ``conv.mutex``); refunded if nothing is written.
+
+        Whether the conversation is new is judged before the write by one
+        ``stat`` of its directory and corrected after it from the first seq.
+        """
+        new = not os.path.isdir(conv.path)
+        cost = usage.charge(site, len(body), new)
+        try:
+            first, last, _stamp = conv.append(body, count, deadline, started)
+        except BaseException:
+            usage.refund(site, cost, new)
+            raise
+        if (first == 0) != new:
+            usage.adjust_conversations(site, 1 if first == 0 else -1)
+        return first, last
 
     def read(self, site: str, conversation_id: str, selector: ReadSelector) -> list[MemoryItem]:
         self._check_open()
@@ -275,6 +334,8 @@ class FileStore(MemoryStore):
             m = self._manifests.pop(site, None)
         if m is not None:
             m.close()
+        if self._usage is not None:
+            self._usage.forget(site)
         if not os.path.isdir(path):
             return
         trash = os.path.join(self.root, layout.SITES_DIR, f".dropped-{os.getpid()}-{time.time_ns()}")
@@ -304,6 +365,14 @@ class FileStore(MemoryStore):
         """Re-derive a site's listing from its conversations (what fsck --repair uses)."""
         self._check_open()
         self._manifest(SiteName(site)).rebuild()
+
+
+def _symlink_refused(root: str, path: str) -> Unavailable:
+    rel = os.path.relpath(path, root)
+    return Unavailable(
+        f"{rel} in the data directory is a symbolic link; the store refuses symbolic links under its data "
+        "directory (replace it with the real directory or file; `convmem fsck` lists them)"
+    )
 
 
 def open_store(data_dir: str | os.PathLike[str], **options: Any) -> FileStore:

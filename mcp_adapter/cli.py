@@ -10,10 +10,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from logstore import InvalidConversationId, ListSelector, SiteName, StoreError, open_store
+from logstore import InvalidConversationId, ListSelector, SiteName, StoreError, open_store, site_usage
 from logstore.ids import SITE_NAME_RULE
 
 from . import __version__, metrics, requestlog, tls
@@ -75,11 +76,31 @@ def cmd_site_add(args: argparse.Namespace) -> int:
     password = _read_password_stdin() if args.password_stdin else generate_password()
     if password is None:
         return 2
+    creds = CredentialFile(args.data_dir)
+    if site in creds.sites():
+        return _fail(f"site {site!r} already exists")
     try:
-        CredentialFile(args.data_dir).add(site, password)
+        leftover = _leftover_site_dir(args.data_dir, site)
+        if leftover == "conversations" and not args.purge_data:
+            return _fail(
+                f"the data directory still holds data of an earlier site named {site!r}; a new owner would see it. "
+                "Add --purge-data to delete that data first, or choose another name"
+            )
+        if leftover is not None:
+            # Conversations only with --purge-data; a directory without any (listing files) always.
+            with open_store(args.data_dir) as store:
+                store.drop_site(site)
+    except StoreError as exc:
+        return _fail(f"cannot check the store in {args.data_dir}: {exc}")
+    try:
+        creds.add(site, password)
     except CredentialError as exc:
         return _fail(str(exc))
-    print(f"created site {site!r} in {args.data_dir}", file=sys.stderr)
+    print(
+        f"created site {site!r} in {args.data_dir}"
+        + (" after deleting its old conversations" if leftover == "conversations" else ""),
+        file=sys.stderr,
+    )
     if not args.password_stdin:
         print("its password follows; it is shown only this once, so store it now:", file=sys.stderr)
         print(password)
@@ -120,20 +141,45 @@ def cmd_site_remove(args: argparse.Namespace) -> int:
     site = _site_name(args.name)
     if site is None:
         return 2
+    # Order matters: the password is revoked before any data is deleted, so that no client of the
+    # old tenant can authenticate (and recreate directories by appending) while the data goes.
     try:
         with open_store(args.data_dir) as store:
             holds = bool(store.list_conversations(site, ListSelector(limit=1)).summaries)
             if holds and not args.force:
                 return _fail(f"site {site!r} still holds conversations; use --force to delete them with the site")
-            if holds:
-                store.drop_site(site)
     except StoreError as exc:
         return _fail(f"cannot open the store in {args.data_dir}: {exc}")
-    creds.remove(site)
+    try:
+        creds.remove(site)
+    except CredentialError as exc:
+        return _fail(str(exc))
     if site == DEMO_SITE:
         creds.demo_password_path.unlink(missing_ok=True)
-    print(f"removed site {site!r}" + (" and its conversations" if holds else ""), file=sys.stderr)
+    if args.force:
+        # Calls that authenticated just before the revocation may still be running in a server;
+        # let them finish (they are bounded by the server's lock timeout) before deleting.
+        time.sleep(args.grace)
+        try:
+            with open_store(args.data_dir) as store:
+                store.drop_site(site)
+        except StoreError as exc:
+            return _fail(
+                f"revoked site {site!r} but could not delete its data: {exc}. "
+                f"`convmem site add {site} --purge-data` deletes it before the name is reused"
+            )
+    print(f"removed site {site!r}" + (" and its conversations" if args.force else ""), file=sys.stderr)
     return 0
+
+
+def _leftover_site_dir(data_dir: str, site: str) -> str | None:
+    """What the data directory still holds for ``site``: "conversations" (segments), "empty", or None."""
+    if not os.path.exists(os.path.join(data_dir, "logstore.json")):
+        return None
+    with open_store(data_dir) as store:
+        if site not in store.sites():
+            return None
+    return "conversations" if site_usage(data_dir, site).conversations else "empty"
 
 
 # -- serve -----------------------------------------------------------------------
@@ -161,6 +207,108 @@ def _data_dir_parent() -> argparse.ArgumentParser:
         help="directory holding the conversations and credentials (env CONVMEM_DATA_DIR)",
     )
     return parent
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = _env(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise SystemExit(f"convmem: {ENV_PREFIX}{name} must be a number, got {raw!r}") from None
+
+
+def add_security_options(serve: argparse.ArgumentParser) -> None:
+    """``serve`` options limiting what clients (authenticated or not) can make the server do."""
+    from .connguard import DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS_PER_ADDRESS
+    from .http import BODY_TIMEOUT
+    from .throttle import ThrottleSettings
+
+    t = ThrottleSettings()
+    allowed = [h.strip() for h in str(_env("ALLOWED_HOSTS", "")).split(",") if h.strip()]
+    serve.add_argument(
+        "--allowed-host",
+        dest="allowed_hosts",
+        action="append",
+        default=allowed,
+        metavar="HOST[:PORT]",
+        help="a Host name clients use to reach the server (repeatable); required when binding to a "
+        "non-loopback address (env CONVMEM_ALLOWED_HOSTS, comma-separated)",
+    )
+    serve.add_argument(
+        "--limit-concurrency",
+        type=int,
+        default=_env_int("LIMIT_CONCURRENCY", 512),
+        help="most connections and requests at once; beyond it requests are answered 503 "
+        "(env CONVMEM_LIMIT_CONCURRENCY)",
+    )
+    serve.add_argument(
+        "--max-connections-per-address",
+        type=int,
+        default=_env_int("MAX_CONNECTIONS_PER_ADDRESS", DEFAULT_MAX_CONNECTIONS_PER_ADDRESS),
+        help="most connections one client address may hold (env CONVMEM_MAX_CONNECTIONS_PER_ADDRESS)",
+    )
+    serve.add_argument(
+        "--header-timeout",
+        type=float,
+        default=_env_float("HEADER_TIMEOUT", DEFAULT_HEADER_TIMEOUT),
+        help="seconds a client has to send a request's headers (env CONVMEM_HEADER_TIMEOUT)",
+    )
+    serve.add_argument(
+        "--body-timeout",
+        type=float,
+        default=_env_float("BODY_TIMEOUT", BODY_TIMEOUT),
+        help="seconds a client has to send a request's body (env CONVMEM_BODY_TIMEOUT)",
+    )
+    add_quota_options(serve)
+    for scope, burst, rate in (("address", t.address_burst, t.address_rate), ("site", t.site_burst, t.site_rate)):
+        upper = scope.upper()
+        serve.add_argument(
+            f"--login-failures-per-{scope}",
+            dest=f"throttle_{scope}_burst",
+            type=int,
+            default=_env_int(f"LOGIN_FAILURES_PER_{upper}", burst),
+            help=f"failed logins one {scope} may make in a burst before being throttled "
+            f"(env CONVMEM_LOGIN_FAILURES_PER_{upper})",
+        )
+        serve.add_argument(
+            f"--login-refill-per-{scope}",
+            dest=f"throttle_{scope}_rate",
+            type=float,
+            default=_env_float(f"LOGIN_REFILL_PER_{upper}", rate),
+            help=f"failed logins per second a throttled {scope} gets back (env CONVMEM_LOGIN_REFILL_PER_{upper})",
+        )
+
+
+def parse_size(text: str) -> int:
+    """A byte count: digits with an optional K, M, G or T suffix (powers of 1024); 0 means unlimited."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    raw = text.strip().upper().removesuffix("B").removesuffix("I")
+    scale = units.get(raw[-1:], 1)
+    digits = raw[:-1] if raw[-1:] in units else raw
+    if not digits.isdigit():
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 500M, 20G)")
+    return int(digits) * scale
+
+
+def add_quota_options(parser: argparse.ArgumentParser) -> None:
+    """``--quota-bytes`` and ``--quota-conversations`` (shared by ``serve`` and ``stats``)."""
+    default_bytes = _env("QUOTA_BYTES")
+    parser.add_argument(
+        "--quota-bytes",
+        type=parse_size,
+        default=parse_size(default_bytes) if default_bytes else 0,
+        metavar="SIZE",
+        help="most bytes of logs one site may hold, e.g. 20G; 0 = unlimited (env CONVMEM_QUOTA_BYTES)",
+    )
+    parser.add_argument(
+        "--quota-conversations",
+        type=int,
+        default=_env_int("QUOTA_CONVERSATIONS", 0),
+        metavar="N",
+        help="most conversations one site may hold; 0 = unlimited (env CONVMEM_QUOTA_CONVERSATIONS)",
+    )
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argparse.ArgumentParser]]:
@@ -219,6 +367,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[
     tls.add_arguments(serve)  # ops: TLS, --trust-proxy, --insecure-bind
     metrics.add_arguments(serve)  # ops: --metrics-token-file
     requestlog.add_arguments(serve)  # ops: --log-format
+    add_security_options(serve)
     serve.set_defaults(func=cmd_serve)
 
     site = sub.add_parser(
@@ -231,6 +380,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[
     add = site_sub.add_parser("add", parents=[data_dir], help="create a site and print its generated password")
     add.add_argument("name", help=f"site name: {SITE_NAME_RULE}")
     add.add_argument("--password-stdin", action="store_true", help="read the password from the first line of stdin")
+    add.add_argument(
+        "--purge-data",
+        action="store_true",
+        help="delete data an earlier site of the same name left behind (otherwise such a name is refused)",
+    )
     add.set_defaults(func=cmd_site_add)
 
     lst = site_sub.add_parser("list", parents=[data_dir], help="list the sites")
@@ -244,6 +398,13 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[
     remove = site_sub.add_parser("remove", parents=[data_dir], help="delete a site")
     remove.add_argument("name")
     remove.add_argument("--force", action="store_true", help="also delete the site's conversations")
+    remove.add_argument(
+        "--grace",
+        type=float,
+        default=1.0,
+        help="with --force: seconds between revoking the password and deleting the data, for calls a "
+        "running server had already admitted (default 1)",
+    )
     remove.set_defaults(func=cmd_site_remove)
 
     try:
@@ -257,6 +418,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``convmem`` console script."""
+    # Everything convmem writes (data, credentials, exports) is tenant data: owner only,
+    # whatever umask the caller runs with. The engine also sets explicit modes itself.
+    os.umask(0o077)
     parser, _ = build_parser()
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func

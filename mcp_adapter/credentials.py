@@ -2,7 +2,7 @@
 
 Each site (tenant) has one password, stored only as a salted scrypt hash::
 
-    {"version": 1, "sites": {"team-alpha": {"kdf": "scrypt", "n": 32768, "r": 8, "p": 1,
+    {"version": 1, "sites": {"team-alpha": {"kdf": "scrypt", "n": 131072, "r": 8, "p": 1,
                                             "salt": "<base64>", "hash": "<base64>",
                                             "created_at": "2026-01-01T00:00:00Z"}}}
 
@@ -34,8 +34,10 @@ AUTH_DIRNAME = "auth"
 SITES_FILENAME = "sites.json"
 DEMO_PASSWORD_FILENAME = "demo-site.password"
 
-#: scrypt cost: 2**15 x 8 x 1 takes about 32 MiB and tens of milliseconds per run.
-SCRYPT_N = 2**15
+#: scrypt cost, OWASP's current recommendation (Password Storage Cheat Sheet): N=2**17, r=8, p=1,
+#: about 128 MiB and a few hundred milliseconds per run. Hashes made with weaker parameters are
+#: replaced on the next successful login (:meth:`CredentialFile.rehash`).
+SCRYPT_N = 2**17
 SCRYPT_R = 8
 SCRYPT_P = 1
 _HASH_BYTES = 32
@@ -64,6 +66,10 @@ class PasswordHash:
     def verify(self, password: str) -> bool:
         """True when ``password`` matches (constant-time comparison)."""
         return hmac.compare_digest(_scrypt(password, self.salt, self.n, self.r, self.p), self.digest)
+
+    def needs_rehash(self) -> bool:
+        """True when this hash was made with weaker parameters than today's."""
+        return self.n < SCRYPT_N or self.r < SCRYPT_R or self.p < SCRYPT_P
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -168,6 +174,18 @@ class CredentialFile:
             return False
         return entry.verify(password)
 
+    def login(self, site: str, password: str) -> bool:
+        """:meth:`verify`, and on success replace a hash made with weaker parameters than today's."""
+        entry = self.load().get(site)
+        if entry is None:
+            DUMMY_HASH.verify(password)
+            return False
+        if not entry.verify(password):
+            return False
+        if entry.needs_rehash():
+            self.rehash(site, password, entry)
+        return True
+
     # -- writing -----------------------------------------------------------
 
     def ensure_dir(self) -> None:
@@ -183,8 +201,10 @@ class CredentialFile:
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
             doc = self._load_doc()
+            before = json.dumps(doc, sort_keys=True)
             yield doc
-            _write_private(self.path, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
+            if json.dumps(doc, sort_keys=True) != before or not self.path.exists():
+                _write_private(self.path, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
         finally:
             os.close(lock_fd)
 
@@ -207,6 +227,22 @@ class CredentialFile:
                 raise CredentialError(f"no site named {site!r}")
             entry["created_at"] = old.get("created_at")
             doc["sites"][site] = entry
+
+    def rehash(self, site: str, password: str, old: PasswordHash) -> bool:
+        """Replace ``site``'s hash ``old`` by one with today's parameters, for the same ``password``.
+
+        The caller has just verified ``password`` against ``old``. Nothing
+        changes (False) when the stored hash is no longer ``old``: the
+        password was changed meanwhile and the new one must win.
+        """
+        entry = PasswordHash.create(password).to_json()
+        with self._locked() as doc:
+            current = doc["sites"].get(site)
+            if current is None or PasswordHash.from_json(current) != old:
+                return False
+            entry["created_at"] = current.get("created_at")
+            doc["sites"][site] = entry
+            return True
 
     def remove(self, site: str) -> None:
         """Delete ``site``'s credentials. Raises CredentialError when it does not exist."""

@@ -8,8 +8,8 @@ text block written for the agent, and a machine-readable object in
      "limit": 262144, "actual": 300000, "index": 2}
 
 ``code`` is the spec's error name where the spec has one; the adapter adds
-``InvalidArguments``, ``InvalidCursor``, ``Unauthenticated`` and
-``InternalError``. Detail keys sit beside ``code``: ``reason`` for
+``InvalidArguments``, ``InvalidCursor``, ``Unauthenticated``, ``Throttled``
+(retryable, with ``retry_after_seconds``) and ``InternalError``. Detail keys sit beside ``code``: ``reason`` for
 ``InvalidConversationId``; ``limit``/``actual`` (and ``index``, ``unit``) for
 size errors; ``file``/``offset`` for ``Corrupted``; ``field``/``rule`` for
 ``InvalidArguments``; ``request_id`` on every error the server answers (the
@@ -20,7 +20,9 @@ the success schema.
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from typing import Any
 
 import mcp_types as types
@@ -48,6 +50,10 @@ _ADVICE: dict[str, str] = {
     "Unauthenticated": "Configure the client with HTTP Basic credentials: the site name as user name and the "
     "site's password.",
     "InternalError": "An unexpected server error occurred; it is safe to retry.",
+    "Throttled": "Too many failed logins came from this address or for this site; wait retry_after_seconds, "
+    "check the credentials, then retry.",
+    "QuotaExceeded": "The site has used its storage allowance; retrying will not help until the operator raises "
+    "the quota or removes data.",
 }
 
 
@@ -98,6 +104,17 @@ def unauthenticated(*, bearer: bool = False) -> ToolFailure:
     return ToolFailure("Unauthenticated", message)
 
 
+def throttled(retry_after: float) -> ToolFailure:
+    """Too many failed logins: the password was not checked; try again after ``retry_after`` seconds."""
+    seconds = max(1, math.ceil(retry_after))
+    return ToolFailure(
+        "Throttled",
+        f"too many failed logins; the credentials were not checked, try again in {seconds} s",
+        retryable=True,
+        retry_after_seconds=seconds,
+    )
+
+
 def internal_error(request_id: str) -> ToolFailure:
     """An unexpected failure; the details are in the server log under ``request_id``."""
     return ToolFailure(
@@ -120,6 +137,18 @@ def _public_path(path: str, data_dir: str | None) -> str:
     return os.path.basename(path)
 
 
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.])/[^\s'\",:;()]*")
+
+
+def _hide_paths(message: str, data_dir: str | None) -> str:
+    """``message`` with every absolute path made relative to the data directory (or cut to its last part).
+
+    OS errors name the file they failed on, with its absolute path; the
+    server's layout is none of the client's business.
+    """
+    return _ABSOLUTE_PATH.sub(lambda m: _public_path(m.group(0), data_dir), message)
+
+
 def from_store_error(exc: StoreError, data_dir: str | None = None) -> ToolFailure:
     """Map a :class:`logstore.StoreError` to the tool error the client sees."""
     message = str(exc).rstrip(".")
@@ -128,6 +157,8 @@ def from_store_error(exc: StoreError, data_dir: str | None = None) -> ToolFailur
         field = f"items[{exc.index}]"
         return ToolFailure("InvalidArguments", f"argument `{field}` is invalid: {exc.why}", field=field, rule=exc.why)
     details = dict(exc.details())
+    if not isinstance(exc, Corrupted):
+        message = _hide_paths(message, data_dir)
     if isinstance(exc, Corrupted):
         details["file"] = _public_path(exc.file, data_dir)
         message = f"{details['file']} is corrupted at byte offset {exc.offset}: {exc.why}"

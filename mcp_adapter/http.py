@@ -3,9 +3,19 @@
 ``/mcp`` runs stateless with JSON responses: every POST is served on its own,
 nothing is remembered between requests, so clients of every protocol version
 the SDK speaks work, and the site is always taken from the request's own
-``Authorization`` header. Request bodies larger than the biggest valid append
-could need are refused with 413 before they are parsed. For loopback binds
-the SDK's DNS-rebinding protection (Host and Origin checks) is on.
+``Authorization`` header. The SDK's DNS-rebinding protection (Host and Origin
+checks) is on for every bind: loopback names on loopback, the configured
+allowed hosts elsewhere.
+
+Before the SDK sees a ``POST /mcp``, :class:`RequestAdmission` decides how
+much body it may send: a request whose credentials check out may send as much
+as the biggest valid append could need (:data:`MAX_BODY_BYTES`); any other
+request only :data:`UNAUTHENTICATED_BODY_BYTES`. Credentials are checked
+before the body is read; a too large body is answered 413 without reading it,
+a body that arrives too slowly 408, more than one ``Authorization`` header
+400. At most :data:`LARGE_BODY_SLOTS` large bodies are read and parsed at a
+time, which bounds both the memory they take and how long their parsing can
+hold the event loop.
 
 ``GET /mcp`` is answered 405: a stateless server has nothing to push, and an
 event stream held open for nothing would let any client tie up memory.
@@ -19,9 +29,12 @@ directory is usable, 503 ``{"status": "unavailable"}`` otherwise.
 
 from __future__ import annotations
 
+import ipaddress
 import os
+from collections.abc import Sequence
 from typing import Any
 
+import anyio
 import anyio.to_thread
 from mcp.server import Server
 from mcp.server.transport_security import TransportSecuritySettings
@@ -29,11 +42,13 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from logstore import MAX_BATCH_BYTES
 
 from . import metrics
+from .auth import Authenticator
+from .errors import ToolFailure, unauthenticated
 from .requestlog import RequestLog
 from .server import Backend
 
@@ -45,6 +60,13 @@ HEALTH_PATH = "/healthz"
 #: UTF-8) can triple that, and the JSON-RPC envelope adds a little.
 MAX_BODY_BYTES = 3 * MAX_BATCH_BYTES + 256 * 1024
 
+#: Largest body a request without valid credentials may send (initialize, tools/list, small calls).
+UNAUTHENTICATED_BODY_BYTES = 64 * 1024
+#: Most request bodies larger than UNAUTHENTICATED_BODY_BYTES read and parsed at the same time.
+LARGE_BODY_SLOTS = 4
+#: Seconds a client has to deliver a whole request body.
+BODY_TIMEOUT = 30.0
+
 _LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
@@ -53,15 +75,41 @@ def data_dir_usable(data_dir: str) -> bool:
     return os.path.isdir(data_dir) and os.access(data_dir, os.R_OK | os.W_OK | os.X_OK)
 
 
-def transport_security(host: str) -> TransportSecuritySettings | None:
-    """DNS-rebinding protection for loopback binds; None (no Host check) otherwise."""
-    if host not in _LOOPBACK_HOSTS:
-        return None
-    return TransportSecuritySettings(
-        enable_dns_rebinding_protection=True,
-        allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*", "127.0.0.1", "localhost", "[::1]"],
-        allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
-    )
+def is_loopback(host: str) -> bool:
+    """True when ``host`` (a bind address or name) only reaches this machine."""
+    if host in _LOOPBACK_HOSTS:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def transport_security(host: str, allowed_hosts: Sequence[str] = ()) -> TransportSecuritySettings:
+    """Host/Origin checks (DNS-rebinding protection) for the SDK transport.
+
+    On loopback the loopback names are allowed, plus ``allowed_hosts``; off
+    loopback only ``allowed_hosts`` (``name`` or ``name:port``; a bare name
+    allows any port), which the caller must have made non-empty. Origins are
+    the same hosts over http and https; requests without an Origin header
+    (non-browser clients) are not affected by the Origin check.
+    """
+    names = list(allowed_hosts)
+    if is_loopback(host):
+        names += ["127.0.0.1", "localhost", "[::1]"]
+    hosts: list[str] = []
+    origins: list[str] = []
+    for name in dict.fromkeys(names):
+        patterns = [name] if _has_port(name) else [name, f"{name}:*"]
+        hosts += patterns
+        origins += [f"{scheme}://{p}" for p in patterns for scheme in ("http", "https")]
+    return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins)
+
+
+def _has_port(name: str) -> bool:
+    if name.startswith("["):
+        return "]:" in name
+    return name.count(":") == 1
 
 
 class NoEventStream:
@@ -86,7 +134,137 @@ class NoEventStream:
         await self.app(scope, receive, send)
 
 
-def build_app(server: Server[Any], backend: Backend, *, host: str, metrics_token: str | None = None) -> Starlette:
+class RequestAdmission:
+    """Admit ``POST /mcp`` bodies by credentials, size and speed before the SDK reads them.
+
+    Invariants: no body byte is read before the credentials have been checked
+    (when the body may be larger than the unauthenticated cap); no more than
+    the allowed number of bytes is ever buffered per request; at most
+    ``large_slots`` large bodies are buffered or parsed at once.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        authenticator: Authenticator | None,
+        *,
+        max_body: int = MAX_BODY_BYTES,
+        unauthenticated_body: int = UNAUTHENTICATED_BODY_BYTES,
+        large_slots: int = LARGE_BODY_SLOTS,
+        body_timeout: float = BODY_TIMEOUT,
+    ) -> None:
+        self.app = app
+        self.authenticator = authenticator
+        self.max_body = max_body
+        self.unauthenticated_body = unauthenticated_body
+        self.body_timeout = body_timeout
+        self._large = anyio.CapacityLimiter(large_slots)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"].rstrip("/") != MCP_PATH:
+            await self.app(scope, receive, send)
+            return
+        auth_headers = [v for k, v in scope["headers"] if k == b"authorization"]
+        if len(auth_headers) > 1:
+            await _plain(scope, receive, send, 400, "More than one Authorization header; send exactly one.")
+            return
+        declared = _content_length(scope)
+        limit = self.unauthenticated_body
+        if declared is None or declared > limit:
+            verdict = await self._authenticate(scope, auth_headers)
+            if verdict is None:
+                limit = self.max_body
+            elif verdict.code == "Throttled":
+                # A large body with credentials we may not check yet: say when to come back, not "too large".
+                retry = str(verdict.details.get("retry_after_seconds", 1))
+                response = PlainTextResponse(
+                    f"{verdict.message}.", status_code=429, headers={"Retry-After": retry, "Connection": "close"}
+                )
+                await response(scope, receive, send)
+                return
+        if declared is not None and declared > limit:
+            await _plain(scope, receive, send, 413, _too_large(limit))
+            return
+        if declared is not None and declared <= self.unauthenticated_body:
+            await self._forward(scope, receive, send, limit)
+            return
+        async with self._large:
+            await self._forward(scope, receive, send, limit)
+
+    async def _authenticate(self, scope: Scope, auth_headers: list[bytes]) -> ToolFailure | None:
+        """None when the request's credentials are valid, else why not."""
+        if self.authenticator is None or not auth_headers:
+            return unauthenticated()
+        client = scope.get("client")
+        header = auth_headers[0].decode("latin-1")
+        try:
+            await self.authenticator.authenticate(header, client[0] if client else None)
+        except ToolFailure as failure:
+            return failure
+        return None
+
+    async def _forward(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
+        """Read the body (at most ``limit`` bytes, within the deadline), then hand it to the app."""
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        with anyio.move_on_after(self.body_timeout) as deadline:
+            while more:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return  # the client went away
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    await _plain(scope, receive, send, 413, _too_large(limit))
+                    return
+                chunks.append(chunk)
+                more = message.get("more_body", False)
+        if deadline.cancelled_caught:
+            await _plain(scope, receive, send, 408, "The request body did not arrive in time.")
+            return
+        body = b"".join(chunks)
+        del chunks
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def _content_length(scope: Scope) -> int | None:
+    for key, value in scope["headers"]:
+        if key == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def _too_large(limit: int) -> str:
+    return f"The request body is larger than the {limit} bytes this request may send."
+
+
+async def _plain(scope: Scope, receive: Receive, send: Send, status: int, text: str) -> None:
+    headers = {"Connection": "close"} if status in (408, 413) else None
+    await PlainTextResponse(text, status_code=status, headers=headers)(scope, receive, send)
+
+
+def build_app(
+    server: Server[Any],
+    backend: Backend,
+    *,
+    host: str,
+    allowed_hosts: Sequence[str] = (),
+    body_timeout: float = BODY_TIMEOUT,
+    metrics_token: str | None = None,
+) -> Starlette:
     """The ASGI app serving ``server`` over ``backend``."""
 
     async def healthz(request: Request) -> JSONResponse:
@@ -100,13 +278,14 @@ def build_app(server: Server[Any], backend: Backend, *, host: str, metrics_token
         json_response=True,
         stateless_http=True,
         max_request_body_size=MAX_BODY_BYTES,
-        transport_security=transport_security(host),
+        transport_security=transport_security(host, allowed_hosts),
         host=host,
         custom_starlette_routes=[
             Route(HEALTH_PATH, healthz, methods=["GET"]),
             Route(metrics.METRICS_PATH, metrics.endpoint(metrics_token), methods=["GET"]),  # ops
         ],
     )
+    app.add_middleware(RequestAdmission, authenticator=backend.authenticator, body_timeout=body_timeout)
     app.add_middleware(NoEventStream)
     app.add_middleware(RequestLog)  # ops: request ids and the request log line; keep it the outermost
     return app

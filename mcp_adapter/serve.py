@@ -25,13 +25,15 @@ import anyio
 import uvicorn
 from mcp.server.stdio import stdio_server
 
-from logstore import MemoryStore, StoreError, open_store
+from logstore import MemoryStore, SiteQuota, StoreError, open_store
 
 from . import __version__, metrics, requestlog, tls
 from .auth import Authenticator
+from .connguard import guarded_h11_protocol
 from .credentials import CredentialError, CredentialFile, generate_password
-from .http import HEALTH_PATH, MCP_PATH, build_app
+from .http import HEALTH_PATH, MCP_PATH, build_app, is_loopback
 from .server import Backend, build_server
+from .throttle import LoginThrottle, ThrottleSettings
 
 logger = logging.getLogger("convmem")
 
@@ -55,8 +57,8 @@ def _configure_logging(level: str, fmt: str = "text") -> None:
 
 def _open_store(args: argparse.Namespace) -> MemoryStore | None:
     try:
-        Path(args.data_dir).mkdir(parents=True, exist_ok=True)
-        return open_store(args.data_dir, lock_timeout=args.lock_timeout)
+        Path(args.data_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+        return open_store(args.data_dir, lock_timeout=args.lock_timeout, quota=site_quota(args))
     except (OSError, StoreError) as exc:
         print(f"convmem: cannot open the data directory {args.data_dir}: {exc}", file=sys.stderr)
         return None
@@ -136,6 +138,51 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def bind_policy_refusal(host: str, allowed_hosts: list[str]) -> str | None:
+    """Why serving on ``host`` is refused (None when it is allowed).
+
+    Off loopback, the Host and Origin checks need to know the names clients
+    use; without them any web page could reach the server by DNS rebinding.
+    """
+    if is_loopback(host) or allowed_hosts:
+        return None
+    return (
+        f"binding to the non-loopback address {host} needs the host names clients use to reach the server: "
+        "give --allowed-host NAME (repeatable) or CONVMEM_ALLOWED_HOSTS=NAME1,NAME2; requests naming any other "
+        "Host are refused"
+    )
+
+
+def site_quota(args: argparse.Namespace) -> SiteQuota:
+    """The per-site quota from the command line (0 or absent: unlimited)."""
+    return SiteQuota(
+        max_bytes=getattr(args, "quota_bytes", 0) or None,
+        max_conversations=getattr(args, "quota_conversations", 0) or None,
+    )
+
+
+def throttle_settings(args: argparse.Namespace) -> ThrottleSettings:
+    """The failed-login limits from the command line."""
+    return ThrottleSettings(
+        address_burst=args.throttle_address_burst,
+        address_rate=args.throttle_address_rate,
+        site_burst=args.throttle_site_burst,
+        site_rate=args.throttle_site_rate,
+    )
+
+
+def connection_limits(args: argparse.Namespace) -> dict[str, Any]:
+    """uvicorn settings bounding connections: concurrency cap, keep-alive, header deadline, per-address cap.
+
+    Request heads stay limited to h11's default of 16 KiB.
+    """
+    return {
+        "limit_concurrency": args.limit_concurrency,
+        "timeout_keep_alive": 5,
+        "http": guarded_h11_protocol(args.header_timeout, args.max_connections_per_address),
+    }
+
+
 def _quiet_signals() -> None:
     """Make SIGINT/SIGTERM harmless once uvicorn has handled them.
 
@@ -173,6 +220,11 @@ def serve_http(args: argparse.Namespace) -> int:
         store.close()
         print(f"convmem: cannot set up the credentials under {creds.auth_dir}: {exc}", file=sys.stderr)
         return 2
+    refusal = bind_policy_refusal(args.host, args.allowed_hosts)
+    if refusal is not None:
+        store.close()
+        print(f"convmem: {refusal}", file=sys.stderr)
+        return 2
     try:
         sock = _bind(args.host, args.port)
     except OSError as exc:
@@ -190,11 +242,18 @@ def serve_http(args: argparse.Namespace) -> int:
     backend = Backend(
         store=store,
         data_dir=os.path.abspath(args.data_dir),
-        authenticator=Authenticator(creds),
+        authenticator=Authenticator(creds, throttle=LoginThrottle(throttle_settings(args))),
         max_concurrency=args.max_concurrency,
     )
     metrics.install(store)  # ops: engine measurements into /metrics
-    app = build_app(build_server(backend), backend, host=args.host, metrics_token=metrics_token)
+    app = build_app(
+        build_server(backend),
+        backend,
+        host=args.host,
+        allowed_hosts=args.allowed_hosts,
+        body_timeout=args.body_timeout,
+        metrics_token=metrics_token,
+    )
     config = uvicorn.Config(
         app,
         log_level=args.log_level,
@@ -202,6 +261,7 @@ def serve_http(args: argparse.Namespace) -> int:
         lifespan="on",
         access_log=args.log_level == "debug",
         server_header=False,
+        **connection_limits(args),
         **tls.uvicorn_options(args),  # ops: TLS files, forwarded headers
         **({"log_config": None} if args.log_format == "json" else {}),  # ops: uvicorn's lines in JSON too
     )
@@ -242,7 +302,7 @@ def serve_stdio(args: argparse.Namespace) -> int:
         )
         return 2
     creds = CredentialFile(args.data_dir)
-    if not creds.verify(args.site, password):
+    if not creds.login(args.site, password):
         print("convmem: the site name or the password in CONVMEM_PASSWORD is wrong", file=sys.stderr)
         return 3
     store = _open_store(args)

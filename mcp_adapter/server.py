@@ -88,7 +88,13 @@ async def _resolve_site(backend: Backend, ctx: ServerRequestContext[Any, Any]) -
         raise unauthenticated()
     if backend.authenticator is None:  # pragma: no cover - HTTP is always served with an authenticator
         raise unauthenticated()
-    return await backend.authenticator.authenticate(headers.get("authorization"))
+    values = headers.getlist("authorization") if hasattr(headers, "getlist") else [headers.get("authorization")]
+    if len(values) > 1:
+        # Proxies and servers disagree on which of several headers counts; accept none.
+        raise unauthenticated()
+    client = getattr(ctx.request, "client", None)
+    address = client.host if client is not None else None
+    return await backend.authenticator.authenticate(values[0] if values else None, address)
 
 
 def _success(payload: dict[str, Any]) -> types.CallToolResult:

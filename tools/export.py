@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import sys
 from typing import BinaryIO
 
@@ -67,14 +68,29 @@ def write_items(out: BinaryIO, data_dir: str, site: str, conversation: str | Non
     return n
 
 
+def create_temp_beside(path: str) -> tuple[str, int]:
+    """A new, private (0600) temporary file next to ``path``: ``(name, descriptor)``.
+
+    The name is random and the file is created exclusively (``O_EXCL``, no
+    link followed), so nobody can have planted a file or a link there first.
+    """
+    while True:
+        tmp = f"{path}.tmp.{secrets.token_hex(8)}"
+        try:
+            return tmp, os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except FileExistsError:
+            continue
+
+
 def run(args: argparse.Namespace) -> int:
-    tmp = f"{args.output}.tmp.{os.getpid()}" if args.output else None
+    tmp: str | None = None
     try:
-        if tmp is None:
+        if not args.output:
             n = write_items(sys.stdout.buffer, args.data_dir, args.site, args.conversation)
             sys.stdout.buffer.flush()
         else:
-            with open(tmp, "wb") as f:
+            tmp, fd = create_temp_beside(args.output)
+            with open(fd, "wb") as f:
                 n = write_items(f, args.data_dir, args.site, args.conversation)
                 f.flush()
                 os.fsync(f.fileno())

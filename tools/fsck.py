@@ -14,7 +14,7 @@ import json
 import sys
 import time
 
-from logstore.maintenance import CheckReport, MaintenanceError, Problem, check
+from logstore.maintenance import CheckReport, MaintenanceError, Problem, check, check_access
 from tools.common import (
     EXIT_CLEAN,
     EXIT_OPERATIONAL,
@@ -104,7 +104,10 @@ def run(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     elapsed = time.monotonic() - started
+    access = check_access(args.data_dir)  # loose modes are warnings; symlinks are refused by the store
     status = exit_status(report)
+    if any(a.kind == "SYMLINK" for a in access):
+        status = max(status, EXIT_PROBLEMS_LEFT)
     if args.json:
         doc = {
             "data_dir": args.data_dir,
@@ -116,11 +119,14 @@ def run(args: argparse.Namespace) -> int:
             "bytes": report.bytes_scanned,
             "seconds": round(elapsed, 3),
             "problems": [p.to_dict() for p in report.problems],
+            "access": [{"kind": a.kind, "path": a.path, "mode": f"{a.mode:04o}"} for a in access],
         }
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return status
     for p in report.problems:
         sys.stdout.write(format_problem(p) + "\n")
+    for a in access:
+        sys.stdout.write(f"{'SYMLINK' if a.kind == 'SYMLINK' else 'WARNING'}: {a.describe()}\n")
     rate = report.bytes_scanned / elapsed / 2**20 if elapsed > 0 else 0.0
     left = len(report.unrepaired)
     notes = len(report.notes)

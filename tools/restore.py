@@ -33,7 +33,7 @@ from typing import Any, BinaryIO
 
 import msgspec
 
-from logstore import MAX_BATCH_BYTES, MAX_BATCH_ITEMS, Corrupted, StoreError
+from logstore import MAX_BATCH_BYTES, MAX_BATCH_ITEMS, MAX_ITEM_BYTES, Corrupted, StoreError
 from logstore.maintenance import (
     ACKNOWLEDGED_LOST,
     INDEX_MISMATCH,
@@ -113,9 +113,32 @@ class _Item:
     payload: bytes
 
 
-def items(lines: Iterable[bytes], only: str | None = None) -> Iterator[_Item]:
+#: Longest line an export can hold: the largest item plus its conversation id, seq and timestamp,
+#: with room to spare. A longer line is refused after reading this much of it, never whole.
+MAX_LINE_BYTES = MAX_ITEM_BYTES + 4096
+
+
+def bounded_lines(stream: BinaryIO, limit: int = MAX_LINE_BYTES) -> Iterator[tuple[int, bytes]]:
+    """``(line number, line)`` for each line; raises BadInput on a line over ``limit`` bytes.
+
+    Memory stays bounded by ``limit`` whatever the input: a line is read at
+    most ``limit + 1`` bytes at a time, and an over-long one is refused
+    before the rest of it is read.
+    """
+    n = 0
+    while True:
+        raw = stream.readline(limit + 1)
+        if not raw:
+            return
+        n += 1
+        if len(raw) > limit:
+            raise BadInput(n, f"the line is longer than {limit} bytes, more than any exported item can take")
+        yield n, raw
+
+
+def items(lines: BinaryIO, only: str | None = None) -> Iterator[_Item]:
     """The input's items (of conversation ``only``, when given), validated, in input order."""
-    for n, raw in enumerate(lines, 1):
+    for n, raw in bounded_lines(lines):
         if not raw.strip():
             continue
         try:

@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from logstore import MAX_CONVERSATION_ITEMS
+from logstore import MAX_CONVERSATION_ITEMS, SiteQuota, Usage, site_usage
 from logstore.maintenance import MaintenanceError, SiteStats, site_has_data, stats
 from tools.common import (
     EXIT_CLEAN,
@@ -36,15 +36,31 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--site", metavar="S", help="only this site")
     p.add_argument("--top", type=int, default=10, metavar="N", help="how many of the largest to show (default 10)")
     p.add_argument("--json", action="store_true", help="print JSON")
+    from mcp_adapter.cli import add_quota_options
+
+    add_quota_options(p)
     p.set_defaults(func=command(run))
     exit_8_on_usage_error(p)
 
 
-def format_site(s: SiteStats) -> str:
+def format_quota(usage: Usage, quota: SiteQuota) -> str:
+    """One line: the site's usage as the quota counts it, against the quota when one is set."""
+    parts = [f"{human_bytes(usage.bytes)} of logs", plural(usage.conversations, "conversation")]
+    if quota.max_bytes is not None:
+        parts[0] += f" of {human_bytes(quota.max_bytes)} ({usage.bytes / quota.max_bytes * 100:.1f}%)"
+    if quota.max_conversations is not None:
+        parts[1] += f" of {quota.max_conversations} ({usage.conversations / quota.max_conversations * 100:.1f}%)"
+    label = "quota usage" if quota.active else "quota usage (no quota set)"
+    return f"  {label}: {', '.join(parts)}"
+
+
+def format_site(s: SiteStats, usage: Usage | None = None, quota: SiteQuota | None = None) -> str:
     lines = [
         f"site {s.site}: {plural(s.conversations, 'conversation')}, {plural(s.items, 'item')}, "
         f"{human_bytes(s.bytes_on_disk)} on disk"
     ]
+    if usage is not None:
+        lines.append(format_quota(usage, quota or SiteQuota()))
     if s.largest:
         lines.append(f"  largest conversations (limit {MAX_CONVERSATION_ITEMS} items):")
         width = max(len(c.conversation_id) for c in s.largest)
@@ -82,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
         result = site_stats(args.data_dir, args.site, args.top)
     except (MaintenanceError, OSError) as exc:
         return fail(str(exc), EXIT_OPERATIONAL)
+    quota = SiteQuota(max_bytes=args.quota_bytes or None, max_conversations=args.quota_conversations or None)
+    usages = {s.site: site_usage(args.data_dir, s.site) for s in result}
     if args.json:
         doc = [
             {
@@ -94,11 +112,13 @@ def run(args: argparse.Namespace) -> int:
                     for c in s.largest
                 ],
                 "damaged": [{"conversation_id": c.conversation_id, "error": c.error} for c in s.damaged],
+                "quota_usage": {"bytes": usages[s.site].bytes, "conversations": usages[s.site].conversations},
+                "quota": {"max_bytes": quota.max_bytes, "max_conversations": quota.max_conversations},
             }
             for s in result
         ]
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
         for s in result:
-            sys.stdout.write(format_site(s) + "\n")
+            sys.stdout.write(format_site(s, usages[s.site], quota) + "\n")
     return EXIT_CLEAN

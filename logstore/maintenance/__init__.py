@@ -46,6 +46,10 @@ from ._files import (
     locate_conversation,
     site_has_data,
 )
+from ._permissions import (
+    AccessFinding,
+    check_access,
+)
 from ._records import (
     IndexEntryInfo,
     IndexInfo,
@@ -128,6 +132,7 @@ __all__ = [
     "TORN_TAIL",
     "TRUNCATABLE_KINDS",
     "UNSEALED_SEGMENT",
+    "AccessFinding",
     "BackupReport",
     "CheckReport",
     "ConversationFiles",
@@ -146,6 +151,7 @@ __all__ = [
     "backup",
     "build_index",
     "check",
+    "check_access",
     "export_items",
     "format_timestamp",
     "iter_conversation_items",

@@ -68,6 +68,9 @@ def _rounds_on_one_dir(data: Path, round_nos: range, rng: random.Random) -> None
     acks: list[Ack] = []
     for round_no in round_nos:
         server = _server.start(data)
+        with httpx2.Client(timeout=60) as http:
+            # Log in once first: the (deliberately slow) password check is not what the kill window is for.
+            _server.call(http, server.url, "list_conversations", {})
         stop = threading.Event()
         threads = [
             threading.Thread(target=_client, args=(server.url, c, round_no, rng.randrange(1 << 30), acks, stop))

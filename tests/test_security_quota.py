@@ -1,0 +1,140 @@
+"""Per-site quotas: bytes of logs and conversations, enforced on append, shown by ``stats``."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import httpx2
+import pytest
+from mcp_helpers import ServerProcess, basic, run_convmem
+
+from logstore import ListSelector, QuotaExceeded, SiteQuota, Tail, open_store, quota, site_usage
+from mcp_adapter.credentials import CredentialFile
+from mcp_adapter.errors import from_store_error
+
+SITE = "quota-site-01"
+OTHER = "quota-site-02"
+
+
+def test_the_byte_quota_refuses_the_append_that_would_pass_it_and_writes_nothing(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    limit = 20_000
+    with open_store(data, quota=SiteQuota(max_bytes=limit)) as store:
+        acked = 0
+        with pytest.raises(QuotaExceeded) as info:
+            for i in range(1000):
+                store.append(SITE, "quota-conv-0001", [{"i": i, "pad": "p" * 900}])
+                acked += 1
+        assert 10 < acked < 25
+        before = store.read(SITE, "quota-conv-0001", Tail(1000))
+        assert len(before) == acked
+        # Other sites have their own allowance; a smaller append still fits only if it is within the limit.
+        store.append(OTHER, "quota-conv-0001", [{"x": 1}])
+    exc = info.value
+    assert exc.retryable is False and exc.code == "QuotaExceeded"
+    assert exc.details() == {"limit": limit, "actual": exc.actual, "unit": "bytes"} and exc.actual > limit
+    failure = from_store_error(exc, str(data))
+    assert failure.code == "QuotaExceeded" and failure.retryable is False
+    assert "quota" in failure.text() and "retrying will not help" in failure.text()
+    usage = site_usage(str(data), SITE)
+    assert usage.bytes <= limit and usage.conversations == 1
+    # A fresh process measures the site from disk: the quota still holds.
+    with open_store(data, quota=SiteQuota(max_bytes=limit)) as store:
+        with pytest.raises(QuotaExceeded):
+            store.append(SITE, "quota-conv-0002", [{"pad": "p" * 2000}])
+        assert len(store.read(SITE, "quota-conv-0001", Tail(1000))) == acked
+        assert store.read(SITE, "quota-conv-0002", Tail(10)) == []
+
+
+def test_the_conversation_quota_counts_conversations_exactly_under_concurrency(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with open_store(data, quota=SiteQuota(max_conversations=5)) as store:
+        outcomes: list[str] = []
+        lock = threading.Lock()
+
+        def create(i: int) -> None:
+            try:
+                store.append(SITE, f"conv-{i:010d}", [{"i": i}])
+                result = "ok"
+            except QuotaExceeded:
+                result = "quota"
+            with lock:
+                outcomes.append(result)
+
+        threads = [threading.Thread(target=create, args=(i,)) for i in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert outcomes.count("ok") == 5, outcomes
+        listed = store.list_conversations(SITE, ListSelector(limit=100)).summaries
+        assert len(listed) == 5
+        # Existing conversations keep taking appends.
+        for s in listed:
+            store.append(SITE, str(s.conversation_id), [{"more": 1}])
+        store.drop_site(SITE)  # a dropped site starts from nothing
+        store.append(SITE, "conv-after-drop", [{"a": 1}])
+    assert site_usage(str(data), SITE).conversations == 1
+
+
+def test_a_site_is_measured_once_per_process_not_on_every_append(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    measured: list[str] = []
+    real = quota.site_usage
+
+    def counting(root: str, site: str) -> quota.Usage:
+        measured.append(site)
+        return real(root, site)
+
+    monkeypatch.setattr(quota, "site_usage", counting)
+    with open_store(tmp_path / "data", quota=SiteQuota(max_bytes=10**9, max_conversations=10**6)) as store:
+        for i in range(200):
+            store.append(SITE, f"conv-{i % 7:010d}", [{"i": i}])
+    assert measured == [SITE]
+
+
+def test_the_server_answers_quota_exceeded_and_stats_shows_the_usage(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    CredentialFile(data).add(SITE, "quota-password-0123")
+    server = ServerProcess(data, "--quota-conversations", "2", "--quota-bytes", "1M")
+    try:
+        with httpx2.Client(timeout=30) as http:
+
+            def append(cid: str) -> dict[str, object]:
+                body = {
+                    "jsonrpc": "2.0",
+                    "id": 1,
+                    "method": "tools/call",
+                    "params": {"name": "append_memory", "arguments": {"conversation_id": cid, "items": [{"a": 1}]}},
+                }
+                r = http.post(
+                    server.url,
+                    content=json.dumps(body),
+                    headers={
+                        "Authorization": basic(SITE, "quota-password-0123"),
+                        "Content-Type": "application/json",
+                        "Accept": "application/json, text/event-stream",
+                    },
+                )
+                result: dict[str, object] = r.json()["result"]
+                return result
+
+            assert not append("quota-conv-aaaa").get("isError")
+            assert not append("quota-conv-bbbb").get("isError")
+            refused = append("quota-conv-cccc")
+            assert refused["isError"] is True
+            error = refused["_meta"]["convmem/error"]  # type: ignore[index]
+            assert error["code"] == "QuotaExceeded" and error["retryable"] is False
+            assert error["unit"] == "conversations" and error["limit"] == 2 and error["actual"] == 3
+            assert not append("quota-conv-aaaa").get("isError")
+    finally:
+        assert server.stop() == 0
+    shown = run_convmem("stats", str(data), "--quota-conversations", "2", "--quota-bytes", "1M")
+    assert shown.returncode == 0, shown.stderr
+    assert "2 conversations of 2 (100.0%)" in shown.stdout and "of 1.0 MiB" in shown.stdout, shown.stdout
+    as_json = json.loads(run_convmem("stats", "--json", str(data)).stdout)
+    assert as_json[0]["quota_usage"]["conversations"] == 2
+    assert as_json[0]["quota_usage"]["bytes"] == site_usage(str(data), SITE).bytes > 0
