@@ -30,6 +30,7 @@ import anyio.to_thread
 
 from logstore import InvalidConversationId, SiteName, Unavailable
 
+from . import metrics
 from .credentials import DUMMY_HASH, CredentialError, CredentialFile, PasswordHash
 from .errors import ToolFailure, from_store_error, throttled, unauthenticated
 from .throttle import LoginThrottle
@@ -214,6 +215,7 @@ class Authenticator:
                 break  # the credentials changed twice during our checks: answer from the last one
             wait = self.throttle.acquire(client, user)
             if wait > 0:
+                metrics.record_throttle()
                 raise throttled(wait)
             with self._lock:
                 entry = self._hashes.get(user)
