@@ -214,7 +214,12 @@ class Conversation:
         self._fd = fd
         header = frame.decode_segment_header(os.pread(fd, SEGMENT_HEADER_SIZE, 0))
         if header is None or header.base_seq != base:
-            raise Corrupted(path, 0, "segment header is missing or invalid")
+            # Without its salt no record of the segment can be verified: the log is
+            # readable up to the segment's base seq (its name), and appends refuse.
+            self._damage = Corrupted(path, 0, "segment header is missing or invalid", base)
+            self._next_seq = base
+            self._end = 0
+            return
         self._salt = header.salt
         size = os.fstat(fd).st_size
         idx = index.load(self._idx_path(base), base, header.salt, size)
@@ -311,14 +316,15 @@ class Conversation:
             self._last_us = self._last_record_time()
 
     def _tail_damage(self, fd: int, path: str, bad: BadRecord) -> Corrupted:
-        """Corrupted for damage at the end of the active segment, with its seqs when its header tells them."""
-        last: int | None = None
+        """Corrupted for damage at the end of the active segment: every seq from it on is unreadable."""
+        why = bad.why
         raw = os.pread(fd, frame.RECORD_HEADER_SIZE, bad.offset)
-        if len(raw) == frame.RECORD_HEADER_SIZE and not bad.why.startswith("expected seq"):
+        if len(raw) == frame.RECORD_HEADER_SIZE and not why.startswith("expected seq"):
             h = frame.decode_record_header(raw)
             if frame.plausible(h) and h.first_seq == self._next_seq and h.count > 0:
-                last = h.end_seq - 1
-        return Corrupted(path, bad.offset, bad.why, self._next_seq, last)
+                # Only a hint: nothing after the record can confirm its count.
+                why += f"; its header, unverified, says it holds seqs {h.first_seq}..{h.end_seq - 1}"
+        return Corrupted(path, bad.offset, why, self._next_seq)
 
     def _last_record_time(self) -> int:
         """recorded_at of the last intact record at or before the end (0 when none can be read).
@@ -632,22 +638,26 @@ class Conversation:
         """A segment's index from its records, past any damage; saved (best effort) when ``save``.
 
         Damage is walked over to the next valid record, so the index never
-        stops short of it: an index that shrank around damage would hide the
-        records after it.
+        stops short of it. A segment with damage keeps its index file as it
+        is (it is only ever used after verification): derived data is never
+        rewritten around damage.
         """
         idx = index.SparseIndex(base, salt)
         last = 0
         interval = self.options.index_interval
+        damaged = False
         for rec in walk(fd, SEGMENT_HEADER_SIZE, size, salt):
             if isinstance(rec, Gap):
+                damaged = True
                 continue
             off, h, _ = rec
             if h.kind == KIND_BATCH and off - last >= interval and off > SEGMENT_HEADER_SIZE:
                 if idx.seqs and h.first_seq <= idx.seqs[-1]:
-                    continue  # out of order: only damaged data can say so; never index it
+                    damaged = True  # out of order: only damaged data can say so; never index it
+                    continue
                 idx.add(h.first_seq, off)
                 last = off
-        if save:
+        if save and not damaged:
             try:
                 index.write(self._idx_path(base), idx)
             except OSError:
@@ -665,7 +675,10 @@ class Conversation:
             )
         else:
             with _Open(path) as fd:
-                salt, end, idx = self._sealed(base, fd)
+                try:
+                    salt, end, idx = self._sealed(base, fd)
+                except Corrupted as exc:
+                    raise Corrupted(path, 0, exc.why, base, seg_end - 1) from None
                 self._read_records(fd, path, salt, end, idx, base, (start, stop, seg_end), out, lost)
 
     def _read_records(
