@@ -16,9 +16,12 @@ against a live data directory:
 
 Nothing here ever deletes acknowledged data, except :func:`check` with
 ``truncate_at_corruption=True``, which first copies every segment it cuts
-into ``DATA/quarantine/`` and reports the seqs it dropped.
+into ``DATA/quarantine/`` and reports the seqs it dropped. :func:`salvage`
+replaces only records that are already unreadable, by loss records that
+keep their seqs, after copying the segment into ``DATA/quarantine/``.
 
-Entry points: :func:`check` (fsck), :func:`scan_segment` (dump),
+Entry points: :func:`check` (fsck), :func:`salvage` (fsck --repair of
+damaged records), :func:`scan_segment` (dump),
 :func:`export_items` (export), :class:`Restorer` (import), :func:`stats`.
 The private submodules hold one concern each; only the names below are public.
 """
@@ -46,6 +49,12 @@ from ._records import (
 from ._restore import (
     RestoreConflict,
     Restorer,
+)
+from ._salvage import (
+    SalvagedRecord,
+    SalvageRefused,
+    SalvageReport,
+    salvage,
 )
 from ._stats import (
     ConversationStats,
@@ -117,6 +126,9 @@ __all__ = [
     "RecordInfo",
     "RestoreConflict",
     "Restorer",
+    "SalvageRefused",
+    "SalvageReport",
+    "SalvagedRecord",
     "SegmentInfo",
     "SiteStats",
     "build_index",
@@ -127,6 +139,7 @@ __all__ = [
     "iter_conversations",
     "list_sites",
     "parse_timestamp",
+    "salvage",
     "scan_segment",
     "stats",
 ]
