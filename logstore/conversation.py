@@ -33,7 +33,7 @@ from .errors import ConversationFull, Corrupted, Io, ItemsLost, Loss, StoreError
 from .frame import KIND_BATCH, KIND_LOSS, KIND_SEAL, SEGMENT_HEADER_SIZE
 from .limits import MAX_CONVERSATION_ITEMS
 from .model import MemoryItem
-from .segment import BadRecord, Gap, classify_failure, find_next_record, iter_records, walk
+from .segment import BadRecord, Gap, classify_failure, find_next_record, gap_at, iter_records, walk
 from .timefmt import format_us, now_us
 
 #: Index entries of our own appends are written to the index file this many at a time.
@@ -736,61 +736,65 @@ class Conversation:
         not point at a valid record carrying its seq.
         """
         start, stop, seg_end = span
-        off, seq = (entry[1], entry[0]) if entry else (SEGMENT_HEADER_SIZE, base)
+        pos, seq = (entry[1], entry[0]) if entry else (SEGMENT_HEADER_SIZE, base)
         check_entry = entry is not None
-        for rec in walk(fd, off, end, salt):
-            if isinstance(rec, Gap):
-                if check_entry:
-                    raise _StaleEntry(rec.offset)
-                resume = rec.resume
-                if resume is not None and resume[1].first_seq > seq:
-                    if resume[1].first_seq <= start:
-                        seq = resume[1].first_seq  # the damage lies wholly before the range
+        while True:
+            try:
+                # The hot loop of every read: plain iter_records, damage handled below.
+                for roff, h, body in iter_records(fd, pos, end, salt):
+                    first, count = h.first_seq, h.count
+                    if check_entry:
+                        if first != seq:
+                            raise _StaleEntry(roff)
+                        check_entry = False
+                    if first != seq:
+                        if seq < first <= start:
+                            seq = first  # a gap in seqs, wholly before the range
+                        else:
+                            raise Corrupted(
+                                path,
+                                roff,
+                                f"expected seq {seq}, record starts at {first}",
+                                seq,
+                                first - 1 if first > seq else None,
+                            )
+                    kind = h.kind
+                    if kind == KIND_SEAL:
+                        return
+                    seq = first + count
+                    if seq <= start:
                         continue
-                    raise Corrupted(path, rec.offset, rec.why, seq, resume[1].first_seq - 1)
-                self._damage_without_resume(path, rec, seq, seg_end, base)
-            roff, h, body = rec
-            first, count = h.first_seq, h.count
+                    if kind == KIND_LOSS:
+                        lost.append(_loss(path, roff, first, count, body))
+                    else:
+                        try:
+                            items: list[dict[str, Any]] = decode_batch(body)
+                        except Exception as exc:
+                            why = f"batch body is not a JSON array of objects: {exc}"
+                            raise Corrupted(path, roff, why, first, seq - 1) from None
+                        if len(items) != count:
+                            why = f"batch holds {len(items)} items, header says {count}"
+                            raise Corrupted(path, roff, why, first, seq - 1)
+                        lo = max(start - first, 0)
+                        hi = min(stop - first, count)
+                        if lo or hi < count:
+                            items = items[lo:hi]
+                        # map() builds the items in C: per item this is most of a replay's overhead.
+                        stamp = format_us(h.recorded_at_us)
+                        out.extend(map(MemoryItem, range(first + lo, first + hi), repeat(stamp), items))
+                    if seq >= stop:
+                        return
+                return
+            except BadRecord as bad:
+                gap = gap_at(fd, bad, end, salt)
             if check_entry:
-                if first != seq:
-                    raise _StaleEntry(roff)
-                check_entry = False
-            if first != seq:
-                if seq < first <= start:
-                    seq = first  # a gap in seqs, wholly before the range
-                else:
-                    raise Corrupted(
-                        path,
-                        roff,
-                        f"expected seq {seq}, record starts at {first}",
-                        seq,
-                        first - 1 if first > seq else None,
-                    )
-            kind = h.kind
-            if kind == KIND_SEAL:
-                return
-            seq = first + count
-            if seq <= start:
-                continue
-            if kind == KIND_LOSS:
-                lost.append(_loss(path, roff, first, count, body))
-            else:
-                try:
-                    items: list[dict[str, Any]] = decode_batch(body)
-                except Exception as exc:
-                    raise Corrupted(
-                        path, roff, f"batch body is not a JSON array of objects: {exc}", first, seq - 1
-                    ) from None
-                if len(items) != count:
-                    raise Corrupted(path, roff, f"batch holds {len(items)} items, header says {count}", first, seq - 1)
-                lo = max(start - first, 0)
-                hi = min(stop - first, count)
-                if lo or hi < count:
-                    items = items[lo:hi]
-                # map() builds the items in C: per item this is most of a replay's overhead.
-                out.extend(map(MemoryItem, range(first + lo, first + hi), repeat(format_us(h.recorded_at_us)), items))
-            if seq >= stop:
-                return
+                raise _StaleEntry(gap.offset)
+            resume = gap.resume
+            if resume is None or resume[1].first_seq <= seq:
+                self._damage_without_resume(path, gap, seq, seg_end, base)
+            if resume[1].first_seq > start:
+                raise Corrupted(path, gap.offset, gap.why, seq, resume[1].first_seq - 1)
+            pos, seq = resume[0], resume[1].first_seq  # the damage lies wholly before the range
 
     def _damage_without_resume(self, path: str, gap: Gap, seq: int, seg_end: int, base: int) -> NoReturn:
         """Raise Corrupted for damage that no valid record follows in its segment.

@@ -132,6 +132,16 @@ class Gap(NamedTuple):
     resume: tuple[int, RecordHeader] | None
 
 
+def gap_at(fd: int, bad: BadRecord, end: int, salt: int) -> Gap:
+    """The :class:`Gap` that starts at a record that failed verification, and where valid data resumes."""
+    hint: RecordHeader | None = None
+    raw = os.pread(fd, RECORD_HEADER_SIZE, bad.offset)
+    if len(raw) == RECORD_HEADER_SIZE:
+        h0 = frame.decode_record_header(raw)
+        hint = h0 if frame.plausible(h0) else None
+    return Gap(bad.offset, bad.why, hint, find_next_record(fd, bad.offset, end, salt))
+
+
 def walk(fd: int, start: int, end: int, salt: int) -> Iterator[tuple[int, RecordHeader, memoryview] | Gap]:
     """Like :func:`iter_records`, but a damaged record yields a :class:`Gap` and the walk resumes after it."""
     pos = start
@@ -140,16 +150,11 @@ def walk(fd: int, start: int, end: int, salt: int) -> Iterator[tuple[int, Record
             yield from iter_records(fd, pos, end, salt)
             return
         except BadRecord as bad:
-            hint: RecordHeader | None = None
-            raw = os.pread(fd, RECORD_HEADER_SIZE, bad.offset)
-            if len(raw) == RECORD_HEADER_SIZE:
-                h0 = frame.decode_record_header(raw)
-                hint = h0 if frame.plausible(h0) else None
-            nxt = find_next_record(fd, bad.offset, end, salt)
-            yield Gap(bad.offset, bad.why, hint, nxt)
-            if nxt is None:
-                return
-            pos = nxt[0]
+            gap = gap_at(fd, bad, end, salt)
+        yield gap
+        if gap.resume is None:
+            return
+        pos = gap.resume[0]
 
 
 Verdict = Literal["torn", "corrupt"]
