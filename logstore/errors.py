@@ -4,7 +4,8 @@ Every failure the store reports is a :class:`StoreError`. Each subclass has one
 precise meaning and says whether retrying the same call can succeed
 (``retryable``). Client faults are permanent; I/O and contention are retryable;
 corruption is permanent and carries the file and absolute byte offset of the
-damaged record.
+damaged record (and its seqs, when known); items an operator repair recorded
+as lost (``ItemsLost``) are permanent too, and name the lost seq ranges.
 
 The base is deliberately not called ``MemoryError``: that name belongs to
 Python's builtin.
