@@ -23,15 +23,17 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Any
+from typing import Any, NoReturn
+
+import msgspec
 
 from . import fileio, frame, index, layout, observe
 from .codec import decode_batch
-from .errors import ConversationFull, Corrupted, Io, StoreError, Timeout
-from .frame import KIND_BATCH, KIND_SEAL, SEGMENT_HEADER_SIZE
+from .errors import ConversationFull, Corrupted, Io, ItemsLost, Loss, StoreError, Timeout
+from .frame import KIND_BATCH, KIND_LOSS, KIND_SEAL, SEGMENT_HEADER_SIZE
 from .limits import MAX_CONVERSATION_ITEMS
 from .model import MemoryItem
-from .segment import BadRecord, classify_failure, iter_records
+from .segment import BadRecord, Gap, classify_failure, find_next_record, gap_at, iter_records, walk
 from .timefmt import format_us, now_us
 
 #: Index entries of our own appends are written to the index file this many at a time.
@@ -114,7 +116,8 @@ class Conversation:
         self._idx_unwritten: list[bytes] = []
         self._damage: Corrupted | None = None
         self._pending_end: int | None = None
-        self._sealed_cache: dict[int, tuple[int, int, index.SparseIndex]] = {}
+        # base seq -> ((inode, size), (salt, end, index)) of sealed segments read lately.
+        self._sealed_cache: dict[int, tuple[tuple[int, int], tuple[int, int, index.SparseIndex]]] = {}
 
     def _close_files(self) -> None:
         for fd in (self._fd, self._idx_fd):
@@ -189,20 +192,23 @@ class Conversation:
             raise
 
     def _first_record_time(self, base: int) -> int | None:
-        """recorded_at of the conversation's first batch (verified), or None."""
+        """recorded_at of the conversation's first batch, or None.
+
+        When the first record is damaged its time cannot be verified: the
+        first intact record's is used instead (the closest later bound), so
+        damage there never stops the conversation from loading.
+        """
         path = self._seg_path(base)
         try:
             with _Open(path) as fd:
                 header = frame.decode_segment_header(os.pread(fd, SEGMENT_HEADER_SIZE, 0))
                 if header is None:
-                    raise Corrupted(path, 0, "segment header is missing or invalid")
-                for _off, h, _ in iter_records(fd, SEGMENT_HEADER_SIZE, os.fstat(fd).st_size, header.salt):
-                    return h.recorded_at_us if h.kind == KIND_BATCH else None
+                    return None
+                for rec in walk(fd, SEGMENT_HEADER_SIZE, os.fstat(fd).st_size, header.salt):
+                    if not isinstance(rec, Gap) and rec[1].kind != KIND_SEAL:
+                        return rec[1].recorded_at_us
         except FileNotFoundError:
             return None
-        except BadRecord as bad:
-            if base != self._segments[-1]:
-                raise Corrupted(path, bad.offset, bad.why) from None
         return None
 
     def _open_active(self, base: int, writable: bool) -> None:
@@ -211,7 +217,12 @@ class Conversation:
         self._fd = fd
         header = frame.decode_segment_header(os.pread(fd, SEGMENT_HEADER_SIZE, 0))
         if header is None or header.base_seq != base:
-            raise Corrupted(path, 0, "segment header is missing or invalid")
+            # Without its salt no record of the segment can be verified: the log is
+            # readable up to the segment's base seq (its name), and appends refuse.
+            self._damage = Corrupted(path, 0, "segment header is missing or invalid", base)
+            self._next_seq = base
+            self._end = 0
+            return
         self._salt = header.salt
         size = os.fstat(fd).st_size
         idx = index.load(self._idx_path(base), base, header.salt, size)
@@ -247,8 +258,11 @@ class Conversation:
     def _scan_forward(self, writable: bool, size: int | None = None) -> None:
         """Walk records from the committed end to EOF, adopting whole ones.
 
-        A torn tail is cut away when ``writable`` (we hold the exclusive lock);
-        damage to acknowledged data is recorded and raised as Corrupted.
+        A torn tail is cut away when ``writable`` (we hold the exclusive lock).
+        Damage with a valid record after it is walked over: the log goes on at
+        that record, and only reads that cover the damage report it. Damage to
+        the last record (nothing valid follows) is recorded and raised as
+        Corrupted by appends and by reads that reach it.
         """
         fd = self._fd
         assert fd is not None
@@ -259,55 +273,89 @@ class Conversation:
         # Records we did not write may follow ours: our unwritten entries would now land
         # after theirs, out of order, so they stay in memory only.
         self._idx_unwritten.clear()
-        try:
-            for off, h, _body in iter_records(fd, self._end, size, self._salt):
-                if self._sealed_active:
-                    raise BadRecord(off, "record after the segment's seal")
-                if h.first_seq != self._next_seq:
-                    raise BadRecord(off, f"expected seq {self._next_seq}, record starts at {h.first_seq}")
-                if h.kind == KIND_SEAL:
-                    self._sealed_active = True
-                else:
-                    if off - last_indexed >= self.options.index_interval and off > SEGMENT_HEADER_SIZE:
-                        # In memory only: the process that wrote the record wrote its entry.
-                        self._idx.add(h.first_seq, off)
-                        last_indexed = off
-                    self._last_us = h.recorded_at_us
-                    self._next_seq = h.end_seq
-                self._end = off + h.size
-        except BadRecord as bad:
-            verdict = classify_failure(fd, bad.offset, size, self._salt)
-            if verdict == "corrupt" or bad.why.startswith("expected seq") or "after the segment's seal" in bad.why:
-                self._damage = Corrupted(path, bad.offset, bad.why)
-            elif writable:
-                # Never acknowledged: cut it away, and the stale index entries with it.
-                fileio.truncate(fd, bad.offset)
-                self._idx.truncate_before_offset(bad.offset)
-                if self._idx_fd is not None:
-                    os.close(self._idx_fd)
-                    self._idx_fd = index.open_for_append(self._idx_path(self._idx.base_seq), self._idx)
+        pos = self._end
+        while True:
+            try:
+                for off, h, _body in iter_records(fd, pos, size, self._salt):
+                    if self._sealed_active:
+                        raise BadRecord(off, "record after the segment's seal")
+                    if h.first_seq != self._next_seq:
+                        raise BadRecord(off, f"expected seq {self._next_seq}, record starts at {h.first_seq}")
+                    if h.kind == KIND_SEAL:
+                        self._sealed_active = True
+                    else:
+                        if (
+                            h.kind == KIND_BATCH
+                            and off - last_indexed >= self.options.index_interval
+                            and off > SEGMENT_HEADER_SIZE
+                        ):
+                            # In memory only: the process that wrote the record wrote its entry.
+                            self._idx.add(h.first_seq, off)
+                            last_indexed = off
+                        self._last_us = h.recorded_at_us
+                        self._next_seq = h.end_seq
+                    self._end = off + h.size
+                break
+            except BadRecord as bad:
+                after_seal = "after the segment's seal" in bad.why
+                seq_problem = after_seal or bad.why.startswith("expected seq")
+                if not seq_problem and classify_failure(fd, bad.offset, size, self._salt) == "torn":
+                    if writable:
+                        # Never acknowledged: cut it away, and the stale index entries with it.
+                        fileio.truncate(fd, bad.offset)
+                        self._idx.truncate_before_offset(bad.offset)
+                        if self._idx_fd is not None:
+                            os.close(self._idx_fd)
+                            self._idx_fd = index.open_for_append(self._idx_path(self._idx.base_seq), self._idx)
+                    break
+                nxt = None if after_seal else find_next_record(fd, bad.offset, size, self._salt, self._next_seq + 1)
+                if nxt is None:
+                    self._damage = self._tail_damage(fd, path, bad)
+                    break
+                # Damage in the middle: the log goes on at the next valid record.
+                pos, self._next_seq = nxt[0], nxt[1].first_seq
+                self._end = pos
         if self._last_us == 0 and self._next_seq > 0:
             self._last_us = self._last_record_time()
 
+    def _tail_damage(self, fd: int, path: str, bad: BadRecord) -> Corrupted:
+        """Corrupted for damage at the end of the active segment: every seq from it on is unreadable."""
+        why = bad.why
+        raw = os.pread(fd, frame.RECORD_HEADER_SIZE, bad.offset)
+        if len(raw) == frame.RECORD_HEADER_SIZE and not why.startswith("expected seq"):
+            h = frame.decode_record_header(raw)
+            if frame.plausible(h) and h.first_seq == self._next_seq and h.count > 0:
+                # Only a hint: nothing after the record can confirm its count.
+                why += f"; its header, unverified, says it holds seqs {h.first_seq}..{h.end_seq - 1}"
+        return Corrupted(path, bad.offset, why, self._next_seq)
+
     def _last_record_time(self) -> int:
-        """recorded_at of the last batch, read from the record the index points at or before the end."""
+        """recorded_at of the last intact record at or before the end (0 when none can be read).
+
+        Read from the active segment (from its last index entry), else from the
+        previous segment's seal, which carries its last batch's time, else from
+        that segment's last intact record.
+        """
         assert self._fd is not None
         last = 0
         start = self._idx.last_offset() or SEGMENT_HEADER_SIZE
-        try:
-            for _off, h, _ in iter_records(self._fd, start, self._end, self._salt):
-                if h.kind == KIND_BATCH:
-                    last = h.recorded_at_us
-        except BadRecord:
-            pass
+        for rec in walk(self._fd, start, self._end, self._salt):
+            if not isinstance(rec, Gap) and rec[1].kind != KIND_SEAL:
+                last = rec[1].recorded_at_us
         if last == 0 and len(self._segments) > 1:
             # The active segment holds only its header (or a seal): ask the previous one.
             prev = self._segments[-2]
-            salt, end, idx = self._sealed(prev)
-            with _Open(self._seg_path(prev)) as fd:
-                for _off, h, _ in iter_records(fd, idx.last_offset() or SEGMENT_HEADER_SIZE, end, salt):
-                    if h.kind == KIND_BATCH:
-                        last = h.recorded_at_us
+            try:
+                with _Open(self._seg_path(prev)) as fd:
+                    salt, end, idx = self._sealed(prev, fd)
+                    seal = _record_ending_at(fd, end, salt)
+                    if seal is not None:
+                        return seal.recorded_at_us
+                    for rec in walk(fd, idx.last_offset() or SEGMENT_HEADER_SIZE, end, salt):
+                        if not isinstance(rec, Gap):
+                            last = rec[1].recorded_at_us
+            except (Corrupted, FileNotFoundError):
+                pass  # nothing readable there: the clock alone stamps the next batch
         return last
 
     def _refresh(self, writable: bool) -> None:
@@ -533,7 +581,12 @@ class Conversation:
             self._unlock()
 
     def read(self, start: int | None, limit: int) -> list[MemoryItem]:
-        """Up to ``limit`` items from seq ``start`` (None: the last ``limit``). Caller holds ``mutex``."""
+        """Up to ``limit`` items from seq ``start`` (None: the last ``limit``). Caller holds ``mutex``.
+
+        Raises Corrupted when the range covers a damaged record, and ItemsLost
+        when it covers seqs a repair recorded as lost; every other range reads
+        normally, wherever the damage lies.
+        """
         self._refresh_for_read()
         if limit == 0:
             return []
@@ -547,61 +600,89 @@ class Conversation:
             return []
         stop = min(end_seq, start + limit)
         out: list[MemoryItem] = []
-        seg_i = max(bisect.bisect_right(self._segments, start) - 1, 0)
-        while start < stop and seg_i < len(self._segments):
-            base = self._segments[seg_i]
-            self._read_segment(base, start, stop, out)
-            start = out[-1].seq + 1 if out else start
+        lost: list[Loss] = []
+        segments = self._segments
+        seg_i = max(bisect.bisect_right(segments, start) - 1, 0)
+        while start < stop and seg_i < len(segments):
+            base = segments[seg_i]
+            seg_end = segments[seg_i + 1] if seg_i + 1 < len(segments) else end_seq
+            if seg_end > start:
+                self._read_segment(base, start, min(stop, seg_end), seg_end, out, lost)
+                start = seg_end
             seg_i += 1
+        if lost:
+            raise ItemsLost(lost)
         return out
 
-    def _sealed(self, base: int) -> tuple[int, int, index.SparseIndex]:
-        """``(salt, end, index)`` of a sealed segment, building its index if needed."""
+    def _sealed(self, base: int, fd: int) -> tuple[int, int, index.SparseIndex]:
+        """``(salt, end, index)`` of the sealed segment open as ``fd``, building its index if needed.
+
+        The cache is keyed by the file's identity and size, so a segment that a
+        repair replaced is read afresh.
+        """
+        st = os.fstat(fd)
         cached = self._sealed_cache.get(base)
-        if cached is not None:
-            return cached
+        if cached is not None and cached[0] == (st.st_ino, st.st_size):
+            return cached[1]
         path = self._seg_path(base)
-        with _Open(path) as fd:
-            header = frame.decode_segment_header(os.pread(fd, SEGMENT_HEADER_SIZE, 0))
-            if header is None or header.base_seq != base:
-                raise Corrupted(path, 0, "segment header is missing or invalid")
-            size = os.fstat(fd).st_size
-            idx = index.load(self._idx_path(base), base, header.salt, size)
-            if idx is None:
-                idx = self._build_index(fd, path, base, header.salt, size)
+        header = frame.decode_segment_header(os.pread(fd, SEGMENT_HEADER_SIZE, 0))
+        if header is None or header.base_seq != base:
+            raise Corrupted(path, 0, "segment header is missing or invalid", base)
+        idx = index.load(self._idx_path(base), base, header.salt, st.st_size)
+        if idx is None:
+            idx = self._build_index(fd, base, header.salt, st.st_size, save=True)
         if len(self._sealed_cache) >= 8:
             self._sealed_cache.pop(next(iter(self._sealed_cache)))
-        result = (header.salt, size, idx)
-        self._sealed_cache[base] = result
+        result = (header.salt, st.st_size, idx)
+        self._sealed_cache[base] = ((st.st_ino, st.st_size), result)
         return result
 
-    def _build_index(self, fd: int, path: str, base: int, salt: int, size: int) -> index.SparseIndex:
-        """Rebuild a segment's index from its records and save it (best effort)."""
+    def _build_index(self, fd: int, base: int, salt: int, size: int, *, save: bool) -> index.SparseIndex:
+        """A segment's index from its records, past any damage; saved (best effort) when ``save``.
+
+        Damage is walked over to the next valid record, so the index never
+        stops short of it. A segment with damage keeps its index file as it
+        is (it is only ever used after verification): derived data is never
+        rewritten around damage.
+        """
         idx = index.SparseIndex(base, salt)
         last = 0
-        try:
-            for off, h, _ in iter_records(fd, SEGMENT_HEADER_SIZE, size, salt):
-                if h.kind == KIND_BATCH and off - last >= self.options.index_interval and off > SEGMENT_HEADER_SIZE:
-                    idx.add(h.first_seq, off)
-                    last = off
-        except BadRecord:
-            pass  # the read that reaches the bad record reports it
-        try:
-            index.write(self._idx_path(base), idx)
-        except OSError:
-            pass
+        interval = self.options.index_interval
+        damaged = False
+        for rec in walk(fd, SEGMENT_HEADER_SIZE, size, salt):
+            if isinstance(rec, Gap):
+                damaged = True
+                continue
+            off, h, _ = rec
+            if h.kind == KIND_BATCH and off - last >= interval and off > SEGMENT_HEADER_SIZE:
+                if idx.seqs and h.first_seq <= idx.seqs[-1]:
+                    damaged = True  # out of order: only damaged data can say so; never index it
+                    continue
+                idx.add(h.first_seq, off)
+                last = off
+        if save and not damaged:
+            try:
+                index.write(self._idx_path(base), idx)
+            except OSError:
+                pass
         return idx
 
-    def _read_segment(self, base: int, start: int, stop: int, out: list[MemoryItem]) -> None:
-        active = base == self._segments[-1]
-        if active:
+    def _read_segment(
+        self, base: int, start: int, stop: int, seg_end: int, out: list[MemoryItem], lost: list[Loss]
+    ) -> None:
+        path = self._seg_path(base)
+        if base == self._segments[-1]:
             assert self._fd is not None
-            salt, end, idx = self._salt, self._end, self._idx
-            self._read_records(self._fd, self._seg_path(base), salt, end, idx, start, stop, out, base)
+            self._read_records(
+                self._fd, path, self._salt, self._end, self._idx, base, (start, stop, seg_end), out, lost
+            )
         else:
-            salt, end, idx = self._sealed(base)
-            with _Open(self._seg_path(base)) as fd:
-                self._read_records(fd, self._seg_path(base), salt, end, idx, start, stop, out, base)
+            with _Open(path) as fd:
+                try:
+                    salt, end, idx = self._sealed(base, fd)
+                except Corrupted as exc:
+                    raise Corrupted(path, 0, exc.why, base, seg_end - 1) from None
+                self._read_records(fd, path, salt, end, idx, base, (start, stop, seg_end), out, lost)
 
     def _read_records(
         self,
@@ -610,65 +691,127 @@ class Conversation:
         salt: int,
         end: int,
         idx: index.SparseIndex,
-        start: int,
-        stop: int,
-        out: list[MemoryItem],
         base: int,
+        span: tuple[int, int, int],
+        out: list[MemoryItem],
+        lost: list[Loss],
     ) -> None:
-        entry = idx.floor(start)
-        off, seq = (entry[1], entry[0]) if entry else (SEGMENT_HEADER_SIZE, base)
-        n_before = len(out)
+        active = base == self._segments[-1]
+        n_out, n_lost = len(out), len(lost)
         try:
-            self._collect(fd, off, seq, end, salt, start, stop, out)
-        except BadRecord as bad:
-            del out[n_before:]
-            if entry is None:
-                raise Corrupted(path, bad.offset, bad.why) from None
-            # The index may be what is wrong: rebuild it from the segment and retry once.
-            fresh = self._build_index(fd, path, base, salt, end)
-            if base == self._segments[-1]:
-                self._idx = fresh
-                self._idx_unwritten.clear()
-                if self._idx_fd is not None:
-                    os.close(self._idx_fd)
-                    self._idx_fd = index.open_for_append(self._idx_path(base), fresh)
-            else:
-                self._sealed_cache[base] = (salt, end, fresh)
-            entry = fresh.floor(start)
-            off, seq = (entry[1], entry[0]) if entry else (SEGMENT_HEADER_SIZE, base)
-            try:
-                self._collect(fd, off, seq, end, salt, start, stop, out)
-            except BadRecord as bad2:
-                del out[n_before:]
-                raise Corrupted(path, bad2.offset, bad2.why) from None
+            self._collect(fd, path, idx.floor(span[0]), base, end, salt, span, out, lost)
+            return
+        except _StaleEntry:
+            del out[n_out:]
+            del lost[n_lost:]
+        # An index entry did not verify: the index is what is wrong. Rebuild it from the
+        # segment (past any damage) and read again. The active segment's index file is
+        # left to its writer; a sealed one's is rewritten (derived data, nobody appends).
+        fresh = self._build_index(fd, base, salt, end, save=not active)
+        if active:
+            self._idx = fresh
+            self._idx_unwritten.clear()
+        else:
+            st = os.fstat(fd)
+            self._sealed_cache[base] = ((st.st_ino, st.st_size), (salt, end, fresh))
+        try:
+            self._collect(fd, path, fresh.floor(span[0]), base, end, salt, span, out, lost)
+        except _StaleEntry as stale:
+            raise Corrupted(path, stale.offset, "the record an index entry points at changed under the read") from None
 
-    @staticmethod
     def _collect(
-        fd: int, off: int, seq: int, end: int, salt: int, start: int, stop: int, out: list[MemoryItem]
+        self,
+        fd: int,
+        path: str,
+        entry: tuple[int, int] | None,
+        base: int,
+        end: int,
+        salt: int,
+        span: tuple[int, int, int],
+        out: list[MemoryItem],
+        lost: list[Loss],
     ) -> None:
-        for roff, h, body in iter_records(fd, off, end, salt):
-            first, count = h.first_seq, h.count
-            if first != seq:
-                raise BadRecord(roff, f"expected seq {seq}, record starts at {first}")
-            if h.kind != KIND_BATCH:
-                return
-            seq = first + count
-            if seq <= start:
-                continue
+        """Walk records from ``entry`` (or the segment's start), collecting seqs ``[start, stop)``.
+
+        Damage whose seqs all lie before ``start`` is walked over (the next
+        valid record says where the log goes on); damage that holds any seq
+        of the range raises Corrupted. Raises _StaleEntry when ``entry`` does
+        not point at a valid record carrying its seq.
+        """
+        start, stop, seg_end = span
+        pos, seq = (entry[1], entry[0]) if entry else (SEGMENT_HEADER_SIZE, base)
+        check_entry = entry is not None
+        while True:
             try:
-                items: list[dict[str, Any]] = decode_batch(body)
-            except Exception as exc:
-                raise BadRecord(roff, f"batch body is not a JSON array of objects: {exc}") from None
-            if len(items) != count:
-                raise BadRecord(roff, f"batch holds {len(items)} items, header says {count}")
-            lo = max(start - first, 0)
-            hi = min(stop - first, count)
-            if lo or hi < count:
-                items = items[lo:hi]
-            # map() builds the items in C: per item this is most of a replay's overhead.
-            out.extend(map(MemoryItem, range(first + lo, first + hi), repeat(format_us(h.recorded_at_us)), items))
-            if seq >= stop:
+                # The hot loop of every read: plain iter_records, damage handled below.
+                for roff, h, body in iter_records(fd, pos, end, salt):
+                    first, count = h.first_seq, h.count
+                    if check_entry:
+                        if first != seq:
+                            raise _StaleEntry(roff)
+                        check_entry = False
+                    if first != seq:
+                        if seq < first <= start:
+                            seq = first  # a gap in seqs, wholly before the range
+                        else:
+                            raise Corrupted(
+                                path,
+                                roff,
+                                f"expected seq {seq}, record starts at {first}",
+                                seq,
+                                first - 1 if first > seq else None,
+                            )
+                    kind = h.kind
+                    if kind == KIND_SEAL:
+                        return
+                    seq = first + count
+                    if seq <= start:
+                        continue
+                    if kind == KIND_LOSS:
+                        lost.append(_loss(path, roff, first, count, body))
+                    else:
+                        try:
+                            items: list[dict[str, Any]] = decode_batch(body)
+                        except Exception as exc:
+                            why = f"batch body is not a JSON array of objects: {exc}"
+                            raise Corrupted(path, roff, why, first, seq - 1) from None
+                        if len(items) != count:
+                            why = f"batch holds {len(items)} items, header says {count}"
+                            raise Corrupted(path, roff, why, first, seq - 1)
+                        lo = max(start - first, 0)
+                        hi = min(stop - first, count)
+                        if lo or hi < count:
+                            items = items[lo:hi]
+                        # map() builds the items in C: per item this is most of a replay's overhead.
+                        stamp = format_us(h.recorded_at_us)
+                        out.extend(map(MemoryItem, range(first + lo, first + hi), repeat(stamp), items))
+                    if seq >= stop:
+                        return
                 return
+            except BadRecord as bad:
+                gap = gap_at(fd, bad, end, salt)
+            if check_entry:
+                raise _StaleEntry(gap.offset)
+            resume = gap.resume
+            if resume is None or resume[1].first_seq <= seq:
+                self._damage_without_resume(path, gap, seq, seg_end, base)
+            if resume[1].first_seq > start:
+                raise Corrupted(path, gap.offset, gap.why, seq, resume[1].first_seq - 1)
+            pos, seq = resume[0], resume[1].first_seq  # the damage lies wholly before the range
+
+    def _damage_without_resume(self, path: str, gap: Gap, seq: int, seg_end: int, base: int) -> NoReturn:
+        """Raise Corrupted for damage that no valid record follows in its segment.
+
+        The damaged stretch ends with the segment, at ``seg_end``. In the
+        active segment that makes it the record the next append would follow:
+        it is remembered, so that appends refuse it (as they would after a
+        restart) and the tail is verified again on the next call.
+        """
+        last: int | None = seg_end - 1 if seg_end > seq else None
+        exc = Corrupted(path, gap.offset, gap.why, seq, last)
+        if base == self._segments[-1]:
+            self._damage = exc
+        raise exc
 
 
 class _Open:
@@ -684,3 +827,43 @@ class _Open:
 
     def __exit__(self, *exc: object) -> None:
         os.close(self.fd)
+
+
+class _StaleEntry(Exception):
+    """An index entry did not point at a valid record carrying its seq."""
+
+    def __init__(self, offset: int) -> None:
+        super().__init__(offset)
+        self.offset = offset
+
+
+def _loss(path: str, offset: int, first: int, count: int, body: memoryview | bytes) -> Loss:
+    """The :class:`Loss` a loss record stands for (its body names where the damaged bytes went)."""
+    quarantine: str | None = None
+    try:
+        info = _LOSS_BODY.decode(body)
+        q = info.get("quarantine")
+        quarantine = q if isinstance(q, str) else None
+    except msgspec.DecodeError:
+        pass
+    return Loss(first, first + count - 1, path, offset, quarantine)
+
+
+_LOSS_BODY = msgspec.json.Decoder(type=dict[str, Any])
+
+
+def _record_ending_at(fd: int, end: int, salt: int) -> frame.RecordHeader | None:
+    """The valid record whose trailer ends at byte ``end``, if there is one."""
+    if end < SEGMENT_HEADER_SIZE + frame.RECORD_OVERHEAD:
+        return None
+    found = frame.trailer_at_end(os.pread(fd, frame.TRAILER_SIZE, end - frame.TRAILER_SIZE), frame.TRAILER_SIZE)
+    if found is None:
+        return None
+    start = end - frame.RECORD_OVERHEAD - found[1]
+    if start < SEGMENT_HEADER_SIZE:
+        return None
+    data = os.pread(fd, end - start, start)
+    h = frame.decode_record_header(data)
+    if not frame.plausible(h) or h.size != len(data) or not frame.checksum_ok(data, 0, h, salt):
+        return None
+    return h

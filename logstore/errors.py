@@ -4,7 +4,8 @@ Every failure the store reports is a :class:`StoreError`. Each subclass has one
 precise meaning and says whether retrying the same call can succeed
 (``retryable``). Client faults are permanent; I/O and contention are retryable;
 corruption is permanent and carries the file and absolute byte offset of the
-damaged record.
+damaged record (and its seqs, when known); items an operator repair recorded
+as lost (``ItemsLost``) are permanent too, and name the lost seq ranges.
 
 The base is deliberately not called ``MemoryError``: that name belongs to
 Python's builtin.
@@ -12,7 +13,7 @@ Python's builtin.
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, NamedTuple
 
 ConversationIdReason = Literal["TooShort", "TooLong", "InvalidCharacters"]
 
@@ -179,19 +180,79 @@ class Corrupted(StoreError):
     """Acknowledged data failed verification.
 
     ``file`` is the path of the damaged file and ``offset`` the absolute byte
-    offset of the damaged record within it.
+    offset of the damaged record within it. ``first_seq``/``last_seq`` are the
+    seqs the damaged stretch held, when they could be told: ``first_seq`` from
+    the intact data before it, ``last_seq`` from the intact record after it
+    (or, for the last record of a log, from the damaged record's own header
+    when its fields are still plausible); None when unknown.
     """
 
     code = "Corrupted"
 
-    def __init__(self, file: str, offset: int, why: str) -> None:
+    def __init__(
+        self, file: str, offset: int, why: str, first_seq: int | None = None, last_seq: int | None = None
+    ) -> None:
         self.file = file
         self.offset = offset
         self.why = why
-        super().__init__(f"{file} is corrupted at byte offset {offset}: {why}")
+        self.first_seq = first_seq
+        self.last_seq = last_seq
+        super().__init__(f"{file} is corrupted at byte offset {offset}: {why}{self._seqs()}")
+
+    def _seqs(self) -> str:
+        if self.first_seq is None:
+            return ""
+        if self.last_seq is None:
+            return f" (items from seq {self.first_seq} on are unreadable)"
+        return f" (seqs {self.first_seq}..{self.last_seq} are unreadable)"
 
     def details(self) -> dict[str, object]:
-        return {"file": self.file, "offset": self.offset}
+        out: dict[str, object] = {"file": self.file, "offset": self.offset}
+        if self.first_seq is not None:
+            out["first_seq"] = self.first_seq
+            out["last_seq"] = self.last_seq
+        return out
+
+
+class Loss(NamedTuple):
+    """One stretch of seqs an operator repair recorded as lost (a loss record).
+
+    ``file`` and ``offset`` locate the loss record; ``quarantine`` is where the
+    repair kept the damaged bytes (relative to the data directory), if known.
+    """
+
+    first_seq: int
+    last_seq: int
+    file: str
+    offset: int
+    quarantine: str | None = None
+
+
+class ItemsLost(StoreError):
+    """The read covers seqs that were lost to damage and recorded as lost by an operator repair.
+
+    Permanent. ``losses`` lists each lost stretch in the range read; every
+    other seq of the log reads normally, so a client reads around them.
+    """
+
+    code = "ItemsLost"
+
+    def __init__(self, losses: list[Loss]) -> None:
+        self.losses = list(losses)
+        spans = ", ".join(f"{x.first_seq}..{x.last_seq}" for x in self.losses)
+        first = self.losses[0]
+        super().__init__(
+            f"seqs {spans} were lost to damage (recorded by a repair at byte offset {first.offset} of {first.file}); "
+            "the other seqs read normally"
+        )
+
+    def details(self) -> dict[str, object]:
+        first = self.losses[0]
+        return {
+            "file": first.file,
+            "offset": first.offset,
+            "lost": [{"first_seq": x.first_seq, "last_seq": x.last_seq} for x in self.losses],
+        }
 
 
 class QuotaExceeded(StoreError):

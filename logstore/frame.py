@@ -15,8 +15,8 @@ Record (32-byte header, body, 16-byte trailer)::
 
     0   8  u64    checksum: xxh3_64 of bytes 8..32+body_len, seed = salt
     8   4  u32    body_len
-    12  2  u16    count (items in the batch; 0 for a seal)
-    14  2  u16    kind (1 batch, 2 seal)
+    12  2  u16    count (items in the batch, seqs a loss record stands for; 0 for a seal)
+    14  2  u16    kind (1 batch, 2 seal, 3 loss)
     16  8  u64    first_seq
     24  8  i64    recorded_at, microseconds since the Unix epoch, UTC
     32  n  body   a batch: the items as one compact JSON array; a seal: empty
@@ -54,6 +54,14 @@ RECORD_OVERHEAD = RECORD_HEADER_SIZE + TRAILER_SIZE
 
 KIND_BATCH = 1
 KIND_SEAL = 2
+#: A record written by an operator repair in place of a damaged record: it
+#: keeps the damaged record's seq range and says those items were lost.
+KIND_LOSS = 3
+
+#: A loss record stands for at most this many seqs (the u16 count field).
+MAX_LOSS_COUNT = 65535
+#: Largest body of a loss record (a small JSON object describing the loss).
+MAX_LOSS_BODY = 4096
 
 #: Largest body a valid record can have: a full batch as a JSON array.
 MAX_BODY = MAX_BATCH_BYTES + MAX_BATCH_ITEMS + 2
@@ -135,6 +143,8 @@ def plausible(h: RecordHeader) -> bool:
         return 1 <= h.count <= MAX_BATCH_ITEMS and 2 <= h.body_len <= MAX_BODY
     if h.kind == KIND_SEAL:
         return h.count == 0 and h.body_len == 0
+    if h.kind == KIND_LOSS:
+        return 1 <= h.count <= MAX_LOSS_COUNT and 2 <= h.body_len <= MAX_LOSS_BODY
     return False
 
 

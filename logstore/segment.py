@@ -10,8 +10,9 @@ encodes the recovery rule of FORMAT.md.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from . import frame
 from .frame import RECORD_HEADER_SIZE, RecordHeader
@@ -59,8 +60,10 @@ def iter_records(fd: int, start: int, end: int, salt: int) -> Iterator[tuple[int
         checksum, body_len, count, kind = fields[0], fields[1], fields[2], fields[3]
         if kind == frame.KIND_BATCH:
             ok = 1 <= count <= max_count and 2 <= body_len <= max_body
+        elif kind == frame.KIND_SEAL:
+            ok = count == 0 and body_len == 0
         else:
-            ok = kind == frame.KIND_SEAL and count == 0 and body_len == 0
+            ok = kind == frame.KIND_LOSS and count >= 1 and 2 <= body_len <= frame.MAX_LOSS_BODY
         if not ok:
             raise BadRecord(pos, "record header fields are out of range")
         rend = pos + frame.RECORD_OVERHEAD + body_len
@@ -80,13 +83,78 @@ def iter_records(fd: int, start: int, end: int, salt: int) -> Iterator[tuple[int
         pos = rend
 
 
-def _valid_record_at(data: bytes, pos: int, salt: int) -> bool:
-    if pos < 0 or pos + frame.RECORD_OVERHEAD > len(data):
-        return False
-    h = frame.decode_record_header(data, pos)
-    if not frame.plausible(h) or pos + h.size > len(data):
-        return False
-    return frame.checksum_ok(data, pos, h, salt)
+# Where a record header may start: the u16 count and u16 kind fields (bytes
+# 12..16 of a record) of a batch (count 1..250), a seal (count 0) or a loss
+# record (any count). Matched with a lookahead so candidates may overlap.
+_CANDIDATE = re.compile(
+    rb"(?=[\x01-\xfa]\x00\x01\x00|\x00\x00\x02\x00|[^\x00]\x00\x03\x00|[\x00-\xff][^\x00]\x03\x00)", re.DOTALL
+)
+
+
+def find_next_record(fd: int, after: int, end: int, salt: int, min_seq: int = 0) -> tuple[int, RecordHeader] | None:
+    """The first valid record after byte ``after`` (and before ``end``) whose first seq is ``min_seq`` or more.
+
+    Used to find where intact data resumes after a damaged record. A
+    candidate is any position whose count and kind fields are plausible; it is
+    accepted only when the whole record lies before ``end`` and its checksum,
+    seeded with the segment's salt, matches. The trailer is not needed, so a
+    record whose trailer was damaged is still found.
+    """
+    first = after + 1
+    if first + frame.RECORD_OVERHEAD > end:
+        return None
+    data = os.pread(fd, end - first, first)
+    limit = len(data)
+    for m in _CANDIDATE.finditer(data, 12):
+        pos = m.start() - 12
+        if pos + frame.RECORD_OVERHEAD > limit:
+            return None
+        h = frame.decode_record_header(data, pos)
+        if not frame.plausible(h) or pos + h.size > limit or h.first_seq < min_seq:
+            continue
+        if frame.checksum_ok(data, pos, h, salt):
+            return first + pos, h
+    return None
+
+
+class Gap(NamedTuple):
+    """A damaged stretch met by :func:`walk`.
+
+    ``offset`` is where the first record that failed starts, ``why`` what
+    failed, ``header`` its header fields when they were plausible (not
+    verified: a hint only), and ``resume`` the offset and header of the next
+    valid record, or None when none follows before the end.
+    """
+
+    offset: int
+    why: str
+    header: RecordHeader | None
+    resume: tuple[int, RecordHeader] | None
+
+
+def gap_at(fd: int, bad: BadRecord, end: int, salt: int) -> Gap:
+    """The :class:`Gap` that starts at a record that failed verification, and where valid data resumes."""
+    hint: RecordHeader | None = None
+    raw = os.pread(fd, RECORD_HEADER_SIZE, bad.offset)
+    if len(raw) == RECORD_HEADER_SIZE:
+        h0 = frame.decode_record_header(raw)
+        hint = h0 if frame.plausible(h0) else None
+    return Gap(bad.offset, bad.why, hint, find_next_record(fd, bad.offset, end, salt))
+
+
+def walk(fd: int, start: int, end: int, salt: int) -> Iterator[tuple[int, RecordHeader, memoryview] | Gap]:
+    """Like :func:`iter_records`, but a damaged record yields a :class:`Gap` and the walk resumes after it."""
+    pos = start
+    while pos < end:
+        try:
+            yield from iter_records(fd, pos, end, salt)
+            return
+        except BadRecord as bad:
+            gap = gap_at(fd, bad, end, salt)
+        yield gap
+        if gap.resume is None:
+            return
+        pos = gap.resume[0]
 
 
 Verdict = Literal["torn", "corrupt"]
@@ -102,20 +170,14 @@ def classify_failure(fd: int, bad_offset: int, file_size: int, salt: int) -> Ver
     is a torn tail: a write that never completed, and so was never
     acknowledged.
     """
-    data = os.pread(fd, file_size - bad_offset, bad_offset)
-    # A valid record after the bad one: every record ends with the trailer magic.
-    probe = 1
-    while True:
-        m = data.find(frame.TRAILER_MAGIC, probe)
-        if m < 0:
-            break
-        found = frame.trailer_at_end(data, m + len(frame.TRAILER_MAGIC))
-        if found is not None and found[0] > 0 and _valid_record_at(data, found[0], salt):
-            return "corrupt"
-        probe = m + 1
-    tail = frame.trailer_at_end(data, len(data))
-    if tail is not None and tail[0] == 0 and _ZERO_RUN not in data[: len(data) - frame.TRAILER_SIZE]:
+    if find_next_record(fd, bad_offset, file_size, salt) is not None:
         return "corrupt"
+    if file_size - bad_offset >= frame.RECORD_OVERHEAD:
+        _check, body_len, magic = frame.TRAILER.unpack(os.pread(fd, frame.TRAILER_SIZE, file_size - frame.TRAILER_SIZE))
+        if magic == frame.TRAILER_MAGIC and file_size - frame.RECORD_OVERHEAD - body_len == bad_offset:
+            written = os.pread(fd, file_size - frame.TRAILER_SIZE - bad_offset, bad_offset)
+            if _ZERO_RUN not in written:
+                return "corrupt"
     return "torn"
 
 

@@ -11,7 +11,9 @@ text block written for the agent, and a machine-readable object in
 ``InvalidArguments``, ``InvalidCursor``, ``Unauthenticated``, ``Throttled``
 (retryable, with ``retry_after_seconds``) and ``InternalError``. Detail keys sit beside ``code``: ``reason`` for
 ``InvalidConversationId``; ``limit``/``actual`` (and ``index``, ``unit``) for
-size errors; ``file``/``offset`` for ``Corrupted``; ``field``/``rule`` for
+size errors; ``file``/``offset`` (and ``first_seq``/``last_seq`` when known)
+for ``Corrupted``; ``file``/``offset`` and ``lost`` (a list of
+``{"first_seq", "last_seq"}``) for ``ItemsLost``; ``field``/``rule`` for
 ``InvalidArguments``; ``request_id`` on every error the server answers (the
 id of the request in its log; it is quoted in the text too). No
 ``structuredContent`` is sent with an error, since clients check that against
@@ -27,7 +29,7 @@ from typing import Any
 
 import mcp_types as types
 
-from logstore import Corrupted, InvalidPayload, StoreError
+from logstore import Corrupted, InvalidPayload, ItemsLost, StoreError
 
 #: The ``_meta`` key under which the machine-readable error travels.
 ERROR_META_KEY = "convmem/error"
@@ -45,6 +47,8 @@ _ADVICE: dict[str, str] = {
     "Timeout": "The conversation was busy and nothing was written; keep the batch and retry.",
     "Io": "A storage I/O error occurred and nothing was acknowledged; keep the batch and retry.",
     "Corrupted": "Stored data failed verification; retrying will not help. Report this to the operator.",
+    "ItemsLost": "Those items were lost to damage and an operator recorded the loss; retrying will not help. "
+    "Read around the lost seqs with replay_memory: every other item is intact.",
     "InvalidArguments": "Fix the named argument; retrying unchanged fails again.",
     "InvalidCursor": "Pass next_cursor back exactly as received, or omit cursor to start over.",
     "Unauthenticated": "Configure the client with HTTP Basic credentials: the site name as user name and the "
@@ -162,4 +166,17 @@ def from_store_error(exc: StoreError, data_dir: str | None = None) -> ToolFailur
     if isinstance(exc, Corrupted):
         details["file"] = _public_path(exc.file, data_dir)
         message = f"{details['file']} is corrupted at byte offset {exc.offset}: {exc.why}"
+        if exc.first_seq is not None:
+            message += (
+                f" (seqs {exc.first_seq}..{exc.last_seq} are unreadable)"
+                if exc.last_seq is not None
+                else f" (items from seq {exc.first_seq} on are unreadable)"
+            )
+    elif isinstance(exc, ItemsLost):
+        details["file"] = _public_path(exc.losses[0].file, data_dir)
+        spans = ", ".join(f"{x.first_seq}..{x.last_seq}" for x in exc.losses)
+        message = (
+            f"seqs {spans} were lost to damage (a repair recorded the loss at byte offset {exc.losses[0].offset} "
+            f"of {details['file']}); the other seqs read normally"
+        )
     return ToolFailure(exc.code, message, retryable=exc.retryable, **details)

@@ -175,14 +175,19 @@ def test_flipped_byte_at_every_offset_is_corrupted_at_its_record(pristine, tmp_p
             before = whole_batches_before(bounds, counts, start)
             got = store.read(SITE, CONV, Range(0, before)) if before else []
             assert [i.payload for i in got] == payloads[:before]
-            # An append follows the last record: damage there stops it (reported at the record);
-            # damage further back does not, and is still reported at the same offset afterwards.
+            # Reads after the damaged record still work and are right.
+            after = whole_batches_before(bounds, counts, end)
+            if after < len(payloads):
+                got = store.read(SITE, CONV, Range(after, 100))
+                assert [i.payload for i in got] == payloads[after:]
+            # Appends go on while the record they follow is intact; damage to that record stops them.
             if start == bounds[-1][0]:
-                with pytest.raises(Corrupted) as stopped:
+                with pytest.raises(Corrupted) as exc:
                     store.append(SITE, CONV, [{"x": 1}])
-                assert (stopped.value.file, stopped.value.offset) == (seg, start)
+                assert (exc.value.file, exc.value.offset) == (seg, start)
             else:
-                assert store.append(SITE, CONV, [{"x": 1}]).first == len(payloads), f"flip at {off}"
+                assert store.append(SITE, CONV, [{"x": 1}]).first == len(payloads)
+            # The damage is still reported at the same offset afterwards.
             with pytest.raises(Corrupted) as again:
                 store.read(SITE, CONV, Range(0, 100))
             assert again.value.offset == start

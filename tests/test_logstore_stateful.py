@@ -1,18 +1,28 @@
-"""The engine against a plain in-memory model: appends, reads, listings, reopen.
+"""The engine against a plain in-memory model: appends, reads, listings, reopen, kills.
 
 Hypothesis drives random sequences of operations (valid and invalid) over a
 few sites and conversations, with tiny segments and index intervals so that
 rolls and index lookups happen constantly, and checks every answer against
-the model.
+the model. Payloads are compared type-exactly, as the JSON bytes they
+encode to (``true`` is not ``1``, ``1.0`` is not ``1``, ``-0.0`` is not
+``0.0``). Writers in child processes are killed with SIGKILL, one right
+after an acknowledged append and in the middle of the next one, whose batch
+must then be there whole or not at all.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
+import time
 from typing import Any
 
 import hypothesis.strategies as st
+import msgspec
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -33,6 +43,7 @@ BAD_SITE_NAMES = ["", "x" * 65, "has space!"]
 
 json_scalars = (
     st.none()
+    | st.sampled_from([True, False, 1, 0, 1.0, 0.0, -0.0, -1, -1.0])
     | st.booleans()
     | st.integers(min_value=-(2**80), max_value=2**80)
     | st.floats(allow_nan=False, allow_infinity=False)
@@ -47,11 +58,37 @@ payloads = st.dictionaries(st.text(max_size=10), json_values, max_size=5)
 batches = st.lists(payloads, min_size=1, max_size=6)
 
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+#: A writer child: appends batch A, says so, then appends batch B and waits to be killed.
+WRITER = """
+import sys, time, msgspec
+from logstore import FileStore
+root, site, conv = sys.argv[1:4]
+a, b = msgspec.json.decode(sys.stdin.buffer.read())
+s = FileStore(root, segment_bytes=700, index_interval=96, lock_timeout=2.0)
+r = s.append(site, conv, a)
+sys.stdout.write(f"{r.first}\\n")
+sys.stdout.flush()
+s.append(site, conv, b)
+sys.stdout.write("b\\n")
+sys.stdout.flush()
+time.sleep(60)
+"""
+
+
+def exact(payloads: list[Any]) -> bytes:
+    """The payloads as JSON bytes: equal only when every value has the same JSON type and spelling."""
+    return msgspec.json.encode(payloads)
+
+
 class EngineVsModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="convmem-stateful-")
         self.abandoned: list[FileStore] = []
+        self.kills = 0
+        self.kill_budget = 0  # child processes are slow to start: EngineVsModelWithKills allows them
         self.store = self._open()
         # (site, conv) -> list of (payload, recorded_at)
         self.model: dict[tuple[str, str], list[tuple[dict[str, Any], str]]] = {}
@@ -99,7 +136,8 @@ class EngineVsModel(RuleBasedStateMachine):
         got = self.store.read(site, conv, Tail(count))
         start = max(0, len(log) - count)
         assert [i.seq for i in got] == list(range(start, len(log)))
-        assert [(i.payload, i.recorded_at) for i in got] == log[start:]
+        assert [i.recorded_at for i in got] == [t for _p, t in log[start:]]
+        assert exact([i.payload for i in got]) == exact([p for p, _t in log[start:]])
 
     @rule(site=st.sampled_from(SITES), conv=st.sampled_from(CONVS), start=st.integers(0, 60), limit=st.integers(0, 30))
     def read_range(self, site: str, conv: str, start: int, limit: int) -> None:
@@ -107,7 +145,8 @@ class EngineVsModel(RuleBasedStateMachine):
         got = self.store.read(site, conv, Range(start, limit))
         want = list(range(start, min(len(log), start + limit)))
         assert [i.seq for i in got] == want
-        assert [(i.payload, i.recorded_at) for i in got] == log[start : start + limit]
+        assert [i.recorded_at for i in got] == [t for _p, t in log[start : start + limit]]
+        assert exact([i.payload for i in got]) == exact([p for p, _t in log[start : start + limit]])
 
     @rule(site=st.sampled_from(SITES), limit=st.integers(1, 4))
     def list_all_pages(self, site: str, limit: int) -> None:
@@ -143,6 +182,51 @@ class EngineVsModel(RuleBasedStateMachine):
         self.abandoned.append(self.store)
         self.store = self._open()
 
+    @precondition(lambda self: self.kills < self.kill_budget)
+    @rule(
+        site=st.sampled_from(SITES),
+        conv=st.sampled_from(CONVS),
+        a=batches,
+        b=batches,
+        delay=st.sampled_from([0.0, 0.0005, 0.002, 0.01]),
+    )
+    def kill_writer(self, site: str, conv: str, a: list[dict[str, Any]], b: list[dict[str, Any]], delay: float) -> None:
+        """Another process appends A (acknowledged), starts on B, and is killed with SIGKILL."""
+        self.kills += 1
+        log = self.model.setdefault((site, conv), [])
+        env = dict(os.environ, PYTHONPATH=REPO)
+        env.pop("CONVMEM_CRASH_AT", None)
+        child = subprocess.Popen(
+            [sys.executable, "-c", WRITER, self.dir, site, conv],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        try:
+            assert child.stdin is not None and child.stdout is not None
+            child.stdin.write(exact([a, b]))
+            child.stdin.close()
+            line = child.stdout.readline()
+            assert line.strip().isdigit(), child.stderr.read() if child.stderr else line
+            assert int(line) == len(log), "the child's append got the wrong seqs"
+            time.sleep(delay)
+        finally:
+            child.send_signal(signal.SIGKILL)
+            child.wait()
+            for f in (child.stdout, child.stderr):
+                if f is not None:
+                    f.close()
+        got = self.store.read(site, conv, Range(len(log), 1000))
+        assert len(got) in (len(a), len(a) + len(b)), f"{len(got)} items after the kill: a partial batch is visible"
+        assert exact([i.payload for i in got[: len(a)]]) == exact(a)
+        log.extend((p, got[0].recorded_at) for p in a)
+        if len(got) > len(a):
+            assert exact([i.payload for i in got[len(a) :]]) == exact(b)
+            log.extend((p, got[len(a)].recorded_at) for p in b)
+        if len(log) > len(got):
+            assert got[0].recorded_at >= log[-len(got) - 1][1], "recorded_at went backwards"
+
     @invariant()
     def store_is_usable(self) -> None:
         assert isinstance(self.store, FileStore)
@@ -159,3 +243,20 @@ EngineVsModel.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 TestEngineVsModel = EngineVsModel.TestCase
+
+
+class EngineVsModelWithKills(EngineVsModel):
+    """The same model, with writers in child processes killed by SIGKILL (a few per example)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kill_budget = 3
+
+
+EngineVsModelWithKills.TestCase.settings = settings(
+    max_examples=int(os.environ.get("CONVMEM_STATEFUL_KILL_EXAMPLES", "25")),
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+TestEngineVsModelWithKills = EngineVsModelWithKills.TestCase

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from logstore import Corrupted, FileStore, ListSelector, frame
+from logstore import Corrupted, FileStore, ItemsLost, ListSelector, Range, Tail, frame
 from tests.tools_support import (
     SITE,
     cli,
@@ -88,7 +88,7 @@ def test_zero_filled_tail_is_torn(data: Path) -> None:
     assert fsck(data)[0] == 0
 
 
-def test_flipped_byte_in_sealed_segment_is_reported_and_left(data: Path) -> None:
+def test_flipped_byte_in_sealed_segment_is_reported_then_replaced_by_a_loss_record(data: Path) -> None:
     seg = segments(data, CID)[0]
     offset, _size, _kind = record_offsets(seg)[2]
     flip_byte(seg, offset + 40)  # inside the body
@@ -97,21 +97,55 @@ def test_flipped_byte_in_sealed_segment_is_reported_and_left(data: Path) -> None
     assert status == 4
     p = only(report, "corrupt-record")
     assert (p["file"], p["offset"], p["conversation_id"]) == (str(seg), offset, CID)
+    assert seg.read_bytes() == before  # a plain fsck changes nothing
     status, report = fsck(data, "--repair")
-    assert status == 4
-    assert only(report, "corrupt-record")["repaired"] is False
-    assert seg.read_bytes() == before  # acknowledged data is never removed by --repair
+    assert status == 1
+    p = only(report, "corrupt-record")
+    assert p["repaired"] is True and "loss record" in p["action"]
+    # The original bytes are kept in quarantine; every other item still reads.
+    [qdir] = (data / "quarantine").iterdir()
+    assert (qdir / seg.name).read_bytes() == before
+    assert len(read_all_but_lost(data)) == 78
+    assert fsck(data)[0] == 0
+
+
+def read_all_but_lost(root: Path) -> list[object]:
+    """Every item that reads, walking around the seqs a repair recorded as lost."""
+    out: list[object] = []
+    with FileStore(root) as store:
+        seq = 0
+        while True:
+            try:
+                page = store.read(SITE, CID, Range(seq, 1000))
+            except ItemsLost as exc:
+                lost = exc.losses[0]
+                if lost.first_seq > seq:
+                    out.extend(store.read(SITE, CID, Range(seq, lost.first_seq - seq)))
+                seq = lost.last_seq + 1
+                continue
+            out.extend(page)
+            if len(page) < 1000:
+                return out
+            seq += len(page)
 
 
 def test_damaged_last_record_is_not_mistaken_for_a_torn_tail(data: Path) -> None:
     last = segments(data, CID)[-1]
     offset, size, _kind = record_offsets(last)[-1]
     flip_byte(last, offset + 35)
-    status, report = fsck(data, "--repair")
+    status, report = fsck(data)
     assert status == 4
     p = only(report, "corrupt-record")
     assert p["offset"] == offset and not p["repaired"]
     assert last.stat().st_size == offset + size  # not truncated
+    # --repair keeps its seqs (78, 79) as a loss record: nothing is cut, appends go on after it.
+    status, report = fsck(data, "--repair")
+    assert status == 1 and only(report, "corrupt-record")["repaired"]
+    with FileStore(data) as store:
+        with pytest.raises(ItemsLost) as info:
+            store.read(SITE, CID, Tail(2))
+        assert [(x.first_seq, x.last_seq) for x in info.value.losses] == [(78, 79)]
+        assert store.append(SITE, CID, [{"after": 1}]).first == 80
 
 
 def test_truncate_at_corruption_quarantines_and_reports_lost_seqs(data: Path) -> None:
@@ -331,10 +365,10 @@ def test_progress_bar_on_a_terminal(data: Path) -> None:
 
 def test_truncation_reaches_a_store_that_has_the_log_open(data: Path) -> None:
     last = segments(data, CID)[-1]
-    offset, _size, _kind = record_offsets(last)[-2]
+    offset, _size, _kind = record_offsets(last)[-1]
     flip_byte(last, offset + 40)
     with FileStore(data, segment_bytes=4096) as store:  # as a running server would
-        with pytest.raises(Corrupted):
+        with pytest.raises(Corrupted):  # the record an append would follow is damaged
             store.append(SITE, CID, [{"refused": True}])
         status, report = fsck(data, "--truncate-at-corruption")
         assert status == 1

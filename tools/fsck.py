@@ -14,7 +14,17 @@ import json
 import sys
 import time
 
-from logstore.maintenance import CheckReport, MaintenanceError, Problem, check, check_access
+from logstore import StoreError
+from logstore.maintenance import (
+    BAD_BATCH,
+    CORRUPT_RECORD,
+    CheckReport,
+    MaintenanceError,
+    Problem,
+    check,
+    check_access,
+    salvage,
+)
 from tools.common import (
     EXIT_CLEAN,
     EXIT_OPERATIONAL,
@@ -42,7 +52,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument(
         "--repair",
         action="store_true",
-        help="truncate torn tails, rebuild indexes and manifests; never deletes acknowledged data",
+        help="truncate torn tails, rebuild indexes and manifests, and replace each damaged record by a loss "
+        "record that keeps its seqs (the original bytes go to DATA_DIR/quarantine/); every intact record is kept",
     )
     p.add_argument(
         "--truncate-at-corruption",
@@ -67,6 +78,39 @@ def exit_status(report: CheckReport) -> int:
     if report.unrepaired:
         return EXIT_PROBLEMS_LEFT
     return EXIT_REPAIRED if any(p.repaired for p in report.problems) else EXIT_CLEAN
+
+
+def salvage_damaged(data_dir: str, report: CheckReport, lock_timeout: float) -> None:
+    """``--repair`` of damaged records: replace each by a loss record keeping its seqs, and say so in the report."""
+    convs = sorted(
+        {
+            (p.site, p.conversation_id)
+            for p in report.unrepaired
+            if p.kind in (CORRUPT_RECORD, BAD_BATCH) and p.site and p.conversation_id
+        }
+    )
+    for site, cid in convs:
+        mine = [p for p in report.unrepaired if (p.site, p.conversation_id) == (site, cid)]
+        try:
+            res = salvage(data_dir, site, cid, lock_timeout=lock_timeout)
+        except (MaintenanceError, StoreError, OSError) as exc:
+            for p in mine:
+                if p.kind in (CORRUPT_RECORD, BAD_BATCH):
+                    p.action = f"replacing the damaged record failed: {exc}"
+            continue
+        done = {(r.file, r.offset): r for r in res.salvaged}
+        refused = {(r.file, r.offset): r for r in res.refused}
+        for p in mine:
+            r = done.get((p.file, p.offset))
+            if r is not None:
+                p.repaired = True
+                lost = f"seqs {r.first_seq}..{r.last_seq} now read as lost" if r.last_seq >= r.first_seq else "no seqs"
+                p.action = (
+                    f"replaced by a loss record ({lost}; every other record kept); "
+                    f"the original segment is in {r.quarantine}"
+                )
+            elif (p.file, p.offset) in refused:
+                p.action = f"not replaced: {refused[(p.file, p.offset)].why}"
 
 
 def format_problem(p: Problem) -> str:
@@ -97,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
             progress=bar if bar.enabled and not args.json else None,
             lock_timeout=args.lock_timeout,
         )
+        if args.repair and not args.truncate_at_corruption:
+            salvage_damaged(args.data_dir, report, args.lock_timeout)
     except MaintenanceError as exc:
         return fail(str(exc), EXIT_OPERATIONAL)
     except OSError as exc:

@@ -16,10 +16,12 @@ against a live data directory:
 
 Nothing here ever deletes acknowledged data, except :func:`check` with
 ``truncate_at_corruption=True``, which first copies every segment it cuts
-into ``DATA/quarantine/`` and reports the seqs it dropped.
+into ``DATA/quarantine/`` and reports the seqs it dropped. :func:`salvage`
+replaces only records that are already unreadable, by loss records that
+keep their seqs, after copying the segment into ``DATA/quarantine/``.
 
-Entry points: :func:`backup` (online backup), :func:`check` (fsck), :func:`scan_segment` and
-:func:`scan_index` (dump), :func:`locate_conversation` (locate),
+Entry points: :func:`backup` (online backup), :func:`check` (fsck), :func:`salvage` (fsck --repair of
+damaged records), :func:`scan_segment` and :func:`scan_index` (dump), :func:`locate_conversation` (locate),
 :func:`export_items` (export), :class:`Restorer` (import), :func:`stats`.
 The private submodules hold one concern each; only the names below are public.
 """
@@ -63,6 +65,12 @@ from ._restore import (
     RestoreConflict,
     Restorer,
     set_aside_conversation,
+)
+from ._salvage import (
+    SalvagedRecord,
+    SalvageRefused,
+    SalvageReport,
+    salvage,
 )
 from ._stats import (
     ConversationStats,
@@ -146,6 +154,9 @@ __all__ = [
     "RecordInfo",
     "RestoreConflict",
     "Restorer",
+    "SalvageRefused",
+    "SalvageReport",
+    "SalvagedRecord",
     "SegmentInfo",
     "SiteStats",
     "backup",
@@ -159,6 +170,7 @@ __all__ = [
     "list_sites",
     "locate_conversation",
     "parse_timestamp",
+    "salvage",
     "scan_index",
     "scan_segment",
     "set_aside_conversation",

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .. import frame, layout
-from ..errors import Corrupted
-from ..frame import KIND_BATCH, SEGMENT_HEADER_SIZE
+from ..errors import Corrupted, ItemsLost, Loss
+from ..frame import KIND_BATCH, KIND_LOSS, SEGMENT_HEADER_SIZE
 from ..ids import ConversationId, SiteName
 from ..segment import classify_failure
 from ._files import (
@@ -42,7 +42,8 @@ def iter_conversation_items(
 
     Reads one record at a time (constant memory). A torn tail (never
     acknowledged) ends the log; any damage to acknowledged data raises
-    :class:`~logstore.Corrupted` with its file and offset.
+    :class:`~logstore.Corrupted` with its file and offset; seqs a repair recorded as
+    lost raise :class:`~logstore.ItemsLost` (an export never skips items silently).
     """
     root = os.path.abspath(os.fspath(data_dir))
     conv_dir = layout.conversation_dir(root, SiteName(site), ConversationId(conversation_id))
@@ -66,6 +67,8 @@ def iter_conversation_items(
                 h = rec.header
                 if h.first_seq != expected:
                     raise Corrupted(path, rec.offset, f"expected seq {expected}, record starts at {h.first_seq}")
+                if h.kind == KIND_LOSS:
+                    raise ItemsLost([Loss(h.first_seq, h.end_seq - 1, path, rec.offset)])
                 if h.kind != KIND_BATCH:
                     break
                 why = _batch_problem(rec.body, h.count)

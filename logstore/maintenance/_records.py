@@ -11,7 +11,7 @@ import msgspec
 import xxhash
 
 from .. import frame, index
-from ..frame import KIND_BATCH, KIND_SEAL, RECORD_HEADER_SIZE, SEGMENT_HEADER_SIZE, RecordHeader
+from ..frame import KIND_BATCH, KIND_LOSS, KIND_SEAL, RECORD_HEADER_SIZE, SEGMENT_HEADER_SIZE, RecordHeader
 from ._files import (
     _open_ro,
     _pread_range,
@@ -55,8 +55,10 @@ def _walk(fd: int, start: int, end: int, salt: int) -> Iterator[_Rec | _Bad]:
         else:
             fields = unpack(data, pos)
             _check, n, count, kind, _first, _ts = fields
-            if (kind == KIND_BATCH and 1 <= count <= 250 and 2 <= n <= max_body) or (
-                kind == KIND_SEAL and count == 0 and n == 0
+            if (
+                (kind == KIND_BATCH and 1 <= count <= 250 and 2 <= n <= max_body)
+                or (kind == KIND_SEAL and count == 0 and n == 0)
+                or (kind == KIND_LOSS and count >= 1 and 2 <= n <= frame.MAX_LOSS_BODY)
             ):
                 h = new_header(RecordHeader, fields)
                 rend = pos + frame.RECORD_OVERHEAD + n
@@ -119,7 +121,8 @@ def _batch_problem(body: memoryview, count: int) -> str | None:
 class RecordInfo:
     """One record of a segment as :func:`scan_segment` sees it.
 
-    ``kind`` is ``"batch"``, ``"seal"`` or ``"damaged"``; ``verdict`` is
+    ``kind`` is ``"batch"``, ``"seal"``, ``"loss"`` (a record a repair wrote in
+    place of damaged data; it keeps the seqs, not the items) or ``"damaged"``; ``verdict`` is
     ``"ok"`` or why the record failed. For a damaged record ``size`` is the
     span up to the next valid record (or the end of the file) and the header
     fields are given when they were plausible. ``payloads`` holds the items'
@@ -188,7 +191,7 @@ def scan_segment(path: str | os.PathLike[str], *, payloads: bool = True) -> tupl
                 verdict = _batch_problem(rec.body, h.count) or "ok"
                 if payloads and verdict == "ok":
                     items = tuple(bytes(r) for r in _BATCH_RAW.decode(rec.body))
-            kind = "batch" if h.kind == KIND_BATCH else "seal"
+            kind = {KIND_BATCH: "batch", KIND_SEAL: "seal", KIND_LOSS: "loss"}[h.kind]
             out.append(
                 RecordInfo(rec.offset, h.size, kind, verdict, h.first_seq, h.count, h.recorded_at_us, h.checksum, items)
             )

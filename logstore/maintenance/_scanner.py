@@ -13,7 +13,7 @@ import msgspec
 from .. import fileio, frame, index, layout
 from ..conversation import Tip
 from ..errors import Timeout
-from ..frame import KIND_SEAL, SEGMENT_HEADER_SIZE
+from ..frame import KIND_LOSS, KIND_SEAL, SEGMENT_HEADER_SIZE
 from ..segment import classify_failure
 from ._files import (
     _ConvSnapshot,
@@ -219,6 +219,16 @@ class _ConvScanner:
                     if kind == KIND_SEAL:
                         sealed = True
                         expected = first
+                        continue
+                    if kind == KIND_LOSS:
+                        # Seqs a repair recorded as lost: not a problem, they read as ItemsLost.
+                        expected = first + count
+                        self.seen_end = max(self.seen_end, expected)
+                        if self.damage is None:
+                            if self.created_us is None:
+                                self.created_us = ts
+                            self.last_us = ts
+                            self.next_seq = expected
                         continue
                     why = batch_problem(body, count)
                     if why is not None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from .. import frame, index, layout
 from ..errors import Timeout
-from ..frame import KIND_BATCH, SEGMENT_HEADER_SIZE
+from ..frame import KIND_BATCH, KIND_LOSS, SEGMENT_HEADER_SIZE
 from ..limits import MAX_CONVERSATION_ITEMS
 from ..segment import classify_failure
 from ._files import (
@@ -69,7 +69,7 @@ def _probe_items(conv_dir: str, lock_timeout: float) -> tuple[int, int, str | No
             if isinstance(rec, _Bad):
                 torn = rec.resume is None and classify_failure(fd, rec.offset, size, header.salt) == "torn"
                 return seq, total, None if torn else f"{path} is damaged at byte {rec.offset}: {rec.why}"
-            if rec.header.kind == KIND_BATCH:
+            if rec.header.kind in (KIND_BATCH, KIND_LOSS):  # lost seqs still count: seqs never move
                 seq = rec.header.end_seq
     return seq, total, None
 

@@ -4,7 +4,8 @@ Segments: a flip in a record's header or body (or in a segment header) must be
 reported as ``Corrupted`` naming that file and the record's offset (0 for
 the segment header) by every read that reaches it, including when it is the
 last record of the log (which has an intact trailer, so it is not a torn
-tail). A flip in a trailer changes nothing. Reads that stay clear of the
+tail). A flip in a trailer, or in the seal of a sealed segment (it holds no
+items), changes nothing that can be read. Reads that stay clear of the
 damage return correct data; no read ever returns wrong data.
 
 Indexes and manifests are derived data: a flip in them changes nothing that
@@ -98,12 +99,13 @@ def _flip(s: Store, rel: str, offset: int, mask: int) -> None:
 
 
 def _damaged_record(s: Store, rel: str, offset: int) -> int | None:
-    """Offset of the record a flip at ``offset`` damages (0: the segment header); None for a trailer."""
+    """Offset of the record a flip at ``offset`` damages (0: the segment header); None for a trailer or seal."""
     if offset < frame.SEGMENT_HEADER_SIZE:
         return 0
-    for start, end, _kind in s.spans[rel]:
+    for start, end, kind in s.spans[rel]:
         if start <= offset < end:
-            return None if offset >= end - frame.TRAILER_SIZE else start
+            # A seal holds no items: the next segment's base seq says where the log goes on.
+            return None if offset >= end - frame.TRAILER_SIZE or kind == frame.KIND_SEAL else start
     raise AssertionError(f"offset {offset} lies outside every record of {rel}")
 
 
@@ -126,7 +128,7 @@ def _check_segment_flip(s: Store, rel: str, offset: int) -> None:
                 assert read_all(store, SITE, other) == s.logs[other]
         want = s.logs[conv]
         if bad is None:
-            # A flipped trailer byte: the record is valid, nothing changes, appends carry on.
+            # A flipped trailer or seal byte: every item reads, nothing changes, appends carry on.
             _check_reads_exact(s, store, conv)
             r = store.append(SITE, conv, make_batch("rot", 0, 1, 1))
             assert r.first == len(want)
