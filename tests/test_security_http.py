@@ -192,7 +192,10 @@ def test_a_non_loopback_bind_needs_allowed_hosts(tmp_path: Path) -> None:
 
     # 192.0.2.1 (TEST-NET-1) is not an address of this machine: the server must refuse before trying to bind.
     out = subprocess.run(
-        convmem_cmd("serve", "--data-dir", str(tmp_path / "data"), "--host", "192.0.2.1", "--port", "0"),
+        # --insecure-bind gets past the TLS requirement (tested in test_ops_tls), so this checks the host rule.
+        convmem_cmd(
+            "serve", "--data-dir", str(tmp_path / "data"), "--host", "192.0.2.1", "--port", "0", "--insecure-bind"
+        ),
         capture_output=True,
         text=True,
         timeout=60,

@@ -24,7 +24,7 @@ def test_import_refuses_an_over_long_line_without_reading_it_whole(tmp_path: Pat
         f.truncate(size)  # a sparse 64 MiB line: no newline anywhere
     with open(huge, "rb") as f:
         with pytest.raises(restore.BadInput) as info:
-            for _ in restore.batches(f):
+            for _ in restore.items(f):
                 pass
         assert f.tell() <= restore.MAX_LINE_BYTES + 1  # refused after at most one line's worth
     assert "line 1" in str(info.value) and "longer than" in str(info.value)
