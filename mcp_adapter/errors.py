@@ -47,6 +47,16 @@ _ADVICE: dict[str, str] = {
     "Unauthenticated": "Configure the client with HTTP Basic credentials: the site name as user name and the "
     "site's password.",
     "InternalError": "An unexpected server error occurred; it is safe to retry.",
+    # Long-term memory tools (mcp_adapter/memory_*.py).
+    "VerifyRequired": "Call memory_verify with the same intent and candidate or memory_id, read the related "
+    "memories it returns, then repeat this call with the new verify_token.",
+    "DuplicateMemory": "That fact is already stored under existing_id: update that memory (memory_verify with "
+    "intent update) rather than creating a second copy.",
+    "VersionConflict": "The memory changed since you read it: memory_get it again, decide whether your change "
+    "still applies, re-verify and retry with current_version.",
+    "MemoryStoreFull": "Delete memories that no longer matter first (soft-deleted ones count until they are erased; "
+    "force: true erases at once).",
+    "NotFound": "Check the id (memory_search finds memories by content); an erased memory is gone for good.",
 }
 
 

@@ -173,6 +173,7 @@ def serve_http(args: argparse.Namespace) -> int:
         data_dir=os.path.abspath(args.data_dir),
         authenticator=Authenticator(creds),
         max_concurrency=args.max_concurrency,
+        memory_retention_seconds=args.memory_retention_days * 86400,
     )
     app = build_app(build_server(backend), backend, host=args.host)
     config = uvicorn.Config(
@@ -190,6 +191,7 @@ def serve_http(args: argparse.Namespace) -> int:
         asyncio.run(_serve_uvicorn(server, sock, backend))
     finally:
         sock.close()
+        backend.close_memories()
         store.close()
         logger.info("stopped; store closed")
     return 0
@@ -226,12 +228,14 @@ def serve_stdio(args: argparse.Namespace) -> int:
         data_dir=os.path.abspath(args.data_dir),
         fixed_site=args.site,
         max_concurrency=args.max_concurrency,
+        memory_retention_seconds=args.memory_retention_days * 86400,
     )
     server = build_server(backend)
     logger.info("convmem %s serving site %r over stdio", __version__, args.site)
     try:
         anyio.run(_serve_stdio, server, backend)
     finally:
+        backend.close_memories()
         store.close()
     return 0
 
@@ -245,6 +249,7 @@ async def _serve_stdio(server: Any, backend: Backend) -> None:
                     logger.info("received %s; finishing in-flight calls", signal.Signals(sig).name)
                     await backend.drain(GRACEFUL_TIMEOUT)
                     await anyio.sleep(0.1)  # let the writer flush the answers of finished calls
+                    backend.close_memories()
                     backend.store.close()
                     logger.info("stopped; store closed")
                     sys.stdout.flush()

@@ -11,6 +11,7 @@ worker thread under a bounded limiter, and shape the result or the error.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -25,10 +26,14 @@ from mcp.server import Server, ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
 from logstore import ListCursor, ListSelector, MemoryStore, Range, StoreError, Tail
+from logstore.memories import LongTermMemory
+from logstore.memories.limits import DEFAULT_RETENTION_SECONDS
 
 from . import __version__
 from .auth import Authenticator
 from .errors import ToolFailure, from_store_error, internal_error, unauthenticated
+from .memory_calls import parse_memory_arguments, relevant_text, run_memory_call, surface
+from .memory_schemas import MEMORY_TOOL_NAMES
 from .tools import INSTRUCTIONS, tool_definitions
 from .validation import AppendArgs, ListArgs, RecallArgs, ReplayArgs, ToolArgs, parse_arguments
 
@@ -53,10 +58,28 @@ class Backend:
     authenticator: Authenticator | None = None
     fixed_site: str | None = None
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY
+    #: Long-term memories; opened on first use over ``data_dir`` when not given.
+    memories: LongTermMemory | None = None
+    #: Seconds a soft-deleted memory is kept before it is erased.
+    memory_retention_seconds: float = DEFAULT_RETENTION_SECONDS
     limiter: anyio.CapacityLimiter = field(init=False)
+    _memories_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         self.limiter = anyio.CapacityLimiter(self.max_concurrency)
+
+    def memory_store(self) -> LongTermMemory:
+        """The long-term memory store, opened on first use (blocking)."""
+        with self._memories_lock:
+            if self.memories is None:
+                self.memories = LongTermMemory(self.data_dir, retention_seconds=self.memory_retention_seconds)
+            return self.memories
+
+    def close_memories(self) -> None:
+        """Close the long-term memory store if it was opened (writes pending access times)."""
+        with self._memories_lock:
+            if self.memories is not None:
+                self.memories.close()
 
     async def run(self, fn: Callable[..., _T], *args: Any) -> _T:
         """Run a blocking storage call in a worker thread, within the concurrency bound.
@@ -92,9 +115,14 @@ async def _resolve_site(backend: Backend, ctx: ServerRequestContext[Any, Any]) -
     return await backend.authenticator.authenticate(headers.get("authorization"))
 
 
-def _success(payload: dict[str, Any]) -> types.CallToolResult:
+def _success(payload: dict[str, Any], extra_text: str | None = None) -> types.CallToolResult:
     text = msgspec.json.encode(payload).decode()
-    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], structured_content=payload)
+    structured = payload
+    if extra_text is not None:
+        # memory_context was given: the text keeps the spec's JSON and adds a short section.
+        text = msgspec.json.encode({k: v for k, v in payload.items() if k != "memories"}).decode()
+        text = f"{text}\n\n{extra_text}"
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], structured_content=structured)
 
 
 def _items(items: list[Any]) -> list[dict[str, Any]]:
@@ -129,6 +157,22 @@ async def _execute(backend: Backend, site: str, args: ToolArgs) -> dict[str, Any
     }
 
 
+async def _with_memories(backend: Backend, site: str, context: str, payload: dict[str, Any]) -> types.CallToolResult:
+    """The spec tool's result plus the memories relevant to ``context``.
+
+    A failing memory store never fails the conversation call: the section
+    then says that memories are unavailable, and ``memories`` is empty.
+    """
+    try:
+        found = await backend.run(surface, backend, site, context)
+        section = relevant_text(found)
+    except StoreError as exc:
+        logger.warning("memory_context lookup failed: %s: %s", exc.code, exc)
+        found = []
+        section = f"Relevant memories: unavailable right now ({exc.code}); the call itself succeeded."
+    return _success({**payload, "memories": found}, section)
+
+
 async def call_tool(
     backend: Backend, ctx: ServerRequestContext[Any, Any], name: str, arguments: Any
 ) -> types.CallToolResult:
@@ -140,8 +184,17 @@ async def call_tool(
         site = await _resolve_site(backend, ctx)
         if arguments is not None and not isinstance(arguments, dict):
             raise ToolFailure("InvalidArguments", "arguments must be a JSON object", field="arguments", rule="object")
-        args = parse_arguments(name, arguments)
-        result = _success(await _execute(backend, site, args))
+        if name in MEMORY_TOOL_NAMES:
+            margs = parse_memory_arguments(name, arguments)
+            result = _success(await backend.run(run_memory_call, backend, site, margs))
+        else:
+            args = parse_arguments(name, arguments)
+            payload = await _execute(backend, site, args)
+            context = getattr(args, "memory_context", None)
+            if isinstance(context, str):
+                result = await _with_memories(backend, site, context, payload)
+            else:
+                result = _success(payload)
         logger.debug("%s ok in %.1f ms", name, (time.perf_counter() - started) * 1000)
         return result
     except ToolFailure as failure:
