@@ -258,6 +258,8 @@ class SiteMemories:
         self, intent: str, candidate: Mapping[str, Any] | None, memory_id: str | None, limit: int = 5
     ) -> tuple[list[tuple[Memory, float | None]], str, int]:
         """Related memories for a planned change, and the token that authorises exactly it."""
+        if intent not in tokens.INTENTS:
+            raise InvalidMemory("intent", "expected one of create, update, delete")
         fields = parse_fields(candidate, "candidate.") if candidate is not None else None
         if intent == "create":
             if fields is None:
@@ -313,6 +315,7 @@ class SiteMemories:
             token, self.site, "create", tokens.digest("create", None, fields.to_json()), self._now()
         )
         with self._locked(True):
+            tokens.check_unused(self.dir, nonce, self._now())
             self._purge_locked()
             if len(self.state) >= MAX_MEMORIES_PER_SITE:
                 raise MemoryStoreFull(MAX_MEMORIES_PER_SITE)
@@ -332,6 +335,7 @@ class SiteMemories:
         what = tokens.digest("update", memory_id, fields.to_json())
         nonce = self.book.check(token, self.site, "update", what, self._now())
         with self._locked(True):
+            tokens.check_unused(self.dir, nonce, self._now())
             self._purge_locked()
             cur = self.state.get(memory_id)
             if cur is None:
@@ -358,6 +362,7 @@ class SiteMemories:
         """Soft delete (returns the record) or, with ``force``, erase (returns None)."""
         nonce = self.book.check(token, self.site, "delete", tokens.digest("delete", memory_id, None), self._now())
         with self._locked(True):
+            tokens.check_unused(self.dir, nonce, self._now())
             self._purge_locked()
             cur = self.state.get(memory_id)
             if cur is None:

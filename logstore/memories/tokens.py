@@ -153,6 +153,12 @@ def used_nonces(site_dir: str, now_us: int) -> set[str]:
     return out
 
 
+def check_unused(site_dir: str, nonce: str, now_us: int) -> None:
+    """VerifyRequired when ``nonce`` was already used (site lock held)."""
+    if nonce in used_nonces(site_dir, now_us):
+        raise VerifyRequired(f"verify_token was already used: {GUIDANCE}")
+
+
 def consume(site_dir: str, nonce: str, now_us: int) -> None:
     """Record ``nonce`` as used, durably, before the write it authorises (exclusive site lock held).
 
