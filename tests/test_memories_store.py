@@ -380,3 +380,23 @@ def test_export_shape_is_json(tmp_path: Path) -> None:
         m = create(store, fields(1))
         dumped = json.dumps([x.to_json() for x in store.all(SITE)])
     assert m.memory_id in dumped
+
+
+def test_retention_runs_on_reads_too(tmp_path: Path) -> None:
+    clock = [now_us()]
+    with LongTermMemory(tmp_path, clock=lambda: clock[0], retention_seconds=60) as store:
+        m = create(store, fields(1, summary="read-only-site-gecko-3"))
+        delete(store, m.memory_id)
+        clock[0] += 61 * 1_000_000
+        assert store.search(SITE, "gecko", include_deleted=True) == []
+        assert files_holding(tmp_path, [b"read-only-site-gecko-3"]) == []
+
+
+def test_stale_rewrite_temp_is_removed_before_the_next_write(tmp_path: Path) -> None:
+    with LongTermMemory(tmp_path) as store:
+        create(store, fields(1))
+    stale = Path(memories_dir(str(tmp_path), SITE)) / f"{LOG_NAME}.rewrite.999999"
+    stale.write_bytes(b"left by a crash: stale-content-tapir")
+    with LongTermMemory(tmp_path) as store:
+        create(store, fields(2))
+    assert not stale.exists()

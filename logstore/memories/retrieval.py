@@ -219,4 +219,3 @@ class Retriever:
                 scored.append((score, mid))
         scored.sort()
         return [mid for _, mid in scored[:depth]]
-

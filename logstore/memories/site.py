@@ -111,6 +111,8 @@ class SiteMemories:
         self._touched: dict[str, int] = {}
         self._flushed_at = time.monotonic()
         self._closed = False
+        self._expiry_key: tuple[int, int | None] | None = None
+        self._oldest_deleted: int | None = None
 
     # ------------------------------------------------------------ locking
 
@@ -165,6 +167,8 @@ class SiteMemories:
                 return
             self.log.create_if_missing()
         if self.log.changed():
+            if writable:
+                self._remove_stale_temps()
             self.log.open(writable=True)
             result = self.log.scan(layout_header_size(), 0)
             self._adopt(result, writable, full=True)
@@ -232,11 +236,33 @@ class SiteMemories:
         return expired
 
     def _has_expired(self) -> bool:
-        cutoff = self._now() - self.config.retention_us
-        return any(m.deleted_us is not None and m.deleted_us <= cutoff for m in self.state.values())
+        """True when a soft-deleted memory is past the retention window (O(1) while nothing changes)."""
+        key = (self._end, self.log.inode)
+        if self._expiry_key != key:
+            self._expiry_key = key
+            self._oldest_deleted = min(
+                (m.deleted_us for m in self.state.values() if m.deleted_us is not None), default=None
+            )
+        oldest = self._oldest_deleted
+        return oldest is not None and oldest <= self._now() - self.config.retention_us
+
+    def _remove_stale_temps(self) -> None:
+        """Delete rewrite temp files a crashed process left (exclusive lock held).
+
+        They hold other memories' content, which a later erasure must be able to reach.
+        """
+        removed = False
+        for name in os.listdir(self.dir):
+            if ".rewrite." in name:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.dir, name))
+                    removed = True
+        if removed:
+            fileio.fsync_dir(self.dir)
 
     def _erase_locked(self, ids: Sequence[str]) -> None:
         """Rewrite the log without these memories' events, plus an erase event each; then the index."""
+        self._remove_stale_temps()
         doomed = set(ids)
         full = self.log.scan(layout_header_size(), 0)
         kept = [(ev.recorded_us, ev.body) for ev in full.events if ev.memory_id not in doomed or ev.op == "erase"]
@@ -387,7 +413,10 @@ class SiteMemories:
                 raise DuplicateMemory(m.memory_id, key)
 
     def purge_expired(self) -> list[str]:
-        """Erase soft-deleted memories past the retention window; their ids."""
+        """Erase soft-deleted memories past the retention window; their ids.
+
+        Reads call it first, so a site that is only read is purged as well.
+        """
         with self._locked(False):
             if not self._has_expired():
                 return []

@@ -54,6 +54,12 @@ class LongTermMemory:
         self._lock = threading.Lock()
         self._closed = False
 
+    def _read(self, site: str) -> SiteMemories:
+        """The site, after erasing anything past the retention window."""
+        s = self.site(site)
+        s.purge_expired()
+        return s
+
     def site(self, site: str) -> SiteMemories:
         """The memories of ``site`` (validated site name)."""
         site = SiteName(site)
@@ -99,7 +105,7 @@ class LongTermMemory:
 
     def get(self, site: str, memory_id: str) -> Memory:
         check_memory_id(memory_id)
-        return self.site(site).get(memory_id)
+        return self._read(site).get(memory_id)
 
     def search(
         self,
@@ -111,13 +117,13 @@ class LongTermMemory:
         tags: Sequence[str] = (),
         include_deleted: bool = False,
     ) -> list[tuple[Memory, float]]:
-        return self.site(site).search(query, limit=limit, category=category, tags=tags, include_deleted=include_deleted)
+        return self._read(site).search(query, limit=limit, category=category, tags=tags, include_deleted=include_deleted)
 
     def surface(self, site: str, context: str, limit: int = 2) -> list[Memory]:
         """The top ``limit`` active memories for a task hint (auto-surface); never hides one shown before."""
         out: list[Memory] = []
         keys: set[str] = set()
-        for m, _ in self.site(site).search(context, limit=limit + 2):
+        for m, _ in self._read(site).search(context, limit=limit + 2):
             key = m.fields.dedupe_key
             if key is not None and key in keys:
                 continue
@@ -129,7 +135,7 @@ class LongTermMemory:
         return out
 
     def all(self, site: str) -> list[Memory]:
-        return self.site(site).all()
+        return self._read(site).all()
 
     def purge_expired(self, site: str) -> list[str]:
         return self.site(site).purge_expired()
