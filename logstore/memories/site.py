@@ -112,6 +112,7 @@ class SiteMemories:
         self._flushed_at = time.monotonic()
         self._closed = False
         self._expiry_key: tuple[int, int | None] | None = None
+        self._temps_checked = False
         self._oldest_deleted: int | None = None
 
     # ------------------------------------------------------------ locking
@@ -166,9 +167,10 @@ class SiteMemories:
                 self._reset()
                 return
             self.log.create_if_missing()
+        if writable and not self._temps_checked:
+            self._remove_stale_temps()
+            self._temps_checked = True
         if self.log.changed():
-            if writable:
-                self._remove_stale_temps()
             self.log.open(writable=True)
             result = self.log.scan(layout_header_size(), 0)
             self._adopt(result, writable, full=True)

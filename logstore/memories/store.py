@@ -117,7 +117,9 @@ class LongTermMemory:
         tags: Sequence[str] = (),
         include_deleted: bool = False,
     ) -> list[tuple[Memory, float]]:
-        return self._read(site).search(query, limit=limit, category=category, tags=tags, include_deleted=include_deleted)
+        return self._read(site).search(
+            query, limit=limit, category=category, tags=tags, include_deleted=include_deleted
+        )
 
     def surface(self, site: str, context: str, limit: int = 2) -> list[Memory]:
         """The top ``limit`` active memories for a task hint (auto-surface); never hides one shown before."""
