@@ -17,6 +17,7 @@ from typing import BinaryIO
 
 from logstore import Corrupted, StoreError
 from logstore.maintenance import MaintenanceError, export_items, format_timestamp
+from tools import memories
 from tools.common import EXIT_CLEAN, EXIT_OPERATIONAL, EXIT_PROBLEMS_LEFT, command, exit_8_on_usage_error, fail
 
 
@@ -30,6 +31,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--site", metavar="S", required=True)
     p.add_argument("--conversation", metavar="ID", help="export only this conversation")
     p.add_argument("--output", metavar="FILE", help="write here instead of stdout")
+    p.add_argument("--memories", action="store_true", help="export the site's long-term memories as one JSON document")
     p.set_defaults(func=command(run))
     exit_8_on_usage_error(p)
 
@@ -52,6 +54,8 @@ def write_items(out: BinaryIO, data_dir: str, site: str, conversation: str | Non
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.memories:
+        return memories.export(args)
     tmp = f"{args.output}.tmp.{os.getpid()}" if args.output else None
     try:
         if tmp is None:

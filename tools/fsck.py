@@ -12,6 +12,7 @@ import sys
 import time
 
 from logstore.maintenance import CheckReport, MaintenanceError, Problem, check
+from tools import memories
 from tools.common import (
     EXIT_CLEAN,
     EXIT_OPERATIONAL,
@@ -102,7 +103,9 @@ def run(args: argparse.Namespace) -> int:
         bar.close()
     elapsed = time.monotonic() - started
     status = exit_status(report)
+    memory_doc: dict[str, object] = {}
     if args.json:
+        status = memories.fsck(args, status, memory_doc)
         doc = {
             "data_dir": args.data_dir,
             "exit_status": status,
@@ -113,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
             "bytes": report.bytes_scanned,
             "seconds": round(elapsed, 3),
             "problems": [p.to_dict() for p in report.problems],
+            **memory_doc,
         }
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return status
@@ -126,4 +130,4 @@ def run(args: argparse.Namespace) -> int:
         f"{report.bytes_scanned} bytes in {elapsed:.2f} s ({rate:.1f} MiB/s); "
         f"{plural(len(report.problems), 'problem')}, {len(report.problems) - left} repaired, {left} left\n"
     )
-    return status
+    return memories.fsck(args, status, None)

@@ -20,6 +20,7 @@ import msgspec
 
 from logstore import MAX_BATCH_BYTES, MAX_BATCH_ITEMS, StoreError
 from logstore.maintenance import MaintenanceError, Restorer, parse_timestamp
+from tools import memories
 from tools.common import EXIT_CLEAN, EXIT_OPERATIONAL, command, exit_8_on_usage_error, fail
 
 EXIT_BAD_INPUT = 1
@@ -52,6 +53,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("data_dir", metavar="DATA_DIR")
     p.add_argument("--site", metavar="S", required=True)
     p.add_argument("--input", metavar="FILE", help="read this file instead of stdin")
+    p.add_argument("--memories", action="store_true", help="the input is a `convmem export --memories` document")
     p.set_defaults(func=command(run))
     exit_8_on_usage_error(p)
 
@@ -108,6 +110,8 @@ def import_file(lines: BinaryIO, data_dir: str, site: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.memories:
+        return memories.restore(args)
     try:
         if args.input:
             with open(args.input, "rb") as f:

@@ -12,6 +12,7 @@ import sys
 
 from logstore import MAX_CONVERSATION_ITEMS
 from logstore.maintenance import MaintenanceError, SiteStats, stats
+from tools import memories
 from tools.common import EXIT_CLEAN, EXIT_OPERATIONAL, command, exit_8_on_usage_error, fail, human_bytes, plural
 
 
@@ -68,8 +69,11 @@ def run(args: argparse.Namespace) -> int:
             }
             for s in result
         ]
+        memories.stats_json(args.data_dir, args.site, doc)
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
         for s in result:
             sys.stdout.write(format_site(s) + "\n")
+        for line in memories.stats_lines(args.data_dir, args.site):
+            sys.stdout.write(line + "\n")
     return EXIT_CLEAN

@@ -35,7 +35,7 @@ from . import access, tokens
 from .errors import InvalidMemory
 from .eventlog import Event, EventLog, rewrite_file, salvage
 from .limits import MAX_MEMORIES_PER_SITE
-from .record import STATUS_DELETED, Memory, check_memory_id, parse_fields
+from .record import STATUS_DELETED, WRITABLE_FIELDS, Memory, check_memory_id, parse_fields
 from .site import LOCK_NAME, LOG_NAME, MEMORIES_DIR, SEARCH_DIR, memories_dir
 from .state import apply
 
@@ -107,6 +107,10 @@ def site_lock(directory: str, exclusive: bool, timeout: float) -> Iterator[None]
         os.close(fd)
 
 
+def _writable(record: dict[str, Any]) -> dict[str, Any]:
+    return {k: record[k] for k in WRITABLE_FIELDS if k in record}
+
+
 def replay_checked(events: list[Event]) -> tuple[dict[str, Memory], list[tuple[int, str]]]:
     """The state the events give, and (offset, why) for each event that does not fit the history."""
     state: dict[str, Memory] = {}
@@ -119,13 +123,13 @@ def replay_checked(events: list[Event]) -> tuple[dict[str, Memory], list[tuple[i
             if ev.op == "create":
                 if prev is not None:
                     raise ValueError("create of an id that already exists")
-                parse_fields(body["record"])
+                parse_fields(_writable(body["record"]))
                 if int(body["record"]["version"]) < 1:
                     raise ValueError("version below 1")
             elif ev.op == "update":
                 if prev is None:
                     raise ValueError("update of an unknown id")
-                parse_fields(body["record"])
+                parse_fields(_writable(body["record"]))
                 if int(body["record"]["version"]) != prev.version + 1:
                     raise ValueError(f"version {body['record']['version']} does not follow {prev.version}")
             elif ev.op == "delete":
