@@ -143,6 +143,29 @@ def replay_checked(events: list[Event]) -> tuple[dict[str, Memory], list[tuple[i
     return state, bad
 
 
+def _consistent(events: list[Event]) -> list[Event]:
+    """The events left after dropping damaged records, made to fit together again.
+
+    A dropped create leaves later events of its memory without a start: an
+    update (which carries the whole record) becomes the create, a delete of a
+    memory that no longer exists is dropped.
+    """
+    known: set[str] = set()
+    out: list[Event] = []
+    for ev in events:
+        body = ev.body
+        if ev.op == "update" and ev.memory_id not in known:
+            body = {**body, "op": "create"}
+        elif ev.op == "delete" and ev.memory_id not in known:
+            continue
+        if body["op"] == "create":
+            known.add(ev.memory_id)
+        elif body["op"] == "erase":
+            known.discard(ev.memory_id)
+        out.append(Event(ev.offset, ev.seq, ev.recorded_us, body))
+    return out
+
+
 def check(
     root: str, *, site: str | None = None, repair: bool = False, drop_damaged: bool = False, lock_timeout: float = 30
 ) -> MemoryCheck:
@@ -226,6 +249,7 @@ def _check_site(root: str, site: str, directory: str, repair: bool, drop: bool, 
             repaired=drop,
         )
     if damaged and drop:
+        events = _consistent(events)
         rewrite_file(path, [(ev.recorded_us, ev.body) for ev in events])
     state, bad = replay_checked(events)
     for offset, why in bad:
