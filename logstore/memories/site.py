@@ -327,9 +327,9 @@ class SiteMemories:
             if basis is not None and self.state:
                 query = " ".join([basis.subject, basis.summary, basis.details, *basis.tags])
                 for hit in self._retriever_now().search(query[:4000], limit=limit + len(seen)):
-                    m = self.state.get(hit.memory_id)
-                    if m is not None and m.active and hit.memory_id not in seen:
-                        related.append((m, float(hit.score)))
+                    found = self.state.get(hit.memory_id)
+                    if found is not None and found.active and hit.memory_id not in seen:
+                        related.append((found, float(hit.score)))
                         seen.add(hit.memory_id)
                     if len(related) >= limit + (1 if target is not None else 0):
                         break
