@@ -48,8 +48,8 @@ _ADVICE: dict[str, str] = {
     "site's password.",
     "InternalError": "An unexpected server error occurred; it is safe to retry.",
     # Long-term memory tools (mcp_adapter/memory_*.py).
-    "VerifyRequired": "Call memory_verify with the same intent and candidate or memory_id, read the related "
-    "memories it returns, then repeat this call with the new verify_token.",
+    "VerifyRequired": "Pass the same intent and candidate or memory_id to memory_verify, decide from the related "
+    "memories whether the write is still right, then repeat it with the new verify_token (single use, 10 minutes).",
     "DuplicateMemory": "That fact is already stored under existing_id: update that memory (memory_verify with "
     "intent update) rather than creating a second copy.",
     "VersionConflict": "The memory changed since you read it: memory_get it again, decide whether your change "

@@ -27,12 +27,14 @@ class VerifyRequired(StoreError):
 
     code = "VerifyRequired"
 
-    def __init__(self, why: str) -> None:
+    def __init__(self, reason: str, why: str) -> None:
+        #: One of missing, malformed, other-intent, mismatch, expired, used.
+        self.reason = reason
         self.why = why
-        super().__init__(why)
+        super().__init__(f"{why}; call memory_verify for this exact change and read what it returns first")
 
     def details(self) -> dict[str, object]:
-        return {"reason": self.why}
+        return {"reason": self.reason}
 
 
 class DuplicateMemory(StoreError):

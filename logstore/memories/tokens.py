@@ -38,11 +38,6 @@ _SECRET_BYTES = 32
 _FUTURE_SLACK_US = 60_000_000
 _TTL_US = VERIFY_TOKEN_TTL_SECONDS * 1_000_000
 
-GUIDANCE = (
-    "call memory_verify for this exact change first, read the related memories it returns, then repeat this "
-    "call with its verify_token (tokens are single-use and expire after 10 minutes)"
-)
-
 
 def digest(intent: str, memory_id: str | None, candidate: Mapping[str, Any] | None) -> str:
     """What a token binds besides site and intent: the memory id and/or the candidate's fields."""
@@ -108,9 +103,9 @@ class TokenBook:
         Does not consult the used-token log; see :func:`consume`.
         """
         if token is None:
-            raise VerifyRequired(f"no verify_token was given: {GUIDANCE}")
+            raise VerifyRequired("missing", "no verify_token was given")
         if not isinstance(token, str):
-            raise VerifyRequired(f"verify_token must be the string memory_verify returned: {GUIDANCE}")
+            raise VerifyRequired("malformed", "verify_token must be the string memory_verify returned")
         parts = token.split(".")
         try:
             if len(parts) != 5 or parts[0] != "v1":
@@ -121,15 +116,13 @@ class TokenBook:
             if len(nonce) != 16 or len(mac) != 32:
                 raise ValueError
         except ValueError:
-            raise VerifyRequired(f"verify_token is not a token memory_verify issued: {GUIDANCE}") from None
+            raise VerifyRequired("malformed", "verify_token is not a token memory_verify issued") from None
         if tok_intent != intent:
-            raise VerifyRequired(f"verify_token was issued for intent {tok_intent!r}, not {intent!r}: {GUIDANCE}")
+            raise VerifyRequired("other-intent", f"verify_token was issued for intent {tok_intent!r}, not {intent!r}")
         if not hmac.compare_digest(mac, self._mac(site, intent, what, issued_us, nonce)):
-            raise VerifyRequired(
-                f"verify_token does not match this change (another site, memory or candidate): {GUIDANCE}"
-            )
+            raise VerifyRequired("mismatch", "verify_token was issued for another change (site, memory or candidate)")
         if issued_us > now_us + _FUTURE_SLACK_US or now_us - issued_us > _TTL_US:
-            raise VerifyRequired(f"verify_token has expired: {GUIDANCE}")
+            raise VerifyRequired("expired", "verify_token has expired (tokens last 10 minutes)")
         return nonce.hex()
 
 
@@ -156,7 +149,7 @@ def used_nonces(site_dir: str, now_us: int) -> set[str]:
 def check_unused(site_dir: str, nonce: str, now_us: int) -> None:
     """VerifyRequired when ``nonce`` was already used (site lock held)."""
     if nonce in used_nonces(site_dir, now_us):
-        raise VerifyRequired(f"verify_token was already used: {GUIDANCE}")
+        raise VerifyRequired("used", "verify_token was already used (each token authorises one write)")
 
 
 def consume(site_dir: str, nonce: str, now_us: int) -> None:
@@ -168,7 +161,7 @@ def consume(site_dir: str, nonce: str, now_us: int) -> None:
     path = os.path.join(site_dir, USED_FILE)
     live = used_nonces(site_dir, now_us)
     if nonce in live:
-        raise VerifyRequired(f"verify_token was already used: {GUIDANCE}")
+        raise VerifyRequired("used", "verify_token was already used (each token authorises one write)")
     line = f"{nonce} {now_us}\n".encode("ascii")
     try:
         size = os.path.getsize(path)
