@@ -7,7 +7,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+import hypothesis.strategies as st
 import pytest
+from hypothesis import given
 from memories_support import OTHER, SITE, create, delete, fields, files_holding, tree_bytes, update
 
 from logstore.errors import Corrupted
@@ -24,8 +26,8 @@ from logstore.memories import (
     limits,
 )
 from logstore.memories.site import LOG_NAME, memories_dir
-from logstore.memories.state import record_body
-from logstore.timefmt import now_us, parse_rfc3339
+from logstore.memories.state import parse_ts, record_body
+from logstore.timefmt import format_us, now_us, parse_rfc3339
 
 
 def test_create_get_update_round_trip(tmp_path: Path) -> None:
@@ -400,3 +402,9 @@ def test_stale_rewrite_temp_is_removed_before_the_next_write(tmp_path: Path) -> 
     with LongTermMemory(tmp_path) as store:
         create(store, fields(2))
     assert not stale.exists()
+
+
+@given(st.integers(min_value=0, max_value=253_402_300_799_999_999))
+def test_fast_timestamp_parser_matches_the_engine(us: int) -> None:
+    text = format_us(us)
+    assert parse_ts(text) == parse_rfc3339(text) == us

@@ -113,6 +113,7 @@ class SiteMemories:
         self._closed = False
         self._expiry_key: tuple[int, int | None] | None = None
         self._temps_checked = False
+        self._checked_us = 0
         self._oldest_deleted: int | None = None
 
     # ------------------------------------------------------------ locking
@@ -240,6 +241,7 @@ class SiteMemories:
     def _has_expired(self) -> bool:
         """True when a soft-deleted memory is past the retention window (O(1) while nothing changes)."""
         key = (self._end, self.log.inode)
+        self._checked_us = self._now()
         if self._expiry_key != key:
             self._expiry_key = key
             self._oldest_deleted = min(
@@ -419,11 +421,25 @@ class SiteMemories:
 
         Reads call it first, so a site that is only read is purged as well.
         """
+        if self._surely_nothing_due():
+            return []
         with self._locked(False):
             if not self._has_expired():
                 return []
         with self._locked(True):
             return self._purge_locked()
+
+    def _surely_nothing_due(self) -> bool:
+        """True when no memory can be past retention, judged without a lock from the last refresh.
+
+        A memory another process soft-deleted since then was deleted after
+        ``_checked_us``, so it cannot be due before ``_checked_us`` + retention.
+        """
+        if self._expiry_key is None or self._expiry_key != (self._end, self.log.inode):
+            return False
+        cutoff = self._now() - self.config.retention_us
+        oldest = self._oldest_deleted
+        return (oldest is None or oldest > cutoff) and self._checked_us > cutoff
 
     def import_records(self, records: Sequence[Memory]) -> tuple[int, int]:
         """Add exported records as they were (ids, timestamps, versions); (added, already present)."""
