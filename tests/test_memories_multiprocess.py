@@ -11,7 +11,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from memories_support import SITE, fields
+from memories_support import SITE, fields, files_holding
 
 from logstore.memories import LongTermMemory, VerifyRequired
 from logstore.memories.eventlog import salvage
@@ -177,3 +177,28 @@ def test_sigkill_mid_write_keeps_every_acknowledged_memory(tmp_path: Path) -> No
             store.upsert(SITE, raw, token)
     _events, damaged, torn = salvage(os.path.join(memories_dir(str(root), SITE), LOG_NAME))
     assert damaged == [] and torn is None
+
+
+def test_an_erasure_by_one_store_is_seen_by_another_and_never_written_back(tmp_path: Path) -> None:
+    # Two stores on one directory hold separate descriptors and flocks, as two processes do.
+    a, b = LongTermMemory(tmp_path), LongTermMemory(tmp_path)
+    try:
+        keep = fields(1)
+        _, token, _ = a.verify(SITE, "create", keep)
+        a.upsert(SITE, keep, token)
+        secret = fields(2, summary="cross-process-erasure-quail")
+        _, token, _ = a.verify(SITE, "create", secret)
+        victim = a.upsert(SITE, secret, token)
+        assert [m.memory_id for m, _ in b.search(SITE, "quail")] == [victim.memory_id]
+        _, token, _ = b.verify(SITE, "delete", None, victim.memory_id)
+        assert b.delete(SITE, victim.memory_id, token, force=True) is None
+        assert a.search(SITE, "quail", include_deleted=True) == []
+        later = fields(3)
+        _, token, _ = a.verify(SITE, "create", later)
+        a.upsert(SITE, later, token)
+        a.site(SITE).flush_access()
+        assert {m.memory_id for m in b.all(SITE)} == {m.memory_id for m in a.all(SITE)}
+    finally:
+        a.close()
+        b.close()
+    assert files_holding(tmp_path, [b"cross-process-erasure-quail"]) == []
