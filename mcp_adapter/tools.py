@@ -29,9 +29,9 @@ _RETRY = (
 
 
 _LOG = (
-    "This tool works on the CONVERSATION LOG: the working memory of one conversation, every entry kept verbatim "
-    "and in order. Long-term facts that should outlive the conversation belong in long-term memory instead "
-    "(memory_verify, then memory_upsert)."
+    "This tool works on the CONVERSATION LOG: the working memory of a conversation, every entry kept verbatim "
+    "and in order. It does not touch long-term memories (durable facts across conversations: memory_search, "
+    "memory_get, and memory_verify before memory_upsert or memory_delete)."
 )
 _CONTEXT = (
     "Optional memory_context (1-1000 characters: the current task, query, key entities, constraints): the reply "
@@ -49,6 +49,7 @@ def _text(*paragraphs: str) -> str:
 APPEND_DESCRIPTION = _text(
     "Append entries to a conversation's log (its working memory), in order, and get back the sequence numbers "
     "they were given.",
+    _LOG,
     "Use it as the conversation progresses: each item is one JSON object whose keys describe it (for example "
     '{"role": "user", "text": "..."} or {"kind": "decision", "summary": "..."}); it is stored exactly as sent. '
     "A batch is written atomically (all items or none) and in order; the reply (first_seq, last_seq) confirms "
@@ -56,7 +57,6 @@ APPEND_DESCRIPTION = _text(
     _ID_RULE,
     f"Limits: 1-{MAX_BATCH_ITEMS} items per call; each item at most 256 KiB and the whole batch at most 1 MiB, "
     f"measured as compact JSON; at most {MAX_CONVERSATION_ITEMS:,} items per conversation.",
-    _LOG,
     _CONTEXT,
     f"{_AUTH} {_RETRY}",
 )
@@ -64,13 +64,13 @@ APPEND_DESCRIPTION = _text(
 RECALL_DESCRIPTION = _text(
     "Fetch the most recent entries of a conversation's log: the usual way to pick a conversation back up at "
     "the start of a session or after a break.",
+    _LOG,
     f"Returns the last `count` items (default 50, at most {MAX_READ_ITEMS}) in ascending seq order, so the oldest "
     "of them comes first. A conversation with fewer items returns all of them, and a conversation that has never "
     "been written to returns an empty list rather than an error, so a brand-new id needs no special handling.",
     "Use replay_memory instead to read from a given position or to rebuild a whole conversation from its start; "
     "use list_conversations to find out which conversations your site has.",
     _ID_RULE,
-    _LOG,
     _CONTEXT,
     f"{_AUTH} {_RETRY}",
 )
@@ -78,6 +78,7 @@ RECALL_DESCRIPTION = _text(
 REPLAY_DESCRIPTION = _text(
     "Read a conversation's log from a given position onward, page by page: the way to rebuild a conversation "
     "completely, e.g. after a restart.",
+    _LOG,
     f"Returns up to `limit` items (at most {MAX_READ_ITEMS}) starting at seq `offset` (default 0), in ascending "
     "seq order. To read everything: start at offset 0, continue from the last returned seq + 1, and stop at the "
     "first page with fewer than `limit` items (possibly empty). Seqs start at 0 and have no gaps, so they double "
@@ -85,13 +86,13 @@ REPLAY_DESCRIPTION = _text(
     "empty list.",
     "For just the latest items use recall_memory; to discover conversations use list_conversations.",
     _ID_RULE,
-    _LOG,
     f"{_AUTH} {_RETRY}",
 )
 
 LIST_DESCRIPTION = _text(
     "List the conversations stored for your site: each one's id, creation time and last-append time, most "
     "recently active first. No item contents are returned.",
+    _LOG,
     "Use it to discover conversations you do not already know about. To read one, use recall_memory (latest "
     "items) or replay_memory (from a position); to check whether a known conversation holds anything, a "
     "recall_memory that returns items is the check, not this listing.",
@@ -100,7 +101,6 @@ LIST_DESCRIPTION = _text(
     "listing is complete. Cursors are bound to your site.",
     "Only your authenticated site's conversations are listed. Conversations within one site are not isolated "
     "from each other; use separate sites to keep sets of conversations strictly apart.",
-    _LOG,
     f"{_AUTH} {_RETRY}",
 )
 
