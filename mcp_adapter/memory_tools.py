@@ -83,8 +83,9 @@ GET_DESCRIPTION = _text(
 SEARCH_DESCRIPTION = _text(
     "Search your site's long-term memories, most relevant to the query first (1-20 results, default 10). It "
     "matches subject, summary, details and tags. Filter by category and by tags (a memory must carry every "
-    "tag given); soft-deleted memories only with include_deleted. Use it to browse what is remembered; for the few memories relevant to the task at hand, "
-    "passing memory_context to recall_memory or append_memory is cheaper.",
+    "tag given); soft-deleted memories only with include_deleted. Use it to browse what is remembered; for "
+    "the few memories relevant to the task at hand, passing memory_context to recall_memory or append_memory "
+    "is cheaper.",
     LONG_TERM,
     _ERRORS,
 )
