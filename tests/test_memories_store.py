@@ -337,9 +337,10 @@ def test_site_limit(tmp_path: Path) -> None:
     eventlog.rewrite_file(path, events)
     with LongTermMemory(tmp_path) as store:
         assert len(store.all(SITE)) == limits.MAX_MEMORIES_PER_SITE
+        _, token, _ = store.verify(SITE, "create", fields(1))
         before = tree_bytes(tmp_path)
         with pytest.raises(MemoryStoreFull):
-            create(store, fields(1))
+            store.upsert(SITE, fields(1), token)
         # A failed create consumed no token and wrote no event.
         assert {k: v for k, v in tree_bytes(tmp_path).items() if "search" not in k} == {
             k: v for k, v in before.items() if "search" not in k

@@ -77,8 +77,17 @@ def fsck(args: argparse.Namespace, status: int, doc: dict[str, Any] | None) -> i
 # ------------------------------------------------------------------ export / import
 
 
+def _not_a_data_dir(data_dir: str) -> int | None:
+    if not os.path.isfile(os.path.join(data_dir, "logstore.json")):
+        return fail(f"{data_dir} is not a convmem data directory (no logstore.json)", EXIT_OPERATIONAL)
+    return None
+
+
 def export(args: argparse.Namespace) -> int:
     """``convmem export --memories``: the site's memories (active and soft-deleted) as one JSON document."""
+    bad = _not_a_data_dir(args.data_dir)
+    if bad is not None:
+        return bad
     try:
         with LongTermMemory(args.data_dir) as store:
             records = [m.to_json() for m in store.site(args.site).all()]
@@ -154,6 +163,9 @@ def parse_record(raw: Any, i: int) -> Memory:
 
 def restore(args: argparse.Namespace) -> int:
     """``convmem import --memories``: add an export's memories to a site (ids, timestamps, versions kept)."""
+    bad = _not_a_data_dir(args.data_dir)
+    if bad is not None:
+        return bad
     try:
         if args.input:
             with open(args.input, "rb") as f:

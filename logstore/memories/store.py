@@ -39,11 +39,12 @@ class LongTermMemory:
         self.root = os.path.abspath(os.fspath(data_dir))
         if retention_seconds < 0:
             raise ValueError("retention_seconds must not be negative")
-        try:
-            os.makedirs(os.path.join(self.root, layout.SITES_DIR), exist_ok=True)
-            self._book = tokens.TokenBook(tokens.load_secret(self.root))
-        except OSError as exc:
-            raise Unavailable(f"data directory {self.root} is not usable for memories: {exc}") from exc
+        if not os.path.isfile(os.path.join(self.root, layout.MARKER_FILE)):
+            # A new data directory: let the engine create it (and its format marker) as it would.
+            from logstore.filestore import open_store
+
+            open_store(self.root).close()
+        self._book = tokens.TokenBook(self.root)
         self._config = Config(
             lock_timeout=lock_timeout,
             retention_us=int(retention_seconds * 1_000_000),

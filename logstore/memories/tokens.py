@@ -20,12 +20,14 @@ import errno
 import hashlib
 import hmac
 import os
+import threading
 from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 
 from logstore import fileio
+from logstore.errors import Unavailable
 
 from .errors import VerifyRequired
 from .limits import VERIFY_TOKEN_TTL_SECONDS
@@ -83,14 +85,25 @@ def _unb64(text: str) -> bytes:
 
 
 class TokenBook:
-    """Mints and checks tokens with one data directory's secret."""
+    """Mints and checks tokens with one data directory's secret (read, or created, on first use)."""
 
-    def __init__(self, secret: bytes) -> None:
-        self._secret = secret
+    def __init__(self, root: str) -> None:
+        self._root = root
+        self._secret: bytes | None = None
+        self._lock = threading.Lock()
+
+    def _key(self) -> bytes:
+        with self._lock:
+            if self._secret is None:
+                try:
+                    self._secret = load_secret(self._root)
+                except OSError as exc:
+                    raise Unavailable(f"the verify-token secret in {self._root} is not usable: {exc}") from exc
+            return self._secret
 
     def _mac(self, site: str, intent: str, what: str, issued_us: int, nonce: bytes) -> bytes:
         msg = "\x1f".join(["convmem-verify-v1", site, intent, what, str(issued_us), nonce.hex()])
-        return hmac.new(self._secret, msg.encode("utf-8"), hashlib.sha256).digest()
+        return hmac.new(self._key(), msg.encode("utf-8"), hashlib.sha256).digest()
 
     def mint(self, site: str, intent: str, what: str, now_us: int) -> str:
         nonce = os.urandom(16)
