@@ -11,7 +11,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from memories_support import SITE, fields, files_holding
+import pytest
+from memories_support import SITE, create, delete, fields, files_holding
 
 from logstore.memories import LongTermMemory, VerifyRequired
 from logstore.memories.eventlog import salvage
@@ -202,3 +203,45 @@ def test_an_erasure_by_one_store_is_seen_by_another_and_never_written_back(tmp_p
         a.close()
         b.close()
     assert files_holding(tmp_path, [b"cross-process-erasure-quail"]) == []
+
+
+ERASER = textwrap.dedent(
+    """
+    import sys
+    from logstore.memories import LongTermMemory
+    root, mid = sys.argv[1], sys.argv[2]
+    store = LongTermMemory(root)
+    _, token, _ = store.verify("memsite-01", "delete", None, mid)
+    store.delete("memsite-01", mid, token, force=True)
+    print("returned")
+    """
+)
+
+
+@pytest.mark.parametrize("point", ["memory-rewrite-written", "memory-rewrite-renamed"])
+def test_crash_during_erasure(tmp_path: Path, point: str) -> None:
+    root = tmp_path / "data"
+    secret = fields(5, summary="crash-during-erasure-ibis")
+    with LongTermMemory(root) as store:
+        keep = [create(store, fields(i)).memory_id for i in range(3)]
+        victim = create(store, secret).memory_id
+    script = tmp_path / "eraser.py"
+    script.write_text(ERASER)
+    done = subprocess.run(
+        [sys.executable, str(script), str(root), victim],
+        env={**_env(), "CONVMEM_CRASH_AT": point},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 86 and "returned" not in done.stdout, done.stderr
+    with LongTermMemory(root) as store:
+        ids = {m.memory_id for m in store.all(SITE)}
+        assert set(keep) <= ids  # every other memory survives either way
+        if point == "memory-rewrite-renamed":
+            assert victim not in ids
+        else:  # not acknowledged: the memory is still there; erase it again
+            assert victim in ids
+            delete(store, victim, force=True)
+        create(store, fields(9))  # the next writer also removes any stale temp file
+    assert files_holding(root, [b"crash-during-erasure-ibis"]) == []

@@ -18,6 +18,10 @@ Erasure rewrites the file without the memory's create/update/delete events
 (and so without its content), keeping every other event in order and adding
 the erase event: new file, sync, rename over the old one, sync the directory.
 Readers notice the rewrite by the file's inode number changing.
+
+Crash points (see :mod:`logstore.fileio`): ``memory-rewrite-written`` (the
+new file is synced, not yet renamed) and ``memory-rewrite-renamed`` (renamed,
+directory not yet synced).
 """
 
 from __future__ import annotations
@@ -201,7 +205,9 @@ def rewrite_file(path: str, events: Iterable[tuple[int, dict[str, Any]]]) -> Non
             fileio.fsync(fd)
         finally:
             os.close(fd)
+        fileio.crashpoint("memory-rewrite-written")
         os.replace(tmp, path)
+        fileio.crashpoint("memory-rewrite-renamed")
     except BaseException:
         try:
             os.unlink(tmp)
