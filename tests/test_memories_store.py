@@ -409,3 +409,27 @@ def test_stale_rewrite_temp_is_removed_before_the_next_write(tmp_path: Path) -> 
 def test_fast_timestamp_parser_matches_the_engine(us: int) -> None:
     text = format_us(us)
     assert parse_ts(text) == parse_rfc3339(text) == us
+
+
+def test_reads_update_last_accessed_without_syncing(tmp_path: Path) -> None:
+    from logstore import fileio
+
+    clock = [now_us()]
+    with LongTermMemory(tmp_path, clock=lambda: clock[0]) as store:
+        m = create(store, fields(1))
+        store.search(SITE, "warm up")  # open everything first
+        syncs: list[str] = []
+        fileio.fault_hook = lambda op: syncs.append(op) if op != "write" else None
+        try:
+            for _ in range(30):
+                clock[0] += 1_000_000
+                store.search(SITE, "quokka1")
+                store.get(SITE, m.memory_id)
+                store.surface(SITE, "zebra1")
+        finally:
+            fileio.fault_hook = None
+        assert syncs == []
+        seen = store.get(SITE, m.memory_id).last_accessed_us
+        assert seen == clock[0] > m.last_accessed_us
+    with LongTermMemory(tmp_path) as store:  # written to the side file on close
+        assert store.all(SITE)[0].last_accessed_us == seen
