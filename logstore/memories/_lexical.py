@@ -60,8 +60,21 @@ def query_terms(text: str) -> list[str]:
     return out
 
 
+def _quote(term: str) -> str:
+    return '"' + term.replace('"', '""') + '"'
+
+
+def _any(terms: Sequence[str]) -> str:
+    return " OR ".join(_quote(t) for t in terms)
+
+
 class LexicalIndex:
-    """BM25 ranking of memories by FTS5; rows are addressed by caller-chosen integer keys."""
+    """BM25 ranking of memories by FTS5; rows are addressed by caller-chosen integer keys.
+
+    Beside the four searched columns, each row carries its memory id,
+    category and active flag (so that FTS5 filters before it keeps the best
+    ``limit``).
+    """
 
     def __init__(self, weights: Sequence[float] = DEFAULT_WEIGHTS) -> None:
         if len(weights) != 4:
@@ -72,25 +85,31 @@ class LexicalIndex:
         db.execute("PRAGMA temp_store=MEMORY")
         db.execute(
             "CREATE VIRTUAL TABLE fts USING fts5(subject, summary, details, tags, "
+            "mid UNINDEXED, category UNINDEXED, active UNINDEXED, "
             "tokenize = 'porter unicode61 remove_diacritics 2')"
         )
+        w = self._weights
+        db.execute("INSERT INTO fts(fts, rank) VALUES ('rank', ?)", (f"bm25({w[0]!r}, {w[1]!r}, {w[2]!r}, {w[3]!r})",))
         self._db = db
 
-    def put(self, key: int, subject: str, summary: str, details: str, tags: Iterable[str]) -> None:
-        """Index (or re-index) the row ``key``."""
+    def put(self, key: int, mid: str, subject: str, summary: str, details: str, tags: Iterable[str], category: str,
+            active: bool) -> None:
+        """Index (or re-index) the row ``key`` of memory ``mid``."""
         self._db.execute("DELETE FROM fts WHERE rowid = ?", (key,))
         self._db.execute(
-            "INSERT INTO fts(rowid, subject, summary, details, tags) VALUES (?, ?, ?, ?, ?)",
-            (key, subject, summary, details, " ".join(tags)),
+            "INSERT INTO fts(rowid, subject, summary, details, tags, mid, category, active) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (key, subject, summary, details, " ".join(tags), mid, category, int(active)),
         )
 
-    def put_many(self, rows: Iterable[tuple[int, str, str, str, Sequence[str]]]) -> None:
+    def put_many(self, rows: Iterable[tuple[int, str, str, str, str, Sequence[str], str, bool]]) -> None:
         """Index many new rows in one transaction (keys must not be present yet)."""
         self._db.execute("BEGIN")
         try:
             self._db.executemany(
-                "INSERT INTO fts(rowid, subject, summary, details, tags) VALUES (?, ?, ?, ?, ?)",
-                ((k, s, m, d, " ".join(t)) for k, s, m, d, t in rows),
+                "INSERT INTO fts(rowid, subject, summary, details, tags, mid, category, active) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                ((k, s, m, d, " ".join(t), i, c, int(a)) for k, i, s, m, d, t, c, a in rows),
             )
         except BaseException:
             self._db.execute("ROLLBACK")
@@ -101,18 +120,34 @@ class LexicalIndex:
         """Drop the row ``key`` (no-op when absent)."""
         self._db.execute("DELETE FROM fts WHERE rowid = ?", (key,))
 
-    def rank(self, terms: Sequence[str]) -> list[tuple[int, float]]:
-        """Every row matching any of ``terms``, best BM25 first, as ``(key, bm25)`` (lower is better)."""
+    def rank(self, terms: Sequence[str], *, limit: int | None, category: str | None,
+             include_inactive: bool) -> list[tuple[int, float]]:
+        """``(key, bm25)`` of rows matching any of ``terms`` and the filters, best first (lower bm25 is better).
+
+        At most ``limit`` when given. FTS5 orders ties by key; rows tied with
+        the last one kept may be cut in favour of a lower key.
+        """
         if not terms:
             return []
-        match = " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
-        w = self._weights
-        cur = self._db.execute(
-            f"SELECT rowid, bm25(fts, {w[0]!r}, {w[1]!r}, {w[2]!r}, {w[3]!r}) AS s "
-            "FROM fts WHERE fts MATCH ? ORDER BY s",
-            (match,),
-        )
-        return [(int(k), float(s)) for k, s in cur.fetchall()]
+        sql = "SELECT rowid, rank FROM fts WHERE fts MATCH ?"
+        args: list[object] = [_any(terms)]
+        if not include_inactive:
+            sql += " AND active = 1"
+        if category is not None:
+            sql += " AND category = ?"
+            args.append(category)
+        sql += " ORDER BY rank LIMIT ?"
+        args.append(-1 if limit is None else limit)
+        return [(int(k), float(r)) for k, r in self._db.execute(sql, args)]
+
+    def matching_all(self, terms: Sequence[str], among: Sequence[int]) -> set[int]:
+        """Those of the keys ``among`` whose rows contain every one of ``terms`` (after stemming)."""
+        if not terms or not among:
+            return set()
+        match = " AND ".join(_quote(t) for t in terms)
+        marks = ",".join("?" * len(among))
+        cur = self._db.execute(f"SELECT rowid FROM fts WHERE fts MATCH ? AND rowid IN ({marks})", (match, *among))
+        return {int(k) for (k,) in cur}
 
     def close(self) -> None:
         self._db.close()
