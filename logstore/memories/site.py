@@ -511,6 +511,12 @@ class SiteMemories:
         with self._locked(False):
             return sorted(self.state.values(), key=lambda m: (m.created_us, m.memory_id))
 
+    def touch(self, ms: list[Memory]) -> list[Memory]:
+        """Record that these memories were just shown (surfaced); their updated records."""
+        with self._mutex:
+            current = [self.state.get(m.memory_id) for m in ms]
+            return self._touch([m for m in current if m is not None])
+
     def _touch(self, ms: list[Memory]) -> list[Memory]:
         now = self._now()
         out = []

@@ -126,7 +126,8 @@ class LongTermMemory:
         """The top ``limit`` active memories for a task hint (auto-surface); never hides one shown before."""
         out: list[Memory] = []
         keys: set[str] = set()
-        for m, _ in self._read(site).search(context, limit=limit + 2):
+        s = self._read(site)
+        for m, _ in s.search(context, limit=limit + 2, touch=False):
             key = m.fields.dedupe_key
             if key is not None and key in keys:
                 continue
@@ -135,7 +136,7 @@ class LongTermMemory:
             out.append(m)
             if len(out) >= limit:
                 break
-        return out
+        return s.touch(out)
 
     def all(self, site: str) -> list[Memory]:
         return self._read(site).all()
