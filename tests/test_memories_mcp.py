@@ -21,7 +21,8 @@ pytestmark = pytest.mark.anyio
 
 ALPHA, ALPHA_PW = "alpha-memsite", "alpha-password-0123456789"
 BRAVO, BRAVO_PW = "bravo-memsite", "bravo-password-0123456789"
-A, B = basic(ALPHA, ALPHA_PW), basic(BRAVO, BRAVO_PW)
+CHARLIE, CHARLIE_PW = "charlie-memsite", "charlie-password-0123456789"
+A, B, C = basic(ALPHA, ALPHA_PW), basic(BRAVO, BRAVO_PW), basic(CHARLIE, CHARLIE_PW)
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +31,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     creds = CredentialFile(data_dir)
     creds.add(ALPHA, ALPHA_PW)
     creds.add(BRAVO, BRAVO_PW)
+    creds.add(CHARLIE, CHARLIE_PW)
     proc = ServerProcess(data_dir)
     yield proc
     rc = proc.stop()
@@ -267,3 +269,22 @@ async def test_spec_tools_answer_unchanged_without_memory_context(server: Server
         assert set(listed) == {"conversations", "next_cursor"}
         raw = await client.call_tool("recall_memory", {"conversation_id": cid, "count": 1})
         assert len(raw.content) == 1 and raw.content[0].text == json.dumps(recalled, separators=(",", ":"))
+
+
+async def test_a_failing_memory_store_never_fails_the_log_call(server: ServerProcess) -> None:
+    cid = f"t-{uuid.uuid4().hex}"
+    async with connect(server.url, C) as client:  # a site of its own: its memories stay damaged
+        await _create(client, memory(subject="Damaged later", summary="this site's memory log gets a bad header"))
+        log = server.data_dir / "sites" / CHARLIE.encode().hex() / "memories" / "00000000000000000000.seg"
+        damaged = log.with_name("replacement")
+        damaged.write_bytes(b"\x00" * 64)
+        damaged.replace(log)  # a new file (new inode): the server reads it again and finds it damaged
+        result = await client.call_tool(
+            "append_memory", {"conversation_id": cid, "items": [{"n": 1}], "memory_context": "bad header"}
+        )
+        assert not result.is_error
+        assert result.structured_content == {"first_seq": 0, "last_seq": 0, "memories": []}
+        assert "Relevant memories: unavailable right now (Corrupted)" in result.content[0].text
+        error = error_of(await client.call_tool("memory_search", {"query": "damaged"}))
+        assert error["code"] == "Corrupted" and error["offset"] == 0
+        assert not error["file"].startswith("/")
