@@ -87,7 +87,7 @@ def ratios(rows: list[Row]) -> dict[str, float | None]:
     mem = _find(rows, "rss")
     out["replay_rss_vs_response"] = mem.extra.get("rss_vs_response") if mem else None
     for key in ("ltm_fusion_recall2", "ltm_para_recall5_gain", "ltm_rest_recall5_gain", "ltm_search_p50_ms",
-                "ltm_context_p50_ms"):
+                "ltm_context_p50_ms", "ltm_context_added_ms"):
         row = _find(rows, "memory", headline=key)
         out[key] = row.extra.get("value") if row else None
     return out
@@ -109,6 +109,7 @@ TARGETS = [
     ("ltm_rest_recall5_gain", ">=", 0.0, "long-term memory: fusion never worse than BM25 on the other queries"),
     ("ltm_search_p50_ms", "<=", 5.0, "long-term memory: search p50 at 10,000 memories in a site"),
     ("ltm_context_p50_ms", "<=", 2.0, "long-term memory: a memory_context lookup (top 2) p50 at 10,000 memories"),
+    ("ltm_context_added_ms", "<=", 2.0, "long-term memory: memory_context adds to recall_memory's p50 over MCP"),
 ]
 
 

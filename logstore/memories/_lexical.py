@@ -60,6 +60,13 @@ def query_terms(text: str) -> list[str]:
     return out
 
 
+#: A query word found in more than this share of the memories (and in more than COMMON_MIN of them) is
+#: left out of the BM25 query unless it is the query's rarest: its IDF makes it worth little, and its
+#: long posting list is what a query spends its time on.
+COMMON_SHARE = 0.05
+COMMON_MIN = 50
+
+
 def _quote(term: str) -> str:
     return '"' + term.replace('"', '""') + '"'
 
@@ -91,22 +98,24 @@ class LexicalIndex:
         w = self._weights
         db.execute("INSERT INTO fts(fts, rank) VALUES ('rank', ?)", (f"bm25({w[0]!r}, {w[1]!r}, {w[2]!r}, {w[3]!r})",))
         self._db = db
+        self._rows = 0  # rows in the table
 
     def put(self, key: int, mid: str, subject: str, summary: str, details: str, tags: Iterable[str], category: str,
             active: bool) -> None:
         """Index (or re-index) the row ``key`` of memory ``mid``."""
-        self._db.execute("DELETE FROM fts WHERE rowid = ?", (key,))
+        self._rows -= self._db.execute("DELETE FROM fts WHERE rowid = ?", (key,)).rowcount
         self._db.execute(
             "INSERT INTO fts(rowid, subject, summary, details, tags, mid, category, active) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (key, subject, summary, details, " ".join(tags), mid, category, int(active)),
         )
+        self._rows += 1
 
     def put_many(self, rows: Iterable[tuple[int, str, str, str, str, Sequence[str], str, bool]]) -> None:
         """Index many new rows in one transaction (keys must not be present yet)."""
         self._db.execute("BEGIN")
         try:
-            self._db.executemany(
+            cur = self._db.executemany(
                 "INSERT INTO fts(rowid, subject, summary, details, tags, mid, category, active) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 ((k, s, m, d, " ".join(t), i, c, int(a)) for k, i, s, m, d, t, c, a in rows),
@@ -115,18 +124,21 @@ class LexicalIndex:
             self._db.execute("ROLLBACK")
             raise
         self._db.execute("COMMIT")
+        self._rows += cur.rowcount
 
     def remove(self, key: int) -> None:
         """Drop the row ``key`` (no-op when absent)."""
-        self._db.execute("DELETE FROM fts WHERE rowid = ?", (key,))
+        self._rows -= self._db.execute("DELETE FROM fts WHERE rowid = ?", (key,)).rowcount
 
     def rank(self, terms: Sequence[str], *, limit: int | None, category: str | None,
              include_inactive: bool) -> list[tuple[int, float]]:
         """``(key, bm25)`` of rows matching any of ``terms`` and the filters, best first (lower bm25 is better).
 
+        Words common to many rows are dropped first (see ``COMMON_SHARE``).
         At most ``limit`` when given. FTS5 orders ties by key; rows tied with
         the last one kept may be cut in favour of a lower key.
         """
+        terms = self._uncommon(terms)
         if not terms:
             return []
         sql = "SELECT rowid, rank FROM fts WHERE fts MATCH ?"
@@ -140,14 +152,25 @@ class LexicalIndex:
         args.append(-1 if limit is None else limit)
         return [(int(k), float(r)) for k, r in self._db.execute(sql, args)]
 
+    def _uncommon(self, terms: Sequence[str]) -> list[str]:
+        if not terms:
+            return []
+        cap = max(COMMON_MIN, int(COMMON_SHARE * self._rows))
+        counted = [(self._count(t), t) for t in terms]
+        kept = [t for n, t in counted if n <= cap]
+        return kept or [min(counted)[1]]
+
+    def _count(self, term: str) -> int:
+        return int(self._db.execute("SELECT count(*) FROM fts WHERE fts MATCH ?", (_quote(term),)).fetchone()[0])
+
     def matching_all(self, terms: Sequence[str], among: Sequence[int]) -> set[int]:
         """Those of the keys ``among`` whose rows contain every one of ``terms`` (after stemming)."""
         if not terms or not among:
             return set()
         match = " AND ".join(_quote(t) for t in terms)
-        marks = ",".join("?" * len(among))
-        cur = self._db.execute(f"SELECT rowid FROM fts WHERE fts MATCH ? AND rowid IN ({marks})", (match, *among))
-        return {int(k) for (k,) in cur}
+        # Intersecting here is far cheaper than ``rowid IN (...)``, which runs the MATCH once per value.
+        cur = self._db.execute("SELECT rowid FROM fts WHERE fts MATCH ?", (match,))
+        return {int(k) for (k,) in cur} & set(among)
 
     def close(self) -> None:
         self._db.close()
