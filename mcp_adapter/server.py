@@ -116,13 +116,13 @@ async def _resolve_site(backend: Backend, ctx: ServerRequestContext[Any, Any]) -
 
 
 def _success(payload: dict[str, Any], extra_text: str | None = None) -> types.CallToolResult:
-    text = msgspec.json.encode(payload).decode()
-    structured = payload
-    if extra_text is not None:
+    if extra_text is None:
+        text = msgspec.json.encode(payload).decode()
+    else:
         # memory_context was given: the text keeps the spec's JSON and adds a short section.
-        text = msgspec.json.encode({k: v for k, v in payload.items() if k != "memories"}).decode()
-        text = f"{text}\n\n{extra_text}"
-    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], structured_content=structured)
+        spec_part = msgspec.json.encode({k: v for k, v in payload.items() if k != "memories"}).decode()
+        text = f"{spec_part}\n\n{extra_text}"
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], structured_content=payload)
 
 
 def _items(items: list[Any]) -> list[dict[str, Any]]:
@@ -157,19 +157,38 @@ async def _execute(backend: Backend, site: str, args: ToolArgs) -> dict[str, Any
     }
 
 
-async def _with_memories(backend: Backend, site: str, context: str, payload: dict[str, Any]) -> types.CallToolResult:
-    """The spec tool's result plus the memories relevant to ``context``.
+async def _execute_with_memories(backend: Backend, site: str, args: ToolArgs, context: str) -> types.CallToolResult:
+    """The spec tool's call and the lookup of memories relevant to ``context``, run side by side.
 
-    A failing memory store never fails the conversation call: the section
-    then says that memories are unavailable, and ``memories`` is empty.
+    The lookup runs concurrently with the log call, so it adds only what it
+    takes beyond the log call. A failing memory store never fails the log
+    call: the section then says memories are unavailable and ``memories`` is
+    empty. A failing log call fails as it would without ``memory_context``.
     """
-    try:
-        found = await backend.run(surface, backend, site, context)
-        section = relevant_text(found)
-    except StoreError as exc:
-        logger.warning("memory_context lookup failed: %s: %s", exc.code, exc)
-        found = []
-        section = f"Relevant memories: unavailable right now ({exc.code}); the call itself succeeded."
+    found: list[dict[str, str]] = []
+    section = ""
+
+    async def lookup() -> None:
+        nonlocal found, section
+        try:
+            found = await backend.run(surface, backend, site, context)
+            section = relevant_text(found)
+        except Exception as exc:
+            code = exc.code if isinstance(exc, StoreError) else type(exc).__name__
+            logger.warning("memory_context lookup failed: %s: %s", code, exc)
+            found = []
+            section = f"Relevant memories: unavailable right now ({code}); the call itself succeeded."
+
+    failure: Exception | None = None
+    payload: dict[str, Any] = {}
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lookup)
+        try:
+            payload = await _execute(backend, site, args)
+        except Exception as exc:
+            failure = exc
+    if failure is not None:
+        raise failure
     return _success({**payload, "memories": found}, section)
 
 
@@ -189,12 +208,11 @@ async def call_tool(
             result = _success(await backend.run(run_memory_call, backend, site, margs))
         else:
             args = parse_arguments(name, arguments)
-            payload = await _execute(backend, site, args)
             context = getattr(args, "memory_context", None)
             if isinstance(context, str):
-                result = await _with_memories(backend, site, context, payload)
+                result = await _execute_with_memories(backend, site, args, context)
             else:
-                result = _success(payload)
+                result = _success(await _execute(backend, site, args))
         logger.debug("%s ok in %.1f ms", name, (time.perf_counter() - started) * 1000)
         return result
     except ToolFailure as failure:
