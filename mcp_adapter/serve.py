@@ -175,6 +175,7 @@ def serve_http(args: argparse.Namespace) -> int:
         max_concurrency=args.max_concurrency,
         memory_retention_seconds=args.memory_retention_days * 86400,
     )
+    backend.start_memory_sweeper()
     app = build_app(build_server(backend), backend, host=args.host)
     config = uvicorn.Config(
         app,
@@ -230,6 +231,7 @@ def serve_stdio(args: argparse.Namespace) -> int:
         max_concurrency=args.max_concurrency,
         memory_retention_seconds=args.memory_retention_days * 86400,
     )
+    backend.start_memory_sweeper()
     server = build_server(backend)
     logger.info("convmem %s serving site %r over stdio", __version__, args.site)
     try:

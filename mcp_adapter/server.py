@@ -11,6 +11,7 @@ worker thread under a bounded limiter, and shape the result or the error.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
@@ -73,7 +74,18 @@ class Backend:
         with self._memories_lock:
             if self.memories is None:
                 self.memories = LongTermMemory(self.data_dir, retention_seconds=self.memory_retention_seconds)
+                self.memories.start_sweeper()
             return self.memories
+
+    def start_memory_sweeper(self) -> None:
+        """At start-up: erase expired soft-deleted memories in the background if any site has memories (blocking).
+
+        Otherwise the sweeper starts with the memory store, on the first memory call.
+        """
+        sites = os.path.join(self.data_dir, "sites")
+        names = os.listdir(sites) if os.path.isdir(sites) else []
+        if any(os.path.isdir(os.path.join(sites, name, "memories")) for name in names):
+            self.memory_store()
 
     def close_memories(self) -> None:
         """Close the long-term memory store if it was opened (writes pending access times)."""

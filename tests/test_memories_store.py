@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -433,3 +434,18 @@ def test_reads_update_last_accessed_without_syncing(tmp_path: Path) -> None:
         assert seen == clock[0] > m.last_accessed_us
     with LongTermMemory(tmp_path) as store:  # written to the side file on close
         assert store.all(SITE)[0].last_accessed_us == seen
+
+
+def test_the_sweeper_erases_expired_memories_of_untouched_sites(tmp_path: Path) -> None:
+    clock = [now_us()]
+    with LongTermMemory(tmp_path, clock=lambda: clock[0], retention_seconds=60) as store:
+        m = create(store, fields(1, summary="swept-away-marmot-7"))
+        delete(store, m.memory_id)
+    clock[0] += 61 * 1_000_000
+    # Another process (here: another store object) only runs its sweeper; nobody calls the site.
+    with LongTermMemory(tmp_path, clock=lambda: clock[0], retention_seconds=60) as sweeper:
+        sweeper.start_sweeper(interval_seconds=0.05)
+        deadline = time.monotonic() + 30
+        while files_holding(tmp_path, [b"swept-away-marmot-7"]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert files_holding(tmp_path, [b"swept-away-marmot-7"]) == []

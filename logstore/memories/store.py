@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -16,6 +17,8 @@ from . import tokens
 from .limits import DEFAULT_RETENTION_SECONDS
 from .record import Memory, check_memory_id
 from .site import MEMORIES_DIR, Config, RetrieverFactory, SiteMemories, default_retriever
+
+logger = logging.getLogger("convmem.memories")
 
 
 class LongTermMemory:
@@ -54,6 +57,32 @@ class LongTermMemory:
         self._sites: dict[str, SiteMemories] = {}
         self._lock = threading.Lock()
         self._closed = False
+        self._stop = threading.Event()
+        self._sweeper: threading.Thread | None = None
+
+    def start_sweeper(self, interval_seconds: float = 3600.0) -> None:
+        """Erase expired soft-deleted memories of every site now and every ``interval_seconds``.
+
+        Reads and writes of a site already erase what has expired; the sweeper
+        covers sites that nobody touches after a soft delete. A daemon thread,
+        stopped by :meth:`close`.
+        """
+        if self._sweeper is not None:
+            return
+
+        def sweep() -> None:
+            while not self._stop.is_set():
+                for name in self.sites():
+                    if self._stop.is_set():
+                        return
+                    try:
+                        self.site(name).purge_expired()
+                    except Exception:  # retried at the next round; a damaged site must not stop the others
+                        logger.warning("retention sweep of site %s failed", name, exc_info=True)
+                self._stop.wait(interval_seconds)
+
+        self._sweeper = threading.Thread(target=sweep, name="convmem-memory-sweeper", daemon=True)
+        self._sweeper.start()
 
     def _read(self, site: str) -> SiteMemories:
         """The site, after erasing anything past the retention window."""
@@ -159,6 +188,9 @@ class LongTermMemory:
         return sorted(out)
 
     def close(self) -> None:
+        self._stop.set()
+        if self._sweeper is not None and self._sweeper is not threading.current_thread():
+            self._sweeper.join(timeout=30)
         with self._lock:
             self._closed = True
             sites = list(self._sites.values())
