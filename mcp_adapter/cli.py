@@ -359,6 +359,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[
         help="seconds an append waits for a busy conversation before Timeout (env CONVMEM_LOCK_TIMEOUT)",
     )
     serve.add_argument(
+        "--memory-retention-days",
+        type=float,
+        default=float(_env("MEMORY_RETENTION_DAYS", "30")),
+        help="days a soft-deleted long-term memory is kept before it is erased (env CONVMEM_MEMORY_RETENTION_DAYS)",
+    )
+    serve.add_argument(
         "--log-level",
         default=_env("LOG_LEVEL", "info"),
         choices=["debug", "info", "warning", "error"],

@@ -244,7 +244,9 @@ def serve_http(args: argparse.Namespace) -> int:
         data_dir=os.path.abspath(args.data_dir),
         authenticator=Authenticator(creds, throttle=LoginThrottle(throttle_settings(args))),
         max_concurrency=args.max_concurrency,
+        memory_retention_seconds=args.memory_retention_days * 86400,
     )
+    backend.start_memory_sweeper()
     metrics.install(store)  # ops: engine measurements into /metrics
     app = build_app(
         build_server(backend),
@@ -274,6 +276,7 @@ def serve_http(args: argparse.Namespace) -> int:
         asyncio.run(_serve_uvicorn(server, sock, backend, on_sighup))
     finally:
         sock.close()
+        backend.close_memories()
         store.close()
         logger.info("stopped; store closed")
     return 0
@@ -313,12 +316,15 @@ def serve_stdio(args: argparse.Namespace) -> int:
         data_dir=os.path.abspath(args.data_dir),
         fixed_site=args.site,
         max_concurrency=args.max_concurrency,
+        memory_retention_seconds=args.memory_retention_days * 86400,
     )
+    backend.start_memory_sweeper()
     server = build_server(backend)
     logger.info("convmem %s serving site %r over stdio", __version__, args.site)
     try:
         anyio.run(_serve_stdio, server, backend)
     finally:
+        backend.close_memories()
         store.close()
     return 0
 
@@ -332,6 +338,7 @@ async def _serve_stdio(server: Any, backend: Backend) -> None:
                     logger.info("received %s; finishing in-flight calls", signal.Signals(sig).name)
                     await backend.drain(GRACEFUL_TIMEOUT)
                     await anyio.sleep(0.1)  # let the writer flush the answers of finished calls
+                    backend.close_memories()
                     backend.store.close()
                     logger.info("stopped; store closed")
                     sys.stdout.flush()

@@ -13,6 +13,7 @@ import sys
 
 from logstore import MAX_CONVERSATION_ITEMS, SiteQuota, Usage, site_usage
 from logstore.maintenance import MaintenanceError, SiteStats, site_has_data, stats
+from tools import memories
 from tools.common import (
     EXIT_CLEAN,
     EXIT_OPERATIONAL,
@@ -117,8 +118,11 @@ def run(args: argparse.Namespace) -> int:
             }
             for s in result
         ]
+        memories.stats_json(args.data_dir, args.site, doc)
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
         for s in result:
             sys.stdout.write(format_site(s, usages[s.site], quota) + "\n")
+        for line in memories.stats_lines(args.data_dir, args.site):
+            sys.stdout.write(line + "\n")
     return EXIT_CLEAN
