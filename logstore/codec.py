@@ -39,6 +39,16 @@ def _has_non_finite(value: object) -> bool:
 def encode_batch(payloads: Sequence[Mapping[str, Any]]) -> tuple[bytes, int]:
     """Encode a batch for storage; return ``(json_array_bytes, item_count)``.
 
+    The array is exactly ``[`` + the items of :func:`encode_items` joined by
+    ``,`` + ``]``; the checks and errors are that function's.
+    """
+    parts = encode_items(payloads)
+    return b"[" + b",".join(parts) + b"]", len(parts)
+
+
+def encode_items(payloads: Sequence[Mapping[str, Any]]) -> list[bytes]:
+    """Encode each item of a batch to its compact JSON bytes (what a backend stores verbatim).
+
     Checks, in this order, so the most specific error wins: the batch is not
     empty and holds at most ``MAX_BATCH_ITEMS``; every item is a JSON object
     of at most ``MAX_ITEM_BYTES``; the items add up to at most
@@ -67,14 +77,13 @@ def encode_batch(payloads: Sequence[Mapping[str, Any]]) -> tuple[bytes, int]:
     except (InvalidPayload, PayloadTooLarge):
         _reject_non_finite(payloads, parts)  # an earlier item's NaN is reported first, as before
         raise
-    body = b"[" + b",".join(parts) + b"]"
-    # One search of the whole body instead of three per item (a large share of an
-    # append's CPU time); only a body holding "null" needs the walk.
-    if b"null" in body:
+    # One search of the joined items instead of three per item (a large share of an
+    # append's CPU time); only a batch holding "null" needs the walk.
+    if b"null" in b"".join(parts):
         _reject_non_finite(payloads, parts)
     if total > MAX_BATCH_BYTES:
         raise BatchTooLarge(MAX_BATCH_BYTES, total)
-    return body, n
+    return parts
 
 
 def _reject_non_finite(payloads: Sequence[Mapping[str, Any]], parts: list[bytes]) -> None:
