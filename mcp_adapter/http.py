@@ -11,7 +11,8 @@ the SDK's DNS-rebinding protection (Host and Origin checks) is on.
 event stream held open for nothing would let any client tie up memory.
 
 ``/healthz`` needs no credentials: 200 ``{"status": "ok"}`` while the data
-directory is usable, 503 ``{"status": "unavailable"}`` otherwise.
+directory is usable (with PostgreSQL: while the database answers), 503
+``{"status": "unavailable"}`` otherwise.
 """
 
 from __future__ import annotations
@@ -85,7 +86,10 @@ def build_app(server: Server[Any], backend: Backend, *, host: str) -> Starlette:
     """The ASGI app serving ``server`` over ``backend``."""
 
     async def healthz(request: Request) -> JSONResponse:
-        ok = await anyio.to_thread.run_sync(data_dir_usable, backend.data_dir)
+        if backend.health is not None:
+            ok = await anyio.to_thread.run_sync(backend.health)
+        else:
+            ok = await anyio.to_thread.run_sync(data_dir_usable, backend.data_dir)
         if ok:
             return JSONResponse({"status": "ok"})
         return JSONResponse({"status": "unavailable"}, status_code=503)

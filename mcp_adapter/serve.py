@@ -15,20 +15,20 @@ import os
 import signal
 import socket
 import sys
-from pathlib import Path
 from typing import Any
 
 import anyio
 import uvicorn
 from mcp.server.stdio import stdio_server
 
-from logstore import MemoryStore, StoreError, open_store
+from logstore import MemoryStore, StoreError
 
 from . import __version__
 from .auth import Authenticator
 from .credentials import CredentialError, CredentialFile, generate_password
 from .http import HEALTH_PATH, MCP_PATH, build_app
 from .server import Backend, build_server
+from .store_select import StoreChoice, StoreConfigError, choose, credentials_for, open_chosen
 
 logger = logging.getLogger("convmem")
 
@@ -49,13 +49,27 @@ def _configure_logging(level: str) -> None:
             logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def _open_store(args: argparse.Namespace) -> MemoryStore | None:
+def _choice(args: argparse.Namespace) -> StoreChoice | None:
     try:
-        Path(args.data_dir).mkdir(parents=True, exist_ok=True)
-        return open_store(args.data_dir, lock_timeout=args.lock_timeout)
-    except (OSError, StoreError) as exc:
-        print(f"convmem: cannot open the data directory {args.data_dir}: {exc}", file=sys.stderr)
+        return choose(args)
+    except StoreConfigError as exc:
+        print(f"convmem: {exc}", file=sys.stderr)
         return None
+
+
+def _open_store(args: argparse.Namespace, choice: StoreChoice) -> MemoryStore | None:
+    try:
+        return open_chosen(choice, args)
+    except (OSError, StoreError) as exc:
+        what = "reach PostgreSQL" if choice.is_postgres else "open the data directory"
+        print(f"convmem: cannot {what} ({choice.describe()}): {exc}", file=sys.stderr)
+        return None
+
+
+def _health(store: MemoryStore) -> Any:
+    """The database probe for /healthz, or None to check the data directory."""
+    ping = getattr(store, "ping", None)
+    return ping if callable(ping) else None
 
 
 def basic_header(site: str, password: str) -> str:
@@ -89,11 +103,13 @@ def _client_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def _banner(args: argparse.Namespace, port: int, demo: tuple[str, str] | None, site_count: int) -> str:
+def _banner(
+    args: argparse.Namespace, port: int, demo: tuple[str, str] | None, site_count: int, choice: StoreChoice
+) -> str:
     base = f"http://{_client_host(args.host)}:{port}"
     url = base + MCP_PATH
     lines = [
-        f"convmem {__version__} listening on {args.host}:{port} (data directory: {os.path.abspath(args.data_dir)})",
+        f"convmem {__version__} listening on {args.host}:{port} ({choice.describe()})",
         f"  MCP endpoint (streamable HTTP): {url}",
         f"  health check:                   {base}{HEALTH_PATH}",
         "  Clients authenticate with HTTP Basic: user name = site name, password = the site's password.",
@@ -101,7 +117,10 @@ def _banner(args: argparse.Namespace, port: int, demo: tuple[str, str] | None, s
     if demo is not None:
         site, password = demo
         header = basic_header(site, password)
-        demo_file = os.path.join(args.data_dir, "auth", "demo-site.password")
+        if choice.is_postgres:
+            demo_file = f"the table {choice.schema}.settings"
+        else:
+            demo_file = os.path.join(choice.target, "auth", "demo-site.password")
         lines += [
             f"  Demo site {site!r}; its password is kept in {demo_file}",
             "",
@@ -145,10 +164,13 @@ def _quiet_signals() -> None:
 def serve_http(args: argparse.Namespace) -> int:
     """Serve MCP over streamable HTTP until SIGTERM/SIGINT. Returns the exit status."""
     _configure_logging(args.log_level)
-    store = _open_store(args)
+    choice = _choice(args)
+    if choice is None:
+        return 2
+    store = _open_store(args, choice)
     if store is None:
         return 2
-    creds = CredentialFile(args.data_dir)
+    creds = credentials_for(choice, store)
     demo = None
     try:
         creds.ensure_dir()
@@ -156,9 +178,10 @@ def serve_http(args: argparse.Namespace) -> int:
             from .cli import DEMO_SITE
 
             demo = (DEMO_SITE, ensure_demo_site(creds, DEMO_SITE))
-    except OSError as exc:
+        site_count = len(creds.sites())
+    except (OSError, StoreError) as exc:
         store.close()
-        print(f"convmem: cannot set up the credentials under {creds.auth_dir}: {exc}", file=sys.stderr)
+        print(f"convmem: cannot set up the credentials ({choice.describe()}): {exc}", file=sys.stderr)
         return 2
     try:
         sock = _bind(args.host, args.port)
@@ -170,9 +193,10 @@ def serve_http(args: argparse.Namespace) -> int:
 
     backend = Backend(
         store=store,
-        data_dir=os.path.abspath(args.data_dir),
+        data_dir="" if choice.is_postgres else os.path.abspath(choice.target),
         authenticator=Authenticator(creds),
         max_concurrency=args.max_concurrency,
+        health=_health(store),
     )
     app = build_app(build_server(backend), backend, host=args.host)
     config = uvicorn.Config(
@@ -184,7 +208,7 @@ def serve_http(args: argparse.Namespace) -> int:
         server_header=False,
     )
     server = uvicorn.Server(config)
-    print(_banner(args, port, demo, len(creds.sites())), flush=True)
+    print(_banner(args, port, demo, site_count, choice), flush=True)
     _quiet_signals()
     try:
         asyncio.run(_serve_uvicorn(server, sock, backend))
@@ -214,16 +238,34 @@ def serve_stdio(args: argparse.Namespace) -> int:
             "convmem: --stdio needs the site's password in the CONVMEM_PASSWORD environment variable", file=sys.stderr
         )
         return 2
-    creds = CredentialFile(args.data_dir)
-    if not creds.verify(args.site, password):
+    choice = _choice(args)
+    if choice is None:
+        return 2
+    store: MemoryStore | None = None
+    if choice.is_postgres:
+        store = _open_store(args, choice)
+        if store is None:
+            return 2
+    creds = credentials_for(choice, store)
+    try:
+        verified = creds.verify(args.site, password)
+    except StoreError as exc:
+        if store is not None:
+            store.close()
+        print(f"convmem: cannot read the site credentials ({choice.describe()}): {exc}", file=sys.stderr)
+        return 2
+    if not verified:
+        if store is not None:
+            store.close()
         print("convmem: the site name or the password in CONVMEM_PASSWORD is wrong", file=sys.stderr)
         return 3
-    store = _open_store(args)
+    if store is None:
+        store = _open_store(args, choice)
     if store is None:
         return 2
     backend = Backend(
         store=store,
-        data_dir=os.path.abspath(args.data_dir),
+        data_dir="" if choice.is_postgres else os.path.abspath(choice.target),
         fixed_site=args.site,
         max_concurrency=args.max_concurrency,
     )

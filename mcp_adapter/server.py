@@ -53,6 +53,8 @@ class Backend:
     authenticator: Authenticator | None = None
     fixed_site: str | None = None
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY
+    #: Probe for ``/healthz`` when the store is a database (None: check ``data_dir``).
+    health: Callable[[], bool] | None = None
     limiter: anyio.CapacityLimiter = field(init=False)
 
     def __post_init__(self) -> None:

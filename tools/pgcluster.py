@@ -74,8 +74,16 @@ class Cluster:
 
     def initdb(self, *settings: str) -> None:
         self._run(
-            str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust",
-            "--data-checksums", "-E", "UTF8", "--locale=C.UTF-8" if _has_c_utf8() else "--no-locale",
+            str(self.bin / "initdb"),
+            "-D",
+            str(self.data),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "--data-checksums",
+            "-E",
+            "UTF8",
+            "--locale=C.UTF-8" if _has_c_utf8() else "--no-locale",
         )
         self.configure(*settings)
 
@@ -124,8 +132,19 @@ class Cluster:
     def basebackup_from(self, primary: Cluster, application_name: str) -> None:
         """Make this a streaming standby of ``primary`` (replication slot-less, waits for the copy)."""
         self._run(
-            str(self.bin / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(primary.port), "-U", "postgres",
-            "-D", str(self.data), "-X", "stream", "-c", "fast",
+            str(self.bin / "pg_basebackup"),
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(primary.port),
+            "-U",
+            "postgres",
+            "-D",
+            str(self.data),
+            "-X",
+            "stream",
+            "-c",
+            "fast",
         )
         conninfo = f"host=127.0.0.1 port={primary.port} user=postgres application_name={application_name}"
         self.configure(f"primary_conninfo = '{conninfo}'", "hot_standby = on")

@@ -35,7 +35,9 @@ def translate(exc: BaseException, waited: float, *, writing: bool) -> StoreError
     if isinstance(exc, psycopg_pool.PoolTimeout):
         return Unavailable(f"no PostgreSQL connection became available in time: {exc}")
     if isinstance(exc, pgerr.ReadOnlySqlTransaction):
-        return Unavailable("the PostgreSQL server is read-only (a standby, or a failover is under way); nothing written")
+        return Unavailable(
+            "the PostgreSQL server is read-only (a standby, or a failover is under way); nothing written"
+        )
     if isinstance(exc, (psycopg.OperationalError, pgerr.AdminShutdown, pgerr.CannotConnectNow)):
         return Unavailable(f"lost the PostgreSQL server: {outcome}{_first_line(exc)}")
     if isinstance(exc, psycopg.InterfaceError):

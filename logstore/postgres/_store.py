@@ -188,7 +188,9 @@ class PgStore(MemoryStore):
         parts = encode_items(payloads)
         lock_ms = max(1, round(self.lock_timeout * 1000))
         with self._conn(writing=True) as conn:
-            row = conn.execute(self._sql.append, (site, conversation_id, parts, MAX_CONVERSATION_ITEMS, lock_ms)).fetchone()
+            row = conn.execute(
+                self._sql.append, (site, conversation_id, parts, MAX_CONVERSATION_ITEMS, lock_ms)
+            ).fetchone()
         assert row is not None
         return SeqRange(int(row[0]), int(row[1]))
 
@@ -206,9 +208,7 @@ class PgStore(MemoryStore):
             if selector.limit == 0:
                 return []
             with self._conn() as conn:
-                rows = conn.execute(
-                    self._sql.range, (site, conversation_id, selector.start, selector.limit)
-                ).fetchall()
+                rows = conn.execute(self._sql.range, (site, conversation_id, selector.start, selector.limit)).fetchall()
         else:
             raise TypeError(f"selector must be Tail or Range, not {type(selector).__name__}")
         return _items(site, conversation_id, rows)
