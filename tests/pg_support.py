@@ -10,10 +10,12 @@ data and can run against a shared server.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import itertools
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -112,3 +114,26 @@ class StoreFactory:
             s.close()
         if self.kind == "postgres" and self.dsn:
             drop_schema(self.dsn, self.schema)
+
+
+@contextlib.contextmanager
+def backend_credentials(request: Any, data_dir: Path) -> Iterator[tuple[Any, list[str]]]:
+    """(credential source, extra ``convmem serve`` arguments) for the backend in ``request.param``.
+
+    For PostgreSQL it opens a store in a fresh schema (dropped afterwards) and
+    returns the ``--store``/``--pg-schema`` arguments pointing a server at it.
+    """
+    from mcp_adapter.credentials import CredentialFile
+    from mcp_adapter.pg_credentials import PgCredentials
+
+    if request.param == "file":
+        yield CredentialFile(data_dir), []
+        return
+    dsn = request.getfixturevalue("pg_server")
+    schema = new_schema(dsn)
+    store = PgStore(dsn, schema=schema, pool_min=1, pool_max=2)
+    try:
+        yield PgCredentials(store), ["--store", dsn, "--pg-schema", schema]
+    finally:
+        store.close()
+        drop_schema(dsn, schema)
