@@ -85,6 +85,16 @@ class PgCredentials:
         if not rows:
             raise CredentialError(f"site {site!r} already exists")
 
+    def put_hash(self, site: str, h: PasswordHash, created_at: str | None = None) -> None:
+        """Store an existing hash for a new site (migration); an existing site is left as it is."""
+        SiteName(site)
+        self._rows(
+            f"INSERT INTO {self._t} (site, kdf, n, r, p, salt, hash, created_at, changed) "
+            f"VALUES (%s, 'scrypt', %s, %s, %s, %s, %s, %s, nextval('{self._seq}')) "
+            "ON CONFLICT (site) DO NOTHING RETURNING site",
+            (site, h.n, h.r, h.p, h.salt, h.digest, created_at),
+        )
+
     def set_password(self, site: str, password: str) -> None:
         h = PasswordHash.create(password)
         rows = self._rows(

@@ -267,6 +267,12 @@ class PgStore(MemoryStore):
         with self._conn() as conn:
             return [(str(r[0]), int(r[1])) for r in conn.execute(self._sql.conversations, (site,)).fetchall()]
 
+    def item_count(self, site: str, conversation_id: str) -> int:
+        """How many items the conversation holds (0 when unknown)."""
+        with self._conn() as conn:
+            row = conn.execute(self._sql.count, (SiteName(site), ConversationId(conversation_id))).fetchone()
+        return 0 if row is None else int(row[0])
+
     def raw_items(self, site: str, conversation_id: str, start: int, limit: int) -> list[tuple[int, int, bytes]]:
         """``(seq, recorded_at_us, payload_bytes)`` from ``start``, at most ``limit``, verbatim."""
         with self._conn() as conn:
@@ -345,6 +351,7 @@ class _Statements:
         self.conversations = q(
             "SELECT conversation_id, next_seq FROM {s}.conversations WHERE site = %s ORDER BY conversation_id"
         )
+        self.count = q("SELECT next_seq FROM {s}.conversations WHERE site = %s AND conversation_id = %s")
         self.lock_conversation = q(
             "SELECT next_seq FROM {s}.conversations WHERE site = %s AND conversation_id = %s FOR UPDATE"
         )
