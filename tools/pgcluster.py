@@ -31,7 +31,7 @@ def pg_bin() -> Path | None:
         return Path(env)
     found = shutil.which("initdb")
     if found:
-        return Path(found).parent
+        return Path(found).resolve().parent  # e.g. /usr/local/bin/initdb -> /usr/lib/postgresql/15/bin
     for cand in PG_BIN_CANDIDATES:
         if (Path(cand) / "initdb").exists():
             return Path(cand)

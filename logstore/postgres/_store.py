@@ -132,8 +132,10 @@ class PgStore(MemoryStore):
     # ------------------------------------------------------------ plumbing
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
-        """Run on each new pooled connection: durability check and statement timeout."""
+        """Run on each new pooled connection: durability check, statement timeout, sync-rep watch."""
         self._check_commit_mode(conn)
+        conn_id = id(conn)
+        conn.add_notice_handler(lambda diag: _watch_sync_rep_cancel(diag, conn_id))
         conn.execute(
             "SELECT set_config('statement_timeout', %s, false)", (str(max(1, round(self.statement_timeout * 1000))),)
         )
@@ -188,9 +190,16 @@ class PgStore(MemoryStore):
         parts = encode_items(payloads)
         lock_ms = max(1, round(self.lock_timeout * 1000))
         with self._conn(writing=True) as conn:
+            _SYNC_CANCELLED.discard(id(conn))
             row = conn.execute(
                 self._sql.append, (site, conversation_id, parts, MAX_CONVERSATION_ITEMS, lock_ms)
             ).fetchone()
+            if id(conn) in _SYNC_CANCELLED:
+                _SYNC_CANCELLED.discard(id(conn))
+                raise Unavailable(
+                    "PostgreSQL committed the batch locally but stopped waiting for the synchronous standby "
+                    "before it confirmed; not acknowledged (a retry may store it twice)"
+                )
         assert row is not None
         return SeqRange(int(row[0]), int(row[1]))
 
@@ -315,6 +324,17 @@ class PgStore(MemoryStore):
             if len(rows) < 1000:
                 return count, crc
             start = rows[-1][0] + 1
+
+
+#: Connections (by id) on which PostgreSQL gave up waiting for the synchronous standby during the
+#: current append. PostgreSQL then reports COMMIT as successful with only a WARNING: the batch is
+#: durable on the primary but may be missing after a failover, so it must not be acknowledged.
+_SYNC_CANCELLED: set[int] = set()
+
+
+def _watch_sync_rep_cancel(diag: psycopg.errors.Diagnostic, conn_id: int) -> None:
+    if (diag.message_primary or "").startswith("canceling wait for synchronous replication"):
+        _SYNC_CANCELLED.add(conn_id)
 
 
 def item_crc(crc: int, seq: int, stamp: int, payload: bytes) -> int:
