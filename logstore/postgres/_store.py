@@ -53,7 +53,7 @@ from ..model import (
 from ..store import MemoryStore
 from ..timefmt import format_us, parse_rfc3339
 from ._errors import translate
-from ._schema import SQLSTATE_FULL, ddl
+from ._schema import SCHEMA_VERSION, SQLSTATE_FULL, ddl
 
 logger = logging.getLogger("logstore.postgres")
 
@@ -157,9 +157,28 @@ class PgStore(MemoryStore):
         )
 
     def _create_schema(self, conn: psycopg.Connection[Any]) -> None:
-        with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_DDL_LOCK,))
-            conn.execute(ddl(self.schema))
+        """Create the schema unless it is there already (then nothing is changed, e.g. under Citus).
+
+        Refuses a schema made by a newer convmem (a higher version in ``meta``).
+        """
+        version = self._schema_version(conn)
+        if version is None:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_DDL_LOCK,))
+                conn.execute(ddl(self.schema))
+            version = self._schema_version(conn)
+        if version != SCHEMA_VERSION:
+            raise Unavailable(
+                f"schema {self.schema} is at version {version}; this convmem understands version {SCHEMA_VERSION}"
+            )
+
+    def _schema_version(self, conn: psycopg.Connection[Any]) -> int | None:
+        meta = sql.SQL("{}.meta").format(sql.Identifier(self.schema)).as_string(conn)
+        exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (meta,)).fetchone()
+        if not exists or not exists[0]:
+            return None
+        row = conn.execute(f"SELECT value FROM {meta} WHERE key = 'schema_version'".encode()).fetchone()
+        return int(row[0]) if row else None
 
     def _check_open(self) -> None:
         if self._closed:
