@@ -207,7 +207,9 @@ def test_a_commit_the_standby_never_confirmed_is_not_acknowledged(pair: dict[str
     assert committed == 2
 
 
-def test_sigkill_primary_under_load_loses_no_acknowledged_batch(pair: dict[str, Any], tmp_path: Path) -> None:
+def test_sigkill_primary_under_load_loses_no_acknowledged_batch(
+    pair: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     seed = int(os.environ.get("CONVMEM_TEST_SEED") or random.randrange(2**32))
     rounds = int(os.environ.get("CONVMEM_HA_ROUNDS", "1"))
     print(f"seed={seed} (rerun with CONVMEM_TEST_SEED={seed}) rounds={rounds}")
@@ -262,7 +264,8 @@ def test_sigkill_primary_under_load_loses_no_acknowledged_batch(pair: dict[str, 
     acked = [a for c in clients for a in c.acked]
     failures = sum(c.failures for c in clients)
     lost = _verify(primary.dsn(), acked) if acked else 0
-    print(f"HA: rounds={rounds} acked_batches={len(acked)} failed_attempts={failures} lost={lost}")
+    with capsys.disabled():  # shown in every run, not only when the test fails
+        print(f"\nHA: seed={seed} rounds={rounds} acked_batches={len(acked)} failed_attempts={failures} lost={lost}")
     assert lost == 0
 
 

@@ -131,4 +131,4 @@ ON CONFLICT (key) DO NOTHING;
 def ddl(schema: str) -> sql.Composed:
     """The idempotent DDL creating the store's objects in ``schema``."""
     text = _DDL.replace("{full}", SQLSTATE_FULL).replace("{version}", str(SCHEMA_VERSION))
-    return sql.SQL(text).format(schema=sql.Identifier(schema))  # type: ignore[arg-type]
+    return sql.SQL(text).format(schema=sql.Identifier(schema))

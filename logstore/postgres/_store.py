@@ -366,7 +366,7 @@ class _Statements:
 
     def __init__(self, schema: str) -> None:
         def q(text: str) -> bytes:
-            return sql.SQL(text).format(s=sql.Identifier(schema)).as_string(None).encode()  # type: ignore[arg-type]
+            return sql.SQL(text).format(s=sql.Identifier(schema)).as_string(None).encode()
 
         self.append = q("SELECT first_seq, last_seq FROM {s}.append_batch(%s, %s, %s::bytea[], %s, %s)")
         self.tail = q(
@@ -452,4 +452,4 @@ def _redact(dsn: str) -> str:
     except psycopg.Error:
         return "(the given DSN)"
     info.pop("password", None)
-    return psycopg.conninfo.make_conninfo("", **info)  # type: ignore[arg-type]
+    return psycopg.conninfo.make_conninfo("", **info)
