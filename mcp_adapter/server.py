@@ -62,6 +62,8 @@ class Backend:
     memories: LongTermMemory | None = None
     #: Seconds a soft-deleted memory is kept before it is erased.
     memory_retention_seconds: float = DEFAULT_RETENTION_SECONDS
+    #: Probe for ``/healthz`` when the store is a database (None: check ``data_dir``).
+    health: Callable[[], bool] | None = None
     limiter: anyio.CapacityLimiter = field(init=False)
     _memories_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
 
@@ -72,6 +74,13 @@ class Backend:
         """The long-term memory store, opened on first use (blocking)."""
         with self._memories_lock:
             if self.memories is None:
+                if not self.data_dir:
+                    # A PostgreSQL store served without --data-dir: the memory store needs a directory.
+                    raise ToolFailure(
+                        "Unavailable",
+                        "long-term memory is not enabled on this server: it keeps memories in a data directory, "
+                        "and this server uses PostgreSQL without one (the operator can add --data-dir)",
+                    )
                 self.memories = LongTermMemory(self.data_dir, retention_seconds=self.memory_retention_seconds)
                 self.memories.start_sweeper()
             return self.memories
@@ -81,6 +90,8 @@ class Backend:
 
         Otherwise the sweeper starts with the memory store, on the first memory call.
         """
+        if not self.data_dir:
+            return  # no data directory (PostgreSQL without --data-dir): memory tools answer Unavailable
         sites = os.path.join(self.data_dir, "sites")
         names = os.listdir(sites) if os.path.isdir(sites) else []
         if any(os.path.isdir(os.path.join(sites, name, "memories")) for name in names):

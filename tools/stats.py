@@ -33,7 +33,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         description="Per site: conversations, items, bytes on disk and the largest "
         "conversations with their fill of the 100,000-item limit.",
     )
-    p.add_argument("data_dir", metavar="DATA_DIR")
+    p.add_argument("data_dir", metavar="DATA_DIR", help="a data directory, or a postgresql:// URI")
+    p.add_argument("--pg-schema", default="convmem", help="schema when DATA_DIR is PostgreSQL")
     p.add_argument("--site", metavar="S", help="only this site")
     p.add_argument("--top", type=int, default=10, metavar="N", help="how many of the largest to show (default 10)")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -95,6 +96,10 @@ def site_stats(data_dir: str, site: str | None, top: int) -> list[SiteStats]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if str(args.data_dir).startswith(("postgresql://", "postgres://")):
+        from tools.pg_stats import run as run_pg
+
+        return run_pg(args)
     try:
         result = site_stats(args.data_dir, args.site, args.top)
     except (MaintenanceError, OSError) as exc:
