@@ -254,8 +254,12 @@ def serve_http(args: argparse.Namespace) -> int:
     """Serve MCP over streamable HTTP until SIGTERM/SIGINT. Returns the exit status."""
     _configure_logging(args.log_level, args.log_format)
     refused = tls.check_options(args) or (tls.check_files(args.tls_cert, args.tls_key) if args.tls_cert else None)
-    if refused:  # ops: no plain HTTP off loopback; TLS files must load
-        print(f"convmem: {refused}", file=sys.stderr)
+    # Both start-up refusals are argument checks, made before anything is created; each is printed.
+    refusal = bind_policy_refusal(args.host, args.allowed_hosts)
+    if refused or refusal:  # ops: no plain HTTP off loopback; TLS files must load; security: --allowed-host
+        for message in (refused, refusal):
+            if message:
+                print(f"convmem: {message}", file=sys.stderr)
         return 2
     try:
         metrics_token = metrics.token_from(args)
@@ -280,11 +284,6 @@ def serve_http(args: argparse.Namespace) -> int:
     except (OSError, StoreError) as exc:
         store.close()
         print(f"convmem: cannot set up the credentials ({choice.describe()}): {exc}", file=sys.stderr)
-        return 2
-    refusal = bind_policy_refusal(args.host, args.allowed_hosts)
-    if refusal is not None:
-        store.close()
-        print(f"convmem: {refusal}", file=sys.stderr)
         return 2
     try:
         sock = _bind(args.host, args.port)
