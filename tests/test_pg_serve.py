@@ -154,3 +154,68 @@ def test_stats_on_postgres(pg: tuple[str, str]) -> None:
     assert [c["conversation_id"] for c in site["largest"]] == ["conv-big-01", "conv-small1"]
     text = run_convmem("stats", pg[0], "--pg-schema", pg[1])
     assert text.returncode == 0 and "2 conversations, 6 items" in text.stdout
+
+
+def test_site_add_refuses_rows_left_in_the_database_unless_purged(pg: tuple[str, str]) -> None:
+    """A name whose conversations are still in the database is not handed to a new owner silently."""
+    from mcp_adapter.pg_credentials import PgCredentials
+
+    assert _site(pg, "add", SITE, "--password-stdin", stdin=PASSWORD + "\n").returncode == 0
+    with PgStore(pg[0], schema=pg[1]) as store:
+        store.append(SITE, "left-0001", [{"old": "owner"}])
+        PgCredentials(store).remove(SITE)  # the password is gone, the rows are not
+    refused = _site(pg, "add", SITE, "--password-stdin", stdin="new-owner-password-01\n")
+    assert refused.returncode == 1 and "--purge-data" in refused.stderr, refused.stderr
+    with PgStore(pg[0], schema=pg[1]) as store:
+        assert [i.payload for i in store.read(SITE, "left-0001", Tail(5))] == [{"old": "owner"}]
+    purged = _site(pg, "add", SITE, "--password-stdin", "--purge-data", stdin="new-owner-password-01\n")
+    assert purged.returncode == 0, purged.stderr
+    with PgStore(pg[0], schema=pg[1]) as store:
+        assert store.read(SITE, "left-0001", Tail(5)) == []
+        assert PgCredentials(store).verify(SITE, "new-owner-password-01")
+
+
+def test_serve_refuses_quotas_with_postgres(pg: tuple[str, str]) -> None:
+    done = subprocess.run(
+        convmem_cmd("serve", "--port", "0", "--store", pg[0], "--pg-schema", pg[1], "--quota-bytes", "1000000"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=subprocess_env(),
+    )
+    assert done.returncode == 2 and "not enforced with a PostgreSQL store" in done.stderr, done.stderr
+
+
+@pytest.mark.anyio
+async def test_memory_tools_without_a_data_dir_answer_unavailable(pg: tuple[str, str], tmp_path: Path) -> None:
+    """PostgreSQL without --data-dir: the memory store has nowhere to live, and says so; nothing lands in cwd."""
+    assert _site(pg, "add", SITE, "--password-stdin", stdin=PASSWORD + "\n").returncode == 0
+    argv = convmem_cmd("serve", "--stdio", "--site", SITE, "--store", pg[0], "--pg-schema", pg[1])
+    params = StdioServerParameters(
+        command=argv[0], args=argv[1:], env=subprocess_env(CONVMEM_PASSWORD=PASSWORD), cwd=str(tmp_path)
+    )
+    async with Client(params, mode="legacy") as client:
+        res = await client.call_tool("memory_search", {"query": "anything"})
+        assert res.is_error
+        error = (res.meta or {})["convmem/error"]
+        assert error["code"] == "Unavailable" and "--data-dir" in error["message"], error
+        ok = await client.call_tool("append_memory", {"conversation_id": "mem-less-1", "items": [{"a": 1}]})
+        assert ok.structured_content == {"first_seq": 0, "last_seq": 0}
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.anyio
+async def test_memory_tools_use_the_data_dir_given_beside_postgres(pg: tuple[str, str], tmp_path: Path) -> None:
+    assert _site(pg, "add", SITE, "--password-stdin", stdin=PASSWORD + "\n").returncode == 0
+    mem = tmp_path / "memories-here"
+    argv = convmem_cmd(
+        "serve", "--stdio", "--site", SITE, "--store", pg[0], "--pg-schema", pg[1], "--data-dir", str(mem)
+    )
+    params = StdioServerParameters(
+        command=argv[0], args=argv[1:], env=subprocess_env(CONVMEM_PASSWORD=PASSWORD), cwd=str(tmp_path)
+    )
+    async with Client(params, mode="legacy") as client:
+        res = await client.call_tool("memory_search", {"query": "anything"})
+        assert not res.is_error, res
+        assert res.structured_content == {"memories": []}
+    assert mem.is_dir()
