@@ -243,3 +243,59 @@ class Floor:
             for fd, _o, _l in self._files.values():
                 os.close(fd)
             self._files.clear()
+
+
+class Postgres:
+    """convmem's PostgreSQL backend (:class:`logstore.postgres.PgStore`) on a loopback server.
+
+    Durable as served: ``synchronous_commit = on``, one transaction per batch.
+    While ``bulk`` is set (``Ctx.setup_mode``) appends go through a second
+    store whose sessions commit asynchronously: same rows, faster build.
+    """
+
+    name = "postgres"
+
+    def __init__(self, dsn: str, **options: Any) -> None:
+        import logging
+
+        from logstore.postgres import PgStore
+
+        # The bulk store's "synchronous_commit = off" warning is expected here, in every process.
+        logging.getLogger("logstore.postgres").setLevel(logging.ERROR)
+        self.dsn = dsn
+        self.store = PgStore(dsn, **options)
+        sep = "&" if "?" in dsn else "?"
+        self._bulk_store = PgStore(dsn + sep + "options=-csynchronous_commit%3Doff", allow_async_commit=True)
+        self.bulk = False
+
+    def append(self, site: str, conv: str, items: list[dict[str, Any]]) -> None:
+        (self._bulk_store if self.bulk else self.store).append(site, conv, items)
+
+    def tail(self, site: str, conv: str, n: int) -> list[Any]:
+        return self.store.read(site, conv, Tail(n))
+
+    def range(self, site: str, conv: str, start: int, limit: int) -> list[Any]:
+        return self.store.read(site, conv, Range(start, limit))
+
+    def list_page(self, site: str, cursor: Any, limit: int) -> tuple[list[Any], Any]:
+        page = self.store.list_conversations(site, ListSelector(cursor, limit))
+        return page.summaries, page.next_cursor
+
+    def cursor_at(self, site: str, rank: int) -> ListCursor | None:
+        cursor = None
+        left = rank
+        while left > 0:
+            rows, cursor = self.list_page(site, cursor, min(left, 1000))
+            left -= len(rows)
+            if cursor is None:
+                break
+        return cursor
+
+    def analyze(self) -> None:
+        """Refresh the planner's statistics of the store's tables."""
+        with self.store._conn() as conn:
+            conn.execute(f'ANALYZE "{self.store.schema}".conversations, "{self.store.schema}".items'.encode())
+
+    def close(self) -> None:
+        self.store.close()
+        self._bulk_store.close()

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .backends import Convmem, Floor, Sqlite
+from .backends import Convmem, Floor, Postgres, Sqlite
 from .context import SITE, Ctx
 from .util import Row, interleaved, payloads
 
@@ -32,6 +32,8 @@ def _open(kind: str, ctx_paths: dict[str, str]) -> Any:
         return Convmem(ctx_paths["convmem"])
     if kind == "sqlite":
         return Sqlite(ctx_paths["sqlite"])
+    if kind == "postgres":
+        return Postgres(ctx_paths["postgres"])
     return Floor(ctx_paths["floor"])
 
 
@@ -89,6 +91,8 @@ def run(ctx: Ctx) -> list[Row]:
     rows = []
     items = payloads(BATCH, ctx.sizes.item_bytes)
     paths = {"convmem": ctx.convmem_dir, "sqlite": ctx.sqlite_path, "floor": ctx.floor_dir}
+    if ctx.postgres_dsn is not None:
+        paths["postgres"] = ctx.postgres_dsn
     n = ctx.sizes.concurrent_appends
     for how, distinct in CASES:
         where = "distinct conversations" if distinct else "the same conversation"

@@ -2,12 +2,13 @@
 
 Sites of 1,000, 10,000 and 100,000 conversations (one small item each) are
 built once; a page is 50 summaries; the deep page starts 90% of the way in.
-Only convmem and SQLite list: the floor has no listing.
+Only convmem, SQLite and PostgreSQL list: the floor has no listing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from .context import Ctx
 from .util import Row, interleaved, rate
@@ -32,8 +33,14 @@ def build(ctx: Ctx, n: int) -> None:
             conv = f"conv-{i:08d}"
             ctx.convmem.append(site_name(n), conv, item)
             ctx.sqlite.append(site_name(n), conv, item)
+            if ctx.postgres is not None:
+                ctx.postgres.append(site_name(n), conv, item)
             if i % 2000 == 0:
                 ctx.progress.step(f"list: building site of {n:,} conversations ({i:,})")
+
+
+def _listers(ctx: Ctx) -> list[Any]:
+    return [ctx.convmem, ctx.sqlite] + ([ctx.postgres] if ctx.postgres is not None else [])
 
 
 def run(ctx: Ctx) -> list[Row]:
@@ -48,7 +55,7 @@ def run(ctx: Ctx) -> list[Row]:
     cases = [(n, where, rank) for n in ctx.sizes.site_sizes for where, rank in (("first", 0), ("deep", int(n * DEEP)))]
     for n, where, rank in cases:
         site = site_name(n)
-        for b in (ctx.convmem, ctx.sqlite):
+        for b in _listers(ctx):
             cursor = b.cursor_at(site, rank)
             assert len(b.list_page(site, cursor, PAGE)[0]) == PAGE
             fns[f"{b.name}|{n}|{where}"] = (lambda b=b, cursor=cursor, site=site:
@@ -56,7 +63,7 @@ def run(ctx: Ctx) -> list[Row]:
     samples = interleaved(ctx.sizes.rounds, fns)
     rows = []
     for n, where, rank in cases:
-        per = {b: samples[f"{b}|{n}|{where}"] for b in ("convmem", "sqlite")}
+        per = {b.name: samples[f"{b.name}|{n}|{where}"] for b in _listers(ctx)}
         rows.append(Row("list", f"list {where} page at {n:,} conversations", "pages/s", samples=per,
                         extra={"conversations": n, "rank": rank}))
     ctx.progress.step("list", advance=len(ctx.sizes.site_sizes))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .util import CONVMEM, FLOOR, SQLITE, Row, median
+from .util import CONVMEM, FLOOR, POSTGRES, SQLITE, Row, median
 
 
 def _fmt(v: float | None) -> str:
@@ -23,11 +23,15 @@ def _ratio(v: float | None) -> str:
 
 
 def table(rows: list[Row]) -> str:
-    """Medians per backend and convmem's speed relative to SQLite and the floor (above 1x: convmem faster)."""
-    head = ("workload", "unit", CONVMEM, SQLITE, FLOOR, "vs sqlite", "vs floor")
+    """Medians per backend and convmem's speed relative to the others (above 1x: the local engine faster).
+
+    ``postgres`` is convmem's own PostgreSQL backend on a loopback server.
+    """
+    head = ("workload", "unit", CONVMEM, SQLITE, FLOOR, POSTGRES, "vs sqlite", "vs floor", "vs postgres")
     body = [
         (r.name + (f"  [{r.note}]" if r.note else ""), r.unit, _fmt(r.value(CONVMEM)), _fmt(r.value(SQLITE)),
-         _fmt(r.value(FLOOR)), _ratio(r.speed_ratio(SQLITE)), _ratio(r.speed_ratio(FLOOR)))
+         _fmt(r.value(FLOOR)), _fmt(r.value(POSTGRES)), _ratio(r.speed_ratio(SQLITE)), _ratio(r.speed_ratio(FLOOR)),
+         _ratio(r.speed_ratio(POSTGRES)))
         for r in rows
     ]
     widths = [max(len(str(x[i])) for x in [head, *body]) for i in range(len(head))]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 #: Backend names, in the order the table shows them.
-CONVMEM, SQLITE, FLOOR = "convmem", "sqlite", "floor"
+CONVMEM, SQLITE, FLOOR, POSTGRES = "convmem", "sqlite", "floor", "postgres"
 
 
 def median(values: list[float]) -> float:
@@ -68,6 +68,7 @@ class Row:
             "group": self.group, "name": self.name, "unit": self.unit, "higher_better": self.higher_better,
             "median": {k: self.value(k) for k in self.samples}, "samples": self.samples,
             "vs_sqlite": self.speed_ratio(SQLITE), "vs_floor": self.speed_ratio(FLOOR),
+            "vs_postgres": self.speed_ratio(POSTGRES),
             "note": self.note, **({"extra": self.extra} if self.extra else {}),
         }
 

@@ -8,17 +8,27 @@ variable (the option name in upper case, dashes as underscores, e.g.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from logstore import InvalidConversationId, ListSelector, SiteName, StoreError, open_store, site_usage
+from logstore import (
+    InvalidConversationId,
+    ListSelector,
+    MemoryStore,
+    SiteName,
+    StoreError,
+    open_store,
+    site_usage,
+)
 from logstore.ids import SITE_NAME_RULE
 
 from . import __version__, metrics, requestlog, tls
-from .credentials import CredentialError, CredentialFile, generate_password
+from .credentials import CredentialError, generate_password
+from .store_select import StoreConfigError, add_store_arguments, choose, credentials_for, open_chosen
 
 ENV_PREFIX = "CONVMEM_"
 DEMO_SITE = "demo-site"
@@ -68,6 +78,46 @@ def _read_password_stdin() -> str | None:
 # -- site commands -------------------------------------------------------------
 
 
+class _StoreUnusable(Exception):
+    """The store named on the command line cannot be opened (message says why)."""
+
+
+@contextlib.contextmanager
+def _site_store(args: argparse.Namespace, *, need_store: bool) -> Iterator[tuple[Any, MemoryStore | None, str]]:
+    """(credentials, store or None, where) for a ``site`` command; PostgreSQL always opens the store."""
+    try:
+        choice = choose(args)
+    except StoreConfigError as exc:
+        raise _StoreUnusable(str(exc)) from None
+    store: MemoryStore | None = None
+    if choice.is_postgres or need_store:
+        try:
+            store = open_chosen(choice, args)
+        except (StoreError, OSError) as exc:
+            raise _StoreUnusable(f"cannot open the store ({choice.describe()}): {exc}") from None
+    try:
+        yield credentials_for(choice, store), store, choice.describe() if choice.is_postgres else choice.target
+    finally:
+        if store is not None:
+            store.close()
+
+
+def _site_command(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Turn an unusable store or a database failure into a clear message and exit status."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return fn(args)
+        except _StoreUnusable as exc:
+            return _fail(str(exc), 2)
+        except StoreError as exc:
+            return _fail(f"the store failed: {exc}", 2)
+
+    run.__doc__ = fn.__doc__
+    return run
+
+
+@_site_command
 def cmd_site_add(args: argparse.Namespace) -> int:
     """``convmem site add NAME``: create a site; print its password once (or take it from stdin)."""
     site = _site_name(args.name)
@@ -76,28 +126,29 @@ def cmd_site_add(args: argparse.Namespace) -> int:
     password = _read_password_stdin() if args.password_stdin else generate_password()
     if password is None:
         return 2
-    creds = CredentialFile(args.data_dir)
-    if site in creds.sites():
-        return _fail(f"site {site!r} already exists")
-    try:
-        leftover = _leftover_site_dir(args.data_dir, site)
-        if leftover == "conversations" and not args.purge_data:
-            return _fail(
-                f"the data directory still holds data of an earlier site named {site!r}; a new owner would see it. "
-                "Add --purge-data to delete that data first, or choose another name"
-            )
-        if leftover is not None:
-            # Conversations only with --purge-data; a directory without any (listing files) always.
-            with open_store(args.data_dir) as store:
-                store.drop_site(site)
-    except StoreError as exc:
-        return _fail(f"cannot check the store in {args.data_dir}: {exc}")
-    try:
-        creds.add(site, password)
-    except CredentialError as exc:
-        return _fail(str(exc))
+    with _site_store(args, need_store=False) as (creds, store, where):
+        if site in creds.sites():
+            return _fail(f"site {site!r} already exists")
+        place = "the database" if store is not None else "the data directory"
+        try:
+            leftover = _leftover_site_data(store, where, site)
+            if leftover == "conversations" and not args.purge_data:
+                return _fail(
+                    f"{place} still holds data of an earlier site named {site!r}; a new owner would see it. "
+                    "Add --purge-data to delete that data first, or choose another name"
+                )
+            if leftover is not None:
+                # Conversations only with --purge-data; a site without any (e.g. listing files) always.
+                with _data_store(store, where) as data:
+                    data.drop_site(site)
+        except StoreError as exc:
+            return _fail(f"cannot check the store ({where}): {exc}")
+        try:
+            creds.add(site, password)
+        except CredentialError as exc:
+            return _fail(str(exc))
     print(
-        f"created site {site!r} in {args.data_dir}"
+        f"created site {site!r} in {where}"
         + (" after deleting its old conversations" if leftover == "conversations" else ""),
         file=sys.stderr,
     )
@@ -107,25 +158,29 @@ def cmd_site_add(args: argparse.Namespace) -> int:
     return 0
 
 
+@_site_command
 def cmd_site_list(args: argparse.Namespace) -> int:
     """``convmem site list``: the sites, one per line."""
-    for site in CredentialFile(args.data_dir).sites():
+    with _site_store(args, need_store=False) as (creds, _store, _where):
+        names = creds.sites()
+    for site in names:
         print(site)
     return 0
 
 
+@_site_command
 def cmd_site_passwd(args: argparse.Namespace) -> int:
     """``convmem site passwd NAME``: give a site a new password (generated, or from stdin)."""
     password = _read_password_stdin() if args.password_stdin else generate_password()
     if password is None:
         return 2
-    creds = CredentialFile(args.data_dir)
-    try:
-        creds.set_password(args.name, password)
-    except CredentialError as exc:
-        return _fail(str(exc))
-    if args.name == DEMO_SITE and creds.read_demo_password() is not None:
-        creds.write_demo_password(password)
+    with _site_store(args, need_store=False) as (creds, _store, _where):
+        try:
+            creds.set_password(args.name, password)
+        except CredentialError as exc:
+            return _fail(str(exc))
+        if args.name == DEMO_SITE and creds.read_demo_password() is not None:
+            creds.write_demo_password(password)
     print(f"changed the password of site {args.name!r}", file=sys.stderr)
     if not args.password_stdin:
         print("the new password follows; it is shown only this once:", file=sys.stderr)
@@ -133,43 +188,70 @@ def cmd_site_passwd(args: argparse.Namespace) -> int:
     return 0
 
 
+@_site_command
 def cmd_site_remove(args: argparse.Namespace) -> int:
     """``convmem site remove NAME [--force]``: delete a site (and, with --force, its conversations)."""
-    creds = CredentialFile(args.data_dir)
-    if args.name not in creds.sites():
-        return _fail(f"no site named {args.name!r}")
-    site = _site_name(args.name)
-    if site is None:
-        return 2
-    # Order matters: the password is revoked before any data is deleted, so that no client of the
-    # old tenant can authenticate (and recreate directories by appending) while the data goes.
-    try:
-        with open_store(args.data_dir) as store:
-            holds = bool(store.list_conversations(site, ListSelector(limit=1)).summaries)
-            if holds and not args.force:
-                return _fail(f"site {site!r} still holds conversations; use --force to delete them with the site")
-    except StoreError as exc:
-        return _fail(f"cannot open the store in {args.data_dir}: {exc}")
-    try:
-        creds.remove(site)
-    except CredentialError as exc:
-        return _fail(str(exc))
-    if site == DEMO_SITE:
-        creds.demo_password_path.unlink(missing_ok=True)
-    if args.force:
-        # Calls that authenticated just before the revocation may still be running in a server;
-        # let them finish (they are bounded by the server's lock timeout) before deleting.
-        time.sleep(args.grace)
+    with _site_store(args, need_store=False) as (creds, store, where):
+        if args.name not in creds.sites():
+            return _fail(f"no site named {args.name!r}")
+        site = _site_name(args.name)
+        if site is None:
+            return 2
+        # Order matters: the password is revoked before any data is deleted, so that no client of the
+        # old tenant can authenticate (and recreate data by appending) while the data goes.
         try:
-            with open_store(args.data_dir) as store:
-                store.drop_site(site)
+            with _data_store(store, where) as data:
+                holds = bool(data.list_conversations(site, ListSelector(limit=1)).summaries)
+                if holds and not args.force:
+                    return _fail(f"site {site!r} still holds conversations; use --force to delete them with the site")
         except StoreError as exc:
-            return _fail(
-                f"revoked site {site!r} but could not delete its data: {exc}. "
-                f"`convmem site add {site} --purge-data` deletes it before the name is reused"
-            )
+            return _fail(f"cannot open the store ({where}): {exc}")
+        try:
+            creds.remove(site)
+        except CredentialError as exc:
+            return _fail(str(exc))
+        if site == DEMO_SITE:
+            if hasattr(creds, "forget_demo_password"):
+                creds.forget_demo_password()
+            else:
+                creds.demo_password_path.unlink(missing_ok=True)
+        if args.force:
+            # Calls that authenticated just before the revocation may still be running in a server;
+            # let them finish (they are bounded by the server's lock timeout) before deleting.
+            time.sleep(args.grace)
+            try:
+                with _data_store(store, where) as data:
+                    data.drop_site(site)
+            except StoreError as exc:
+                return _fail(
+                    f"revoked site {site!r} but could not delete its data: {exc}. "
+                    f"`convmem site add {site} --purge-data` deletes it before the name is reused"
+                )
     print(f"removed site {site!r}" + (" and its conversations" if args.force else ""), file=sys.stderr)
     return 0
+
+
+@contextlib.contextmanager
+def _data_store(store: MemoryStore | None, data_dir: str) -> Iterator[MemoryStore]:
+    """The store for one step of a site command: the open database, or the data directory opened just for it."""
+    if store is not None:
+        yield store
+        return
+    with open_store(data_dir) as opened:
+        yield opened
+
+
+def _leftover_site_data(store: MemoryStore | None, data_dir: str, site: str) -> str | None:
+    """What the store still holds for ``site``: "conversations", "empty", or None.
+
+    ``store`` is the open PostgreSQL store (there "conversations" means rows of
+    that site in the database), or None to look in the data directory.
+    """
+    if store is None:
+        return _leftover_site_dir(data_dir, site)
+    if site not in store.sites():
+        return None
+    return "conversations" if store.list_conversations(site, ListSelector(limit=1)).summaries else "empty"
 
 
 def _leftover_site_dir(data_dir: str, site: str) -> str | None:
@@ -199,13 +281,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def _data_dir_parent() -> argparse.ArgumentParser:
     parent = argparse.ArgumentParser(add_help=False)
-    default = _env("DATA_DIR")
-    parent.add_argument(
-        "--data-dir",
-        default=default,
-        required=default is None,
-        help="directory holding the conversations and credentials (env CONVMEM_DATA_DIR)",
-    )
+    add_store_arguments(parent)
     return parent
 
 
@@ -320,10 +396,10 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[
 
     serve = sub.add_parser(
         "serve",
-        parents=[data_dir],
         help="run the MCP server",
         description="Run the MCP server (streamable HTTP at /mcp, or stdio).",
     )
+    add_store_arguments(serve, server=True)
     serve.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="interface to listen on (env CONVMEM_HOST)")
     serve.add_argument(
         "--port", type=int, default=_env_int("PORT", 8765), help="TCP port; 0 picks a free one (env CONVMEM_PORT)"
@@ -357,6 +433,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[
         type=float,
         default=float(_env("LOCK_TIMEOUT", "5.0")),
         help="seconds an append waits for a busy conversation before Timeout (env CONVMEM_LOCK_TIMEOUT)",
+    )
+    serve.add_argument(
+        "--memory-retention-days",
+        type=float,
+        default=float(_env("MEMORY_RETENTION_DAYS", "30")),
+        help="days a soft-deleted long-term memory is kept before it is erased (env CONVMEM_MEMORY_RETENTION_DAYS)",
     )
     serve.add_argument(
         "--log-level",

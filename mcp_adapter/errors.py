@@ -58,6 +58,16 @@ _ADVICE: dict[str, str] = {
     "check the credentials, then retry.",
     "QuotaExceeded": "The site has used its storage allowance; retrying will not help until the operator raises "
     "the quota or removes data.",
+    # Long-term memory tools (mcp_adapter/memory_*.py).
+    "VerifyRequired": "Pass the same intent and candidate or memory_id to memory_verify, decide from the related "
+    "memories whether the write is still right, then repeat it with the new verify_token (single use, 10 minutes).",
+    "DuplicateMemory": "That fact is already stored under existing_id: update that memory (memory_verify with "
+    "intent update) rather than creating a second copy.",
+    "VersionConflict": "The memory changed since you read it: memory_get it again, decide whether your change "
+    "still applies, re-verify and retry with current_version.",
+    "MemoryStoreFull": "Delete memories that no longer matter first (soft-deleted ones count until they are erased; "
+    "force: true erases at once).",
+    "NotFound": "Check the id (memory_search finds memories by content); an erased memory is gone for good.",
 }
 
 

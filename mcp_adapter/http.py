@@ -24,7 +24,8 @@ event stream held open for nothing would let any client tie up memory.
 read them); every request gets a request id and a log line (:mod:`.requestlog`).
 
 ``/healthz`` needs no credentials: 200 ``{"status": "ok"}`` while the data
-directory is usable, 503 ``{"status": "unavailable"}`` otherwise.
+directory is usable (with PostgreSQL: while the database answers), 503
+``{"status": "unavailable"}`` otherwise.
 """
 
 from __future__ import annotations
@@ -268,7 +269,10 @@ def build_app(
     """The ASGI app serving ``server`` over ``backend``."""
 
     async def healthz(request: Request) -> JSONResponse:
-        ok = await anyio.to_thread.run_sync(data_dir_usable, backend.data_dir)
+        if backend.health is not None:
+            ok = await anyio.to_thread.run_sync(backend.health)
+        else:
+            ok = await anyio.to_thread.run_sync(data_dir_usable, backend.data_dir)
         if ok:
             return JSONResponse({"status": "ok"})
         return JSONResponse({"status": "unavailable"}, status_code=503)

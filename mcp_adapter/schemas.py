@@ -15,6 +15,8 @@ from typing import Any
 
 from logstore import MAX_BATCH_ITEMS, MAX_READ_ITEMS
 
+from .memory_schemas import with_memory_context
+
 JsonSchema = dict[str, Any]
 
 _ID_RULES = "8 to 64 characters, each a letter, digit, '_' or '-'"
@@ -240,9 +242,10 @@ LIST_CONVERSATIONS_RESPONSE: JsonSchema = {
     "type": "object",
 }
 
+# append_memory and recall_memory also take the optional long-term memory hint (see memory_schemas).
 _SCHEMAS: dict[str, tuple[JsonSchema, JsonSchema]] = {
-    "append_memory": (APPEND_MEMORY_REQUEST, APPEND_MEMORY_RESPONSE),
-    "recall_memory": (RECALL_MEMORY_REQUEST, RECALL_MEMORY_RESPONSE),
+    "append_memory": with_memory_context(APPEND_MEMORY_REQUEST, APPEND_MEMORY_RESPONSE),
+    "recall_memory": with_memory_context(RECALL_MEMORY_REQUEST, RECALL_MEMORY_RESPONSE),
     "replay_memory": (REPLAY_MEMORY_REQUEST, REPLAY_MEMORY_RESPONSE),
     "list_conversations": (LIST_CONVERSATIONS_REQUEST, LIST_CONVERSATIONS_RESPONSE),
 }

@@ -33,6 +33,7 @@ from .connguard import guarded_h11_protocol
 from .credentials import CredentialError, CredentialFile, generate_password
 from .http import HEALTH_PATH, MCP_PATH, build_app, is_loopback
 from .server import Backend, build_server
+from .store_select import StoreChoice, StoreConfigError, choose, credentials_for
 from .throttle import LoginThrottle, ThrottleSettings
 
 logger = logging.getLogger("convmem")
@@ -55,13 +56,64 @@ def _configure_logging(level: str, fmt: str = "text") -> None:
             logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def _open_store(args: argparse.Namespace) -> MemoryStore | None:
+def _choice(args: argparse.Namespace) -> StoreChoice | None:
     try:
-        Path(args.data_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
-        return open_store(args.data_dir, lock_timeout=args.lock_timeout, quota=site_quota(args))
-    except (OSError, StoreError) as exc:
-        print(f"convmem: cannot open the data directory {args.data_dir}: {exc}", file=sys.stderr)
+        return choose(args)
+    except StoreConfigError as exc:
+        print(f"convmem: {exc}", file=sys.stderr)
         return None
+
+
+def _open_store(args: argparse.Namespace, choice: StoreChoice) -> MemoryStore | None:
+    """Open the chosen store; None after printing why it cannot be opened or used as asked."""
+    quota = site_quota(args)
+    try:
+        if choice.is_postgres:
+            if quota.max_bytes is not None or quota.max_conversations is not None:
+                # Quotas are enforced by the file engine only (see README "Quotas").
+                print(
+                    "convmem: --quota-bytes/--quota-conversations apply to a data directory only; "
+                    "they are not enforced with a PostgreSQL store, so drop them or serve a data directory",
+                    file=sys.stderr,
+                )
+                return None
+            from logstore.postgres import PgStore
+
+            return PgStore(
+                choice.target,
+                schema=choice.schema,
+                lock_timeout=args.lock_timeout,
+                statement_timeout=args.pg_statement_timeout,
+                connect_timeout=args.pg_connect_timeout,
+                pool_max=max(args.pg_pool_max, 1),
+                prepare=not args.pg_no_prepare,
+                allow_async_commit=args.pg_allow_async_commit,
+            )
+        Path(choice.target).mkdir(mode=0o700, parents=True, exist_ok=True)
+        return open_store(choice.target, lock_timeout=args.lock_timeout, quota=quota)
+    except (OSError, StoreError) as exc:
+        what = "reach PostgreSQL" if choice.is_postgres else "open the data directory"
+        print(f"convmem: cannot {what} ({choice.describe()}): {exc}", file=sys.stderr)
+        return None
+
+
+def _memory_dir(args: argparse.Namespace, choice: StoreChoice) -> str:
+    """The directory of the long-term memory store: the data directory, or with PostgreSQL ``--data-dir``.
+
+    "" (PostgreSQL without ``--data-dir``) disables long-term memory: its tools then answer Unavailable.
+    """
+    if not choice.is_postgres:
+        return os.path.abspath(choice.target)
+    if not args.data_dir:
+        return ""
+    Path(args.data_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+    return os.path.abspath(args.data_dir)
+
+
+def _health(store: MemoryStore) -> Any:
+    """The database probe for /healthz, or None to check the data directory."""
+    ping = getattr(store, "ping", None)
+    return ping if callable(ping) else None
 
 
 def basic_header(site: str, password: str) -> str:
@@ -95,11 +147,13 @@ def _client_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def _banner(args: argparse.Namespace, port: int, demo: tuple[str, str] | None, site_count: int) -> str:
+def _banner(
+    args: argparse.Namespace, port: int, demo: tuple[str, str] | None, site_count: int, choice: StoreChoice
+) -> str:
     base = f"{tls.scheme(args)}://{_client_host(args.host)}:{port}"
     url = base + MCP_PATH
     lines = [
-        f"convmem {__version__} listening on {args.host}:{port} (data directory: {os.path.abspath(args.data_dir)})",
+        f"convmem {__version__} listening on {args.host}:{port} ({choice.describe()})",
         f"  MCP endpoint (streamable HTTP): {url}",
         f"  health check:                   {base}{HEALTH_PATH}",
         "  Clients authenticate with HTTP Basic: user name = site name, password = the site's password.",
@@ -107,7 +161,10 @@ def _banner(args: argparse.Namespace, port: int, demo: tuple[str, str] | None, s
     if demo is not None:
         site, password = demo
         header = basic_header(site, password)
-        demo_file = os.path.join(args.data_dir, "auth", "demo-site.password")
+        if choice.is_postgres:
+            demo_file = f"the table {choice.schema}.settings"
+        else:
+            demo_file = os.path.join(choice.target, "auth", "demo-site.password")
         lines += [
             f"  Demo site {site!r}; its password is kept in {demo_file}",
             "",
@@ -197,18 +254,25 @@ def serve_http(args: argparse.Namespace) -> int:
     """Serve MCP over streamable HTTP until SIGTERM/SIGINT. Returns the exit status."""
     _configure_logging(args.log_level, args.log_format)
     refused = tls.check_options(args) or (tls.check_files(args.tls_cert, args.tls_key) if args.tls_cert else None)
-    if refused:  # ops: no plain HTTP off loopback; TLS files must load
-        print(f"convmem: {refused}", file=sys.stderr)
+    # Both start-up refusals are argument checks, made before anything is created; each is printed.
+    refusal = bind_policy_refusal(args.host, args.allowed_hosts)
+    if refused or refusal:  # ops: no plain HTTP off loopback; TLS files must load; security: --allowed-host
+        for message in (refused, refusal):
+            if message:
+                print(f"convmem: {message}", file=sys.stderr)
         return 2
     try:
         metrics_token = metrics.token_from(args)
     except (OSError, ValueError) as exc:
         print(f"convmem: cannot read the metrics token: {exc}", file=sys.stderr)
         return 2
-    store = _open_store(args)
+    choice = _choice(args)
+    if choice is None:
+        return 2
+    store = _open_store(args, choice)
     if store is None:
         return 2
-    creds = CredentialFile(args.data_dir)
+    creds = credentials_for(choice, store)
     demo = None
     try:
         creds.ensure_dir()
@@ -216,14 +280,10 @@ def serve_http(args: argparse.Namespace) -> int:
             from .cli import DEMO_SITE
 
             demo = (DEMO_SITE, ensure_demo_site(creds, DEMO_SITE))
-    except OSError as exc:
+        site_count = len(creds.sites())
+    except (OSError, StoreError) as exc:
         store.close()
-        print(f"convmem: cannot set up the credentials under {creds.auth_dir}: {exc}", file=sys.stderr)
-        return 2
-    refusal = bind_policy_refusal(args.host, args.allowed_hosts)
-    if refusal is not None:
-        store.close()
-        print(f"convmem: {refusal}", file=sys.stderr)
+        print(f"convmem: cannot set up the credentials ({choice.describe()}): {exc}", file=sys.stderr)
         return 2
     try:
         sock = _bind(args.host, args.port)
@@ -241,10 +301,13 @@ def serve_http(args: argparse.Namespace) -> int:
 
     backend = Backend(
         store=store,
-        data_dir=os.path.abspath(args.data_dir),
+        data_dir=_memory_dir(args, choice),
         authenticator=Authenticator(creds, throttle=LoginThrottle(throttle_settings(args))),
         max_concurrency=args.max_concurrency,
+        memory_retention_seconds=args.memory_retention_days * 86400,
+        health=_health(store),
     )
+    backend.start_memory_sweeper()
     metrics.install(store)  # ops: engine measurements into /metrics
     app = build_app(
         build_server(backend),
@@ -268,12 +331,13 @@ def serve_http(args: argparse.Namespace) -> int:
     config.load()  # builds the TLS context now, so SIGHUP can reload it
     on_sighup = functools.partial(tls.reload_certificate, config.ssl, args.tls_cert, args.tls_key)
     server = uvicorn.Server(config)
-    print(_banner(args, port, demo, len(creds.sites())), flush=True)
+    print(_banner(args, port, demo, site_count, choice), flush=True)
     _quiet_signals()
     try:
         asyncio.run(_serve_uvicorn(server, sock, backend, on_sighup))
     finally:
         sock.close()
+        backend.close_memories()
         store.close()
         logger.info("stopped; store closed")
     return 0
@@ -301,24 +365,45 @@ def serve_stdio(args: argparse.Namespace) -> int:
             "convmem: --stdio needs the site's password in the CONVMEM_PASSWORD environment variable", file=sys.stderr
         )
         return 2
-    creds = CredentialFile(args.data_dir)
-    if not creds.login(args.site, password):
+    choice = _choice(args)
+    if choice is None:
+        return 2
+    store: MemoryStore | None = None
+    if choice.is_postgres:
+        store = _open_store(args, choice)
+        if store is None:
+            return 2
+    creds = credentials_for(choice, store)
+    try:
+        verified = creds.login(args.site, password)
+    except StoreError as exc:
+        if store is not None:
+            store.close()
+        print(f"convmem: cannot read the site credentials ({choice.describe()}): {exc}", file=sys.stderr)
+        return 2
+    if not verified:
+        if store is not None:
+            store.close()
         print("convmem: the site name or the password in CONVMEM_PASSWORD is wrong", file=sys.stderr)
         return 3
-    store = _open_store(args)
+    if store is None:
+        store = _open_store(args, choice)
     if store is None:
         return 2
     backend = Backend(
         store=store,
-        data_dir=os.path.abspath(args.data_dir),
+        data_dir=_memory_dir(args, choice),
         fixed_site=args.site,
         max_concurrency=args.max_concurrency,
+        memory_retention_seconds=args.memory_retention_days * 86400,
     )
+    backend.start_memory_sweeper()
     server = build_server(backend)
     logger.info("convmem %s serving site %r over stdio", __version__, args.site)
     try:
         anyio.run(_serve_stdio, server, backend)
     finally:
+        backend.close_memories()
         store.close()
     return 0
 
@@ -332,6 +417,7 @@ async def _serve_stdio(server: Any, backend: Backend) -> None:
                     logger.info("received %s; finishing in-flight calls", signal.Signals(sig).name)
                     await backend.drain(GRACEFUL_TIMEOUT)
                     await anyio.sleep(0.1)  # let the writer flush the answers of finished calls
+                    backend.close_memories()
                     backend.store.close()
                     logger.info("stopped; store closed")
                     sys.stdout.flush()

@@ -11,6 +11,8 @@ worker thread under a bounded limiter, and shape the result or the error.
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,10 +26,14 @@ from mcp.server import Server, ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
 from logstore import ListCursor, ListSelector, MemoryStore, Range, StoreError, Tail
+from logstore.memories import LongTermMemory
+from logstore.memories.limits import DEFAULT_RETENTION_SECONDS
 
 from . import __version__, requestlog
 from .auth import Authenticator
 from .errors import ToolFailure, from_store_error, internal_error, unauthenticated
+from .memory_calls import parse_memory_arguments, relevant_text, run_memory_call, surface
+from .memory_schemas import MEMORY_TOOL_NAMES
 from .tools import INSTRUCTIONS, tool_definitions
 from .validation import AppendArgs, ListArgs, RecallArgs, ReplayArgs, ToolArgs, parse_arguments
 
@@ -52,10 +58,50 @@ class Backend:
     authenticator: Authenticator | None = None
     fixed_site: str | None = None
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY
+    #: Long-term memories; opened on first use over ``data_dir`` when not given.
+    memories: LongTermMemory | None = None
+    #: Seconds a soft-deleted memory is kept before it is erased.
+    memory_retention_seconds: float = DEFAULT_RETENTION_SECONDS
+    #: Probe for ``/healthz`` when the store is a database (None: check ``data_dir``).
+    health: Callable[[], bool] | None = None
     limiter: anyio.CapacityLimiter = field(init=False)
+    _memories_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         self.limiter = anyio.CapacityLimiter(self.max_concurrency)
+
+    def memory_store(self) -> LongTermMemory:
+        """The long-term memory store, opened on first use (blocking)."""
+        with self._memories_lock:
+            if self.memories is None:
+                if not self.data_dir:
+                    # A PostgreSQL store served without --data-dir: the memory store needs a directory.
+                    raise ToolFailure(
+                        "Unavailable",
+                        "long-term memory is not enabled on this server: it keeps memories in a data directory, "
+                        "and this server uses PostgreSQL without one (the operator can add --data-dir)",
+                    )
+                self.memories = LongTermMemory(self.data_dir, retention_seconds=self.memory_retention_seconds)
+                self.memories.start_sweeper()
+            return self.memories
+
+    def start_memory_sweeper(self) -> None:
+        """At start-up: erase expired soft-deleted memories in the background if any site has memories (blocking).
+
+        Otherwise the sweeper starts with the memory store, on the first memory call.
+        """
+        if not self.data_dir:
+            return  # no data directory (PostgreSQL without --data-dir): memory tools answer Unavailable
+        sites = os.path.join(self.data_dir, "sites")
+        names = os.listdir(sites) if os.path.isdir(sites) else []
+        if any(os.path.isdir(os.path.join(sites, name, "memories")) for name in names):
+            self.memory_store()
+
+    def close_memories(self) -> None:
+        """Close the long-term memory store if it was opened (writes pending access times)."""
+        with self._memories_lock:
+            if self.memories is not None:
+                self.memories.close()
 
     async def run(self, fn: Callable[..., _T], *args: Any) -> _T:
         """Run a blocking storage call in a worker thread, within the concurrency bound.
@@ -97,8 +143,13 @@ async def _resolve_site(backend: Backend, ctx: ServerRequestContext[Any, Any]) -
     return await backend.authenticator.authenticate(values[0] if values else None, address)
 
 
-def _success(payload: dict[str, Any]) -> types.CallToolResult:
-    text = msgspec.json.encode(payload).decode()
+def _success(payload: dict[str, Any], extra_text: str | None = None) -> types.CallToolResult:
+    if extra_text is None:
+        text = msgspec.json.encode(payload).decode()
+    else:
+        # memory_context was given: the text keeps the spec's JSON and adds a short section.
+        spec_part = msgspec.json.encode({k: v for k, v in payload.items() if k != "memories"}).decode()
+        text = f"{spec_part}\n\n{extra_text}"
     return types.CallToolResult(content=[types.TextContent(type="text", text=text)], structured_content=payload)
 
 
@@ -134,6 +185,41 @@ async def _execute(backend: Backend, site: str, args: ToolArgs) -> dict[str, Any
     }
 
 
+async def _execute_with_memories(backend: Backend, site: str, args: ToolArgs, context: str) -> types.CallToolResult:
+    """The spec tool's call and the lookup of memories relevant to ``context``, run side by side.
+
+    The lookup runs concurrently with the log call, so it adds only what it
+    takes beyond the log call. A failing memory store never fails the log
+    call: the section then says memories are unavailable and ``memories`` is
+    empty. A failing log call fails as it would without ``memory_context``.
+    """
+    found: list[dict[str, str]] = []
+    section = ""
+
+    async def lookup() -> None:
+        nonlocal found, section
+        try:
+            found = await backend.run(surface, backend, site, context)
+            section = relevant_text(found)
+        except Exception as exc:
+            code = exc.code if isinstance(exc, StoreError) else type(exc).__name__
+            logger.warning("memory_context lookup failed: %s: %s", code, exc)
+            found = []
+            section = f"Relevant memories: unavailable right now ({code}); the call itself succeeded."
+
+    failure: Exception | None = None
+    payload: dict[str, Any] = {}
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lookup)
+        try:
+            payload = await _execute(backend, site, args)
+        except Exception as exc:
+            failure = exc
+    if failure is not None:
+        raise failure
+    return _success({**payload, "memories": found}, section)
+
+
 async def call_tool(
     backend: Backend, ctx: ServerRequestContext[Any, Any], name: str, arguments: Any
 ) -> types.CallToolResult:
@@ -147,8 +233,16 @@ async def call_tool(
         call.set_site(site)
         if arguments is not None and not isinstance(arguments, dict):
             raise ToolFailure("InvalidArguments", "arguments must be a JSON object", field="arguments", rule="object")
-        args = parse_arguments(name, arguments)
-        result = _success(await _execute(backend, site, args))
+        if name in MEMORY_TOOL_NAMES:
+            margs = parse_memory_arguments(name, arguments)
+            result = _success(await backend.run(run_memory_call, backend, site, margs))
+        else:
+            args = parse_arguments(name, arguments)
+            context = getattr(args, "memory_context", None)
+            if isinstance(context, str):
+                result = await _execute_with_memories(backend, site, args, context)
+            else:
+                result = _success(await _execute(backend, site, args))
         logger.debug("%s ok in %.1f ms", name, (time.perf_counter() - started) * 1000)
         return call.succeeded(result)
     except ToolFailure as failure:

@@ -36,11 +36,16 @@ ReadCount = Annotated[int, msgspec.Meta(ge=0, le=MAX_READ_ITEMS)]
 Offset = Annotated[int, msgspec.Meta(ge=0)]  # the uint64 ceiling is checked by hand (msgspec bounds are int64)
 
 
+#: The optional long-term memory hint of append_memory and recall_memory (absent: the spec's behaviour).
+MemoryContext = Annotated[str, msgspec.Meta(min_length=1, max_length=1000)]
+
+
 class AppendArgs(msgspec.Struct, frozen=True):
     """Arguments of ``append_memory``."""
 
     conversation_id: str
     items: list[dict[str, Any]]
+    memory_context: MemoryContext | msgspec.UnsetType = msgspec.UNSET
 
 
 class RecallArgs(msgspec.Struct, frozen=True):
@@ -48,6 +53,7 @@ class RecallArgs(msgspec.Struct, frozen=True):
 
     conversation_id: str
     count: ReadCount = 50
+    memory_context: MemoryContext | msgspec.UnsetType = msgspec.UNSET
 
 
 class ReplayArgs(msgspec.Struct, frozen=True):

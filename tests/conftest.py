@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 
@@ -9,3 +13,37 @@ import pytest
 def anyio_backend() -> str:
     """Async tests (``@pytest.mark.anyio``) run on asyncio."""
     return "asyncio"
+
+
+# -- PostgreSQL ----------------------------------------------------------------
+# One throwaway server for the whole session (initdb in a temp dir, its own port
+# on 127.0.0.1), or the server named by CONVMEM_TEST_POSTGRES. Each test that
+# uses it gets a schema of its own (tests/pg_support.py).
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[str]:
+    """The DSN of a PostgreSQL server for the tests (skips when none can be had)."""
+    from tests import pg_support
+
+    dsn = pg_support.session_dsn()
+    if dsn is None:
+        pytest.skip(pg_support.missing_reason())
+    yield dsn
+
+
+@pytest.fixture(params=["file", "postgres"])
+def backend_kind(request: pytest.FixtureRequest) -> str:
+    """Parametrises a test over both storage backends."""
+    return str(request.param)
+
+
+@pytest.fixture
+def store_factory(backend_kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """Opens stores of the parametrised backend over one shared data set (closed and dropped afterwards)."""
+    from tests import pg_support
+
+    dsn = request.getfixturevalue("pg_server") if backend_kind == "postgres" else None
+    factory = pg_support.StoreFactory(backend_kind, tmp_path, dsn)
+    yield factory
+    factory.cleanup()

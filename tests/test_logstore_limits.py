@@ -13,15 +13,15 @@ from logstore import (
     ConversationFull,
     ConversationId,
     EmptyBatch,
-    FileStore,
     InvalidConversationId,
     InvalidPayload,
+    MemoryStore,
     PayloadTooLarge,
     Range,
     SiteName,
     Tail,
 )
-from tests.logstore_helpers import tree_digest
+from tests.pg_support import content_digest
 
 SITE = "site-0001"
 CONV = "conv-0001"
@@ -33,17 +33,16 @@ def item_of_size(n: int) -> dict[str, str]:
 
 
 @pytest.fixture
-def store(tmp_path):
-    s = FileStore(tmp_path / "data")
-    yield s
-    s.close()
+def store(store_factory):
+    """A store of each backend (parametrised by ``backend_kind`` in conftest)."""
+    return store_factory.open()
 
 
-def assert_rejected_unchanged(store: FileStore, exc: type[Exception], site: str, conv: str, payloads) -> Exception:
-    before = tree_digest(store.root)
+def assert_rejected_unchanged(store: MemoryStore, exc: type[Exception], site: str, conv: str, payloads) -> Exception:
+    before = content_digest(store)
     with pytest.raises(exc) as info:
         store.append(site, conv, payloads)
-    assert tree_digest(store.root) == before
+    assert content_digest(store) == before
     return info.value
 
 
@@ -82,24 +81,24 @@ def test_id_lengths_at_bounds_are_accepted(n: int) -> None:
     assert SiteName(value) == value
 
 
-def test_ids_are_case_sensitive_on_disk(store: FileStore) -> None:
+def test_ids_are_case_sensitive_on_disk(store: MemoryStore) -> None:
     store.append(SITE, "Chat-ABCDEF", [{"who": "upper"}])
     store.append(SITE, "chat-abcdef", [{"who": "lower"}])
     assert store.read(SITE, "Chat-ABCDEF", Tail(5))[0].payload == {"who": "upper"}
     assert store.read(SITE, "chat-abcdef", Tail(5))[0].payload == {"who": "lower"}
 
 
-def test_invalid_ids_write_nothing(store: FileStore) -> None:
+def test_invalid_ids_write_nothing(store: MemoryStore) -> None:
     assert_rejected_unchanged(store, InvalidConversationId, SITE, "short", [{"a": 1}])
     assert_rejected_unchanged(store, InvalidConversationId, "bad site!", CONV, [{"a": 1}])
 
 
-def test_empty_batch(store: FileStore) -> None:
+def test_empty_batch(store: MemoryStore) -> None:
     err = assert_rejected_unchanged(store, EmptyBatch, SITE, CONV, [])
     assert err.code == "EmptyBatch" and not err.retryable
 
 
-def test_item_size_exact_limit_passes_one_more_fails(store: FileStore) -> None:
+def test_item_size_exact_limit_passes_one_more_fails(store: MemoryStore) -> None:
     err = assert_rejected_unchanged(store, PayloadTooLarge, SITE, CONV, [{"a": 1}, item_of_size(MAX_ITEM_BYTES + 1)])
     assert (err.limit, err.actual, err.index) == (MAX_ITEM_BYTES, MAX_ITEM_BYTES + 1, 1)
     rng = store.append(SITE, CONV, [item_of_size(MAX_ITEM_BYTES)])
@@ -107,7 +106,7 @@ def test_item_size_exact_limit_passes_one_more_fails(store: FileStore) -> None:
     assert store.read(SITE, CONV, Tail(1))[0].payload == item_of_size(MAX_ITEM_BYTES)
 
 
-def test_item_size_counts_utf8_bytes_not_characters(store: FileStore) -> None:
+def test_item_size_counts_utf8_bytes_not_characters(store: MemoryStore) -> None:
     # "é" is two bytes in UTF-8: a payload of (limit - 8) / 2 + 1 such characters is one byte over... or more.
     n_chars = (MAX_ITEM_BYTES - 8) // 2
     ok = {"k": "é" * n_chars}
@@ -116,7 +115,7 @@ def test_item_size_counts_utf8_bytes_not_characters(store: FileStore) -> None:
     assert err.actual == 8 + 2 * (n_chars + 1)
 
 
-def test_batch_bytes_exact_limit_passes_one_more_fails(store: FileStore) -> None:
+def test_batch_bytes_exact_limit_passes_one_more_fails(store: MemoryStore) -> None:
     over = [item_of_size(MAX_ITEM_BYTES)] * 3 + [item_of_size(MAX_ITEM_BYTES - 1), {}]
     err = assert_rejected_unchanged(store, BatchTooLarge, SITE, CONV, over)
     assert (err.limit, err.actual) == (MAX_BATCH_BYTES, MAX_BATCH_BYTES + 1)
@@ -126,7 +125,7 @@ def test_batch_bytes_exact_limit_passes_one_more_fails(store: FileStore) -> None
     assert [i.payload for i in store.read(SITE, CONV, Range(0, 10))] == exact
 
 
-def test_batch_item_count_limit(store: FileStore) -> None:
+def test_batch_item_count_limit(store: MemoryStore) -> None:
     err = assert_rejected_unchanged(store, BatchTooLarge, SITE, CONV, [{"i": i} for i in range(MAX_BATCH_ITEMS + 1)])
     assert (err.limit, err.actual) == (MAX_BATCH_ITEMS, MAX_BATCH_ITEMS + 1)
     rng = store.append(SITE, CONV, [{"i": i} for i in range(MAX_BATCH_ITEMS)])
@@ -134,17 +133,17 @@ def test_batch_item_count_limit(store: FileStore) -> None:
 
 
 @pytest.mark.parametrize("bad", [[1], ["text"], [None], [[1, 2]], [{"a": float("nan")}], [{"a": float("inf")}]])
-def test_non_objects_and_non_json_are_rejected(store: FileStore, bad) -> None:
+def test_non_objects_and_non_json_are_rejected(store: MemoryStore, bad) -> None:
     err = assert_rejected_unchanged(store, InvalidPayload, SITE, CONV, bad)
     assert err.index == 0
 
 
-def test_lone_surrogate_is_rejected(store: FileStore) -> None:
+def test_lone_surrogate_is_rejected(store: MemoryStore) -> None:
     assert_rejected_unchanged(store, InvalidPayload, SITE, CONV, [{"a": 1}, {"s": "\ud800"}])
 
 
-def test_conversation_item_limit(tmp_path) -> None:
-    store = FileStore(tmp_path / "d", segment_bytes=1 << 20)
+def test_conversation_item_limit(store_factory) -> None:
+    store = store_factory.open(segment_bytes=1 << 20)
     try:
         full = MAX_CONVERSATION_ITEMS - 1
         batch = [{}] * MAX_BATCH_ITEMS

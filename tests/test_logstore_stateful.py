@@ -23,6 +23,7 @@ from typing import Any
 
 import hypothesis.strategies as st
 import msgspec
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -31,9 +32,11 @@ from logstore import (
     FileStore,
     InvalidConversationId,
     ListSelector,
+    MemoryStore,
     Range,
     Tail,
 )
+from logstore.postgres import PgStore
 
 SITES = ["site-aaaa", "site-bbbb"]
 CONVS = ["conv-0000", "conv-0001", "Conv-0001", "c" * 64]
@@ -86,14 +89,14 @@ class EngineVsModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="convmem-stateful-")
-        self.abandoned: list[FileStore] = []
+        self.abandoned: list[MemoryStore] = []
         self.kills = 0
         self.kill_budget = 0  # child processes are slow to start: EngineVsModelWithKills allows them
         self.store = self._open()
         # (site, conv) -> list of (payload, recorded_at)
         self.model: dict[tuple[str, str], list[tuple[dict[str, Any], str]]] = {}
 
-    def _open(self) -> FileStore:
+    def _open(self) -> MemoryStore:
         return FileStore(self.dir, segment_bytes=700, index_interval=96, lock_timeout=2.0)
 
     def teardown(self) -> None:
@@ -101,6 +104,10 @@ class EngineVsModel(RuleBasedStateMachine):
         for s in self.abandoned:
             s.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+        self._drop()
+
+    def _drop(self) -> None:
+        """Remove what the backend keeps outside ``self.dir`` (nothing, for the file store)."""
 
     @rule(site=st.sampled_from(SITES), conv=st.sampled_from(CONVS), batch=batches)
     def append(self, site: str, conv: str, batch: list[dict[str, Any]]) -> None:
@@ -229,7 +236,7 @@ class EngineVsModel(RuleBasedStateMachine):
 
     @invariant()
     def store_is_usable(self) -> None:
-        assert isinstance(self.store, FileStore)
+        assert isinstance(self.store, MemoryStore)
 
 
 def _neg(stamp: str) -> tuple[int, ...]:
@@ -260,3 +267,31 @@ EngineVsModelWithKills.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 TestEngineVsModelWithKills = EngineVsModelWithKills.TestCase
+
+
+class PostgresVsModel(EngineVsModel):
+    """The same machine against :class:`logstore.postgres.PgStore`, one schema per example."""
+
+    def _open(self) -> MemoryStore:
+        from tests.pg_support import new_schema, session_dsn
+
+        if not hasattr(self, "pg"):
+            dsn = session_dsn()
+            if dsn is None:
+                pytest.skip("no PostgreSQL server for the tests")
+            self.pg = (dsn, new_schema(dsn))
+        return PgStore(self.pg[0], schema=self.pg[1], pool_min=1, pool_max=2, lock_timeout=2.0)
+
+    def _drop(self) -> None:
+        from tests.pg_support import drop_schema
+
+        drop_schema(*self.pg)
+
+
+PostgresVsModel.TestCase.settings = settings(
+    max_examples=int(os.environ.get("CONVMEM_PG_STATEFUL_EXAMPLES", "60")),
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+TestPostgresVsModel = PostgresVsModel.TestCase

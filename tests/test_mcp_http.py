@@ -18,8 +18,9 @@ import pytest
 from mcp.shared.exceptions import MCPError
 from mcp_helpers import ServerProcess, basic, connect, error_of
 
-from mcp_adapter.credentials import CredentialFile
+from mcp_adapter.memory_schemas import MEMORY_TOOL_NAMES
 from mcp_adapter.schemas import input_schema, output_schema
+from tests.pg_support import backend_credentials
 
 pytestmark = pytest.mark.anyio
 
@@ -27,16 +28,18 @@ ALPHA, ALPHA_PW = "alpha-site", "alpha-password-0123456789"
 BRAVO, BRAVO_PW = "bravo-site", "bravo-password-0123456789"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+@pytest.fixture(scope="module", params=["file", "postgres"])
+def server(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
+    """One server per backend; ``server.creds`` manages its sites from the test."""
     data_dir = tmp_path_factory.mktemp("http") / "data"
-    creds = CredentialFile(data_dir)
-    creds.add(ALPHA, ALPHA_PW)
-    creds.add(BRAVO, BRAVO_PW)
-    proc = ServerProcess(data_dir)
-    yield proc
-    rc = proc.stop()
-    assert rc == 0, proc.log()
+    with backend_credentials(request, data_dir) as (creds, store_args):
+        creds.add(ALPHA, ALPHA_PW)
+        creds.add(BRAVO, BRAVO_PW)
+        proc = ServerProcess(data_dir, *store_args)
+        proc.creds = creds  # type: ignore[attr-defined]
+        yield proc
+        rc = proc.stop()
+        assert rc == 0, proc.log()
 
 
 def conv() -> str:
@@ -74,8 +77,11 @@ async def test_initialize_and_list_tools_need_no_credentials(server: ServerProce
         assert client.server_info.version
         assert client.instructions and "recall_memory" in client.instructions
         tools = {t.name: t for t in (await client.list_tools()).tools}
-    assert set(tools) == {"append_memory", "recall_memory", "replay_memory", "list_conversations"}
+    spec = {"append_memory", "recall_memory", "replay_memory", "list_conversations"}
+    assert set(tools) == spec | set(MEMORY_TOOL_NAMES)
     for name, tool in tools.items():
+        if name not in spec:
+            continue  # the long-term memory tools: tests/test_memories_mcp.py
         assert tool.input_schema == input_schema(name)
         assert tool.output_schema == output_schema(name)
         assert tool.annotations is not None
@@ -246,7 +252,7 @@ async def test_argument_type_errors_name_the_field(server: ServerProcess) -> Non
 
 async def test_listing_pages_through_every_conversation_once(server: ServerProcess, tmp_path: Path) -> None:
     site, password = "paging-site", "paging-password-0123456789"
-    CredentialFile(server.data_dir).add(site, password)
+    server.creds.add(site, password)  # type: ignore[attr-defined]
     ids = [f"page-{i:04d}-{uuid.uuid4().hex[:6]}" for i in range(7)]
     async with connect(server.url, basic(site, password)) as client:
         for cid in ids:
@@ -369,7 +375,7 @@ async def test_site_comes_from_each_request_not_the_connection(server: ServerPro
 
 async def test_password_change_takes_effect_without_restart(server: ServerProcess) -> None:
     site, old, new = "rotate-site", "rotate-password-old-000", "rotate-password-new-000"
-    creds = CredentialFile(server.data_dir)
+    creds = server.creds  # type: ignore[attr-defined]
     creds.add(site, old)
     assert ok(await call(server, "recall_memory", {"conversation_id": conv()}, auth=basic(site, old))) == {"items": []}
     creds.set_password(site, new)

@@ -70,7 +70,13 @@ def run_inspector(inspector: Inspector, server: ServerProcess, *args: str, auth:
 def test_inspector_lists_the_tools(inspector: Inspector, server: ServerProcess) -> None:
     listed = run_inspector(inspector, server, "--method", "tools/list", auth=False)
     tools = {t["name"]: t for t in listed["tools"]}
-    assert set(tools) == {"append_memory", "recall_memory", "replay_memory", "list_conversations"}
+    assert set(tools) == {"append_memory", "recall_memory", "replay_memory", "list_conversations"} | {
+        "memory_verify",
+        "memory_upsert",
+        "memory_delete",
+        "memory_get",
+        "memory_search",
+    }
     assert tools["append_memory"]["inputSchema"]["properties"]["items"]["maxItems"] == 250
     assert tools["recall_memory"]["annotations"]["readOnlyHint"] is True
 

@@ -1,4 +1,8 @@
-"""The tool schemas match the contract exactly, apart from our own descriptions."""
+"""The tool schemas match the contract exactly, apart from our own descriptions.
+
+The only additions to the spec's schemas are optional properties: ``memory_context`` on the requests of
+append_memory and recall_memory, ``memories`` (with its ``SurfacedMemory`` definition) on their responses.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from mcp_adapter.memory_schemas import MEMORY_TOOL_NAMES
 from mcp_adapter.schemas import TOOL_NAMES, input_schema, output_schema
 from mcp_adapter.tools import tool_definitions
 
@@ -134,6 +139,28 @@ def strip_descriptions(node: Any) -> Any:
     return node
 
 
+#: The optional long-term memory additions, per spec tool: (request properties, response properties, response $defs).
+ADDITIONS = {
+    "append_memory": ({"memory_context"}, {"memories"}, {"SurfacedMemory"}),
+    "recall_memory": ({"memory_context"}, {"memories"}, {"SurfacedMemory"}),
+}
+
+
+def without_additions(tool: str, request: dict[str, Any], response: dict[str, Any]) -> tuple[Any, Any]:
+    """The schemas with our optional additions removed, after checking that they are optional."""
+    req_props, resp_props, resp_defs = ADDITIONS.get(tool, (set(), set(), set()))
+    for schema, props in ((request, req_props), (response, resp_props)):
+        assert props <= set(schema["properties"]), (tool, props)
+        assert not props & set(schema.get("required", [])), "an addition must be optional"
+        for name in props:
+            del schema["properties"][name]
+    for name in resp_defs:
+        del response["$defs"][name]
+    if "$defs" in response and not response["$defs"]:
+        del response["$defs"]
+    return request, response
+
+
 def property_nodes(schema: dict[str, Any]) -> list[dict[str, Any]]:
     """Every property schema, including those under ``$defs``."""
     nodes = list(schema["properties"].values())
@@ -149,8 +176,15 @@ def test_tool_names_are_the_contracts() -> None:
 @pytest.mark.parametrize("tool", sorted(TOOLS))
 def test_schemas_match_the_contract_exactly(tool: str) -> None:
     request, response = TOOLS[tool]
-    assert strip_descriptions(input_schema(tool)) == EXPECTED[request]
-    assert strip_descriptions(output_schema(tool)) == EXPECTED[response]
+    got_request, got_response = without_additions(tool, input_schema(tool), output_schema(tool))
+    assert strip_descriptions(got_request) == EXPECTED[request]
+    assert strip_descriptions(got_response) == EXPECTED[response]
+
+
+def test_memory_context_bounds() -> None:
+    for tool in ADDITIONS:
+        prop = input_schema(tool)["properties"]["memory_context"]
+        assert (prop["type"], prop["minLength"], prop["maxLength"]) == ("string", 1, 1000)
 
 
 @pytest.mark.parametrize("tool", sorted(TOOLS))
@@ -168,8 +202,10 @@ def test_schema_copies_are_independent() -> None:
 
 def test_tool_definitions_carry_the_schemas_and_annotations() -> None:
     tools = {t.name: t for t in tool_definitions()}
-    assert set(tools) == set(TOOLS)
+    assert set(tools) == set(TOOLS) | set(MEMORY_TOOL_NAMES)
     for name, tool in tools.items():
+        if name in MEMORY_TOOL_NAMES:
+            continue
         assert tool.input_schema == input_schema(name)
         assert tool.output_schema == output_schema(name)
         assert tool.description and len(tool.description) > 200

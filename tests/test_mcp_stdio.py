@@ -35,7 +35,13 @@ async def test_stdio_round_trip(data_dir: Path) -> None:
     async with Client(params, mode="legacy") as client:
         assert client.server_info is not None and client.server_info.name == "convmem"
         names = {t.name for t in (await client.list_tools()).tools}
-        assert names == {"append_memory", "recall_memory", "replay_memory", "list_conversations"}
+        assert names == {"append_memory", "recall_memory", "replay_memory", "list_conversations"} | {
+            "memory_verify",
+            "memory_upsert",
+            "memory_delete",
+            "memory_get",
+            "memory_search",
+        }
         appended = await client.call_tool("append_memory", {"conversation_id": "stdio-conv-1", "items": [{"a": 1}]})
         assert appended.structured_content == {"first_seq": 0, "last_seq": 0}
         recalled = await client.call_tool("recall_memory", {"conversation_id": "stdio-conv-1"})

@@ -24,7 +24,7 @@ def test_import_refuses_an_over_long_line_without_reading_it_whole(tmp_path: Pat
         f.truncate(size)  # a sparse 64 MiB line: no newline anywhere
     with open(huge, "rb") as f:
         with pytest.raises(restore.BadInput) as info:
-            for _ in restore.items(f):
+            for _ in restore.batches(restore.items(f)):
                 pass
         assert f.tell() <= restore.MAX_LINE_BYTES + 1  # refused after at most one line's worth
     assert "line 1" in str(info.value) and "longer than" in str(info.value)
@@ -54,7 +54,7 @@ def test_export_never_writes_through_a_planted_link(tmp_path: Path) -> None:
     output = tmp_path / "out.jsonl"
     # The name the export used to write through, for this very process.
     os.symlink(victim, f"{output}.tmp.{os.getpid()}")
-    args = argparse.Namespace(data_dir=str(data), site=SITE, conversation=None, output=str(output))
+    args = argparse.Namespace(data_dir=str(data), site=SITE, conversation=None, output=str(output), memories=False)
     assert export_tool.run(args) == 0
     assert victim.read_text() == "precious\n"
     assert b'"secret":1' in output.read_bytes()

@@ -1,7 +1,7 @@
 """Registration of the operator tools as ``convmem`` subcommands.
 
 ``add_subcommands(subparsers)`` adds ``fsck``, ``dump``, ``export``, ``import``,
-``stats``, ``locate`` and ``backup``; each sets ``func`` to a callable taking the parsed arguments and
+``stats``, ``locate``, ``backup`` and ``migrate``; each sets ``func`` to a callable taking the parsed arguments and
 returning the process exit status.
 """
 
@@ -10,12 +10,12 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from tools import backup, dump, export, fsck, locate, restore, stats
+from tools import backup, dump, export, fsck, locate, migrate, restore, stats
 
 
 def add_subcommands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the operator tools to a ``convmem`` command line."""
-    for module in (fsck, dump, export, restore, stats, locate, backup):
+    for module in (fsck, dump, export, restore, stats, locate, backup, migrate):
         module.add_parser(subparsers)
 
 

@@ -18,6 +18,7 @@ from typing import BinaryIO
 
 from logstore import Corrupted, StoreError
 from logstore.maintenance import MaintenanceError, export_items, format_timestamp, site_has_data
+from tools import memories
 from tools.common import (
     EXIT_CLEAN,
     EXIT_OPERATIONAL,
@@ -39,6 +40,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--site", metavar="S", required=True)
     p.add_argument("--conversation", metavar="ID", help="export only this conversation")
     p.add_argument("--output", metavar="FILE", help="write here instead of stdout")
+    p.add_argument("--memories", action="store_true", help="export the site's long-term memories as one JSON document")
     p.set_defaults(func=command(run))
     exit_8_on_usage_error(p)
 
@@ -83,6 +85,8 @@ def create_temp_beside(path: str) -> tuple[str, int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.memories:
+        return memories.export(args)
     tmp: str | None = None
     try:
         if not args.output:

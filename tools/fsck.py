@@ -25,6 +25,7 @@ from logstore.maintenance import (
     check_access,
     salvage,
 )
+from tools import memories
 from tools.common import (
     EXIT_CLEAN,
     EXIT_OPERATIONAL,
@@ -154,7 +155,9 @@ def run(args: argparse.Namespace) -> int:
     status = exit_status(report)
     if any(a.kind == "SYMLINK" for a in access):
         status = max(status, EXIT_PROBLEMS_LEFT)
+    memory_doc: dict[str, object] = {}
     if args.json:
+        status = memories.fsck(args, status, memory_doc)
         doc = {
             "data_dir": args.data_dir,
             "exit_status": status,
@@ -166,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
             "seconds": round(elapsed, 3),
             "problems": [p.to_dict() for p in report.problems],
             "access": [{"kind": a.kind, "path": a.path, "mode": f"{a.mode:04o}"} for a in access],
+            **memory_doc,
         }
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return status
@@ -185,4 +189,4 @@ def run(args: argparse.Namespace) -> int:
         + (f"; {plural(notes, 'note')} (resolved by the engine itself)" if notes else "")
         + "\n"
     )
-    return status
+    return memories.fsck(args, status, None)

@@ -52,6 +52,7 @@ from logstore.maintenance import (
     set_aside_conversation,
     site_has_data,
 )
+from tools import memories
 from tools.common import EXIT_CLEAN, EXIT_OPERATIONAL, command, exit_8_on_usage_error, fail
 
 EXIT_BAD_INPUT = 1
@@ -100,6 +101,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         help="with --conversation: if the conversation is damaged, move its log to DATA_DIR/quarantine/ "
         "and restore it whole from the input",
     )
+    p.add_argument("--memories", action="store_true", help="the input is a `convmem export --memories` document")
     p.set_defaults(func=command(run))
     exit_8_on_usage_error(p)
 
@@ -266,6 +268,8 @@ def import_conversation(
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.memories:
+        return memories.restore(args)
     if args.replace_damaged and not args.conversation:
         return fail("--replace-damaged needs --conversation", EXIT_OPERATIONAL)
     try:

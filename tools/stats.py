@@ -13,6 +13,7 @@ import sys
 
 from logstore import MAX_CONVERSATION_ITEMS, SiteQuota, Usage, site_usage
 from logstore.maintenance import MaintenanceError, SiteStats, site_has_data, stats
+from tools import memories
 from tools.common import (
     EXIT_CLEAN,
     EXIT_OPERATIONAL,
@@ -32,7 +33,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         description="Per site: conversations, items, bytes on disk and the largest "
         "conversations with their fill of the 100,000-item limit.",
     )
-    p.add_argument("data_dir", metavar="DATA_DIR")
+    p.add_argument("data_dir", metavar="DATA_DIR", help="a data directory, or a postgresql:// URI")
+    p.add_argument("--pg-schema", default="convmem", help="schema when DATA_DIR is PostgreSQL")
     p.add_argument("--site", metavar="S", help="only this site")
     p.add_argument("--top", type=int, default=10, metavar="N", help="how many of the largest to show (default 10)")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -94,6 +96,10 @@ def site_stats(data_dir: str, site: str | None, top: int) -> list[SiteStats]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if str(args.data_dir).startswith(("postgresql://", "postgres://")):
+        from tools.pg_stats import run as run_pg
+
+        return run_pg(args)
     try:
         result = site_stats(args.data_dir, args.site, args.top)
     except (MaintenanceError, OSError) as exc:
@@ -117,8 +123,11 @@ def run(args: argparse.Namespace) -> int:
             }
             for s in result
         ]
+        memories.stats_json(args.data_dir, args.site, doc)
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
         for s in result:
             sys.stdout.write(format_site(s, usages[s.site], quota) + "\n")
+        for line in memories.stats_lines(args.data_dir, args.site):
+            sys.stdout.write(line + "\n")
     return EXIT_CLEAN

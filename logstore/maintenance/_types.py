@@ -13,8 +13,9 @@ QUARANTINE_DIR = "quarantine"
 
 
 #: Names a data directory may hold at its top: the engine's, the quarantine,
-#: and ``auth/``, which the MCP server keeps beside the engine's files.
-_TOP_LEVEL_NAMES = frozenset({"logstore.json", "sites", QUARANTINE_DIR, "auth"})
+#: and ``auth/``, which the MCP server keeps beside the engine's files, and the
+#: long-term memories' token secret (checked by ``logstore.memories.check``).
+_TOP_LEVEL_NAMES = frozenset({"logstore.json", "sites", QUARANTINE_DIR, "auth", "memory-token.key"})
 
 
 #: FORMAT.md's index interval: one entry per this many bytes of segment.

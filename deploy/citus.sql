@@ -1,0 +1,163 @@
+-- convmem on Citus: the PostgreSQL backend's schema, distributed by site.
+--
+-- NOT RUN BY THE TEST SUITE: Citus cannot be installed from the package
+-- registries this project builds from. This file was written against, and
+-- checked line by line with, Citus's own documentation (create_distributed_table,
+-- create_reference_table, create_distributed_function, isolate_tenant_to_new_shard,
+-- citus_move_shard_placement; the router planner's rules). See "PostgreSQL and
+-- Citus" in README.md for what was checked and what remains to be proven on a
+-- real cluster.
+--
+-- Run it on the coordinator, as the owner of the database, BEFORE any
+-- `convmem serve --store postgresql://coordinator/...` starts (the server
+-- then finds schema version 1 in convmem.meta and leaves the DDL alone), or
+-- after `convmem migrate` has filled plain tables (create_distributed_table
+-- moves existing rows into shards).
+--
+-- Design rules this file follows:
+--  * every table that grows with the data carries `site` and is hash-distributed
+--    by it, and all of them are in ONE co-location group, so a site's
+--    conversations and items always live on the same node;
+--  * every primary key starts with `site` (Citus requires unique constraints to
+--    contain the distribution column);
+--  * every statement the server issues filters on one `site` value and never
+--    joins two tables, so the router planner sends it to one shard; the only
+--    multi-shard statement is the operator-side `SELECT DISTINCT site` behind
+--    `convmem migrate` (a parallel scan, never a join);
+--  * the append is ONE function call whose first argument is the site, distributed
+--    with create_distributed_function(..., 'p_site', colocate_with := ...), so
+--    Citus runs the whole call on the node holding that site's shards. Inside it
+--    there is no INSERT ... WITH (CTE) and no non-immutable function in an
+--    ON CONFLICT ... SET clause (the router planner rejects both): the clock is
+--    read into a plpgsql variable and passed to plain UPDATE/INSERT statements;
+--  * names inside the function are schema-qualified: Citus does not carry the
+--    caller's search_path to the worker that executes a delegated function.
+
+CREATE EXTENSION IF NOT EXISTS citus;
+
+CREATE SCHEMA IF NOT EXISTS convmem;
+
+CREATE TABLE convmem.meta (
+    key   text COLLATE "C" PRIMARY KEY,
+    value text NOT NULL
+);
+
+CREATE TABLE convmem.conversations (
+    site             text COLLATE "C" NOT NULL,
+    conversation_id  text COLLATE "C" NOT NULL,
+    next_seq         bigint NOT NULL,
+    created_at       bigint NOT NULL,
+    last_appended_at bigint NOT NULL,
+    PRIMARY KEY (site, conversation_id)
+) WITH (fillfactor = 70,
+        autovacuum_vacuum_scale_factor = 0.01,
+        autovacuum_vacuum_threshold = 200,
+        autovacuum_analyze_scale_factor = 0.02);
+
+CREATE INDEX conversations_listing
+    ON convmem.conversations (site, last_appended_at DESC, conversation_id);
+
+CREATE TABLE convmem.items (
+    site            text COLLATE "C" NOT NULL,
+    conversation_id text COLLATE "C" NOT NULL,
+    seq             bigint NOT NULL,
+    recorded_at     bigint NOT NULL,
+    payload         bytea NOT NULL,
+    PRIMARY KEY (site, conversation_id, seq)
+);
+
+-- Small tables every node reads: site passwords (scrypt hashes), settings.
+CREATE TABLE convmem.site_credentials (
+    site       text COLLATE "C" PRIMARY KEY,
+    kdf        text NOT NULL,
+    n          integer NOT NULL,
+    r          integer NOT NULL,
+    p          integer NOT NULL,
+    salt       bytea NOT NULL,
+    hash       bytea NOT NULL,
+    created_at text,
+    changed    bigint NOT NULL
+);
+CREATE SEQUENCE convmem.credential_changes;
+CREATE TABLE convmem.settings (
+    key   text COLLATE "C" PRIMARY KEY,
+    value text NOT NULL
+);
+
+-- Distribution. conversations is distributed first; items joins its co-location
+-- group explicitly (same column type, same shard count). A site's rows in both
+-- tables hash to the same shard index, hence the same node.
+SELECT create_distributed_table('convmem.conversations', 'site');
+SELECT create_distributed_table('convmem.items', 'site', colocate_with => 'convmem.conversations');
+SELECT create_reference_table('convmem.site_credentials');
+SELECT create_reference_table('convmem.settings');
+SELECT create_reference_table('convmem.meta');
+
+-- The append: same body as logstore/postgres/_schema.py, with every name qualified.
+CREATE OR REPLACE FUNCTION convmem.append_batch(
+    p_site text, p_conversation_id text, p_payloads bytea[], p_max_items bigint, p_lock_timeout_ms integer)
+RETURNS TABLE (first_seq bigint, last_seq bigint, stamp bigint)
+LANGUAGE plpgsql
+AS $fn$
+DECLARE
+    n       bigint := cardinality(p_payloads);
+    v_next  bigint;
+    v_last  bigint;
+    v_stamp bigint;
+BEGIN
+    PERFORM pg_catalog.set_config('lock_timeout', p_lock_timeout_ms::text, true);
+    SELECT c.next_seq, c.last_appended_at INTO v_next, v_last
+      FROM convmem.conversations c
+     WHERE c.site = p_site AND c.conversation_id = p_conversation_id
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO convmem.conversations (site, conversation_id, next_seq, created_at, last_appended_at)
+        VALUES (p_site, p_conversation_id, 0, 0, 0)
+        ON CONFLICT (site, conversation_id) DO NOTHING;
+        SELECT c.next_seq, c.last_appended_at INTO v_next, v_last
+          FROM convmem.conversations c
+         WHERE c.site = p_site AND c.conversation_id = p_conversation_id
+           FOR UPDATE;
+    END IF;
+    IF v_next + n > p_max_items THEN
+        RAISE EXCEPTION USING ERRCODE = 'CM001',
+            MESSAGE = 'the batch would take the conversation past its item limit',
+            DETAIL = (v_next + n)::text;
+    END IF;
+    v_stamp := greatest(v_last, (extract(epoch FROM pg_catalog.clock_timestamp()) * 1000000)::bigint);
+    UPDATE convmem.conversations c
+       SET next_seq = v_next + n,
+           last_appended_at = v_stamp,
+           created_at = CASE WHEN v_next = 0 THEN v_stamp ELSE c.created_at END
+     WHERE c.site = p_site AND c.conversation_id = p_conversation_id;
+    INSERT INTO convmem.items (site, conversation_id, seq, recorded_at, payload)
+    SELECT p_site, p_conversation_id, v_next + u.o - 1, v_stamp, u.x
+      FROM unnest(p_payloads) WITH ORDINALITY AS u(x, o);
+    RETURN QUERY SELECT v_next, v_next + n - 1, v_stamp;
+END
+$fn$;
+
+-- Route each call to the node holding p_site's shards. force_delegation is left
+-- at its default: the server calls the function as a single autocommit statement,
+-- outside any explicit transaction, which is where Citus delegates calls.
+SELECT create_distributed_function(
+    'convmem.append_batch(text, text, bytea[], bigint, integer)',
+    distribution_arg_name := 'p_site',
+    colocate_with := 'convmem.conversations');
+
+INSERT INTO convmem.meta (key, value) VALUES ('schema_version', '1');
+
+-- A very large site: give it shards of its own (in both co-located tables at once,
+-- hence CASCADE), then move them to a dedicated worker. Example for site 'big-tenant-01':
+--
+--   SELECT isolate_tenant_to_new_shard('convmem.conversations', 'big-tenant-01'::text, 'CASCADE');
+--   -- returns the new shard id of convmem.conversations; find its placement:
+--   SELECT shardid, nodename, nodeport FROM citus_shards
+--    WHERE table_name = 'convmem.conversations'::regclass
+--      AND shardid = get_shard_id_for_distribution_column('convmem.conversations', 'big-tenant-01'::text);
+--   -- and move it (its co-located items shard moves with it):
+--   SELECT citus_move_shard_placement(<shardid>, '<from-node>', <from-port>, '<dedicated-node>', <port>);
+--
+-- Appends of that site keep running meanwhile (non-blocking transfer where the
+-- Citus version supports it); every statement still routes by site, so nothing
+-- in convmem changes.

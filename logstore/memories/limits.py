@@ -1,0 +1,23 @@
+"""Bounds of a long-term memory record and of a site's memory store."""
+
+from __future__ import annotations
+
+CATEGORY_MAX = 64
+SUBJECT_MAX = 200
+SUMMARY_MAX = 500
+DETAILS_MAX = 2000
+TAGS_MAX = 12
+TAG_MAX = 64
+SOURCE_URIS_MAX = 12
+SOURCE_URI_MAX = 2048
+DEDUPE_KEY_MAX = 160
+#: Most memories (active and soft-deleted) one site may hold.
+MAX_MEMORIES_PER_SITE = 10_000
+#: A verify token is accepted for this many seconds after it was minted.
+VERIFY_TOKEN_TTL_SECONDS = 600
+#: Soft-deleted memories are erased this long after their deletion, by default.
+DEFAULT_RETENTION_SECONDS = 30 * 24 * 3600
+#: memory_search returns at most this many memories.
+SEARCH_LIMIT_MAX = 20
+#: Length bounds of a memory_context hint and of a search query.
+CONTEXT_MAX = 1000

@@ -1,0 +1,558 @@
+"""One site's long-term memories: event log, current state, search index, locking.
+
+Locking: ``_mutex`` serialises this process's threads; the ``lock`` file in
+the site's ``memories`` directory serialises processes (shared for reads,
+exclusive for writes). Every call first brings the state up to date with the
+log (``_refresh``): a rewritten log (new inode) is read again from the start,
+otherwise only the records past the last known end are read. So a write made
+by one process is seen by every other process's next call, and checks such
+as dedupe_key uniqueness and the site limit are made under the exclusive lock
+against the latest state: of two processes racing to create the same key,
+exactly one wins.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from logstore import fileio, layout
+from logstore.errors import Timeout
+
+from . import access, tokens
+from .errors import DuplicateMemory, InvalidMemory, MemoryStoreFull, NotFound, VersionConflict
+from .eventlog import EventLog, ScanResult
+from .limits import MAX_MEMORIES_PER_SITE
+from .record import STATUS_ACTIVE, STATUS_DELETED, Fields, Memory, new_memory_id, parse_fields
+from .state import apply, record_body
+
+MEMORIES_DIR = "memories"
+LOG_NAME = layout.segment_name(0)
+LOCK_NAME = "lock"
+SEARCH_DIR = "search"
+
+
+class RetrieverLike(Protocol):
+    """What the store needs from the search index (see :mod:`logstore.memories.retrieval`)."""
+
+    def load(self, docs: Any) -> None: ...
+    def upsert(self, doc: Any) -> None: ...
+    def erase(self, memory_id: str) -> None: ...
+    def search(
+        self,
+        query: str,
+        *,
+        limit: int,
+        category: str | None = None,
+        tags: Sequence[str] = (),
+        include_deleted: bool = False,
+    ) -> list[Any]: ...
+    def close(self) -> None: ...
+
+
+RetrieverFactory = Callable[[str], RetrieverLike]
+
+
+def default_retriever(index_dir: str) -> RetrieverLike:
+    from .retrieval import Retriever
+
+    return Retriever(index_dir)
+
+
+def to_doc(m: Memory) -> Any:
+    from .retrieval import MemoryDoc
+
+    f = m.fields
+    return MemoryDoc(
+        memory_id=m.memory_id,
+        category=f.category,
+        subject=f.subject,
+        summary=f.summary,
+        details=f.details,
+        tags=tuple(f.tags),
+        active=m.active,
+    )
+
+
+def memories_dir(root: str, site: str) -> str:
+    return os.path.join(layout.site_dir(root, site), MEMORIES_DIR)
+
+
+@dataclass(frozen=True)
+class Config:
+    lock_timeout: float
+    retention_us: int
+    clock: Callable[[], int]
+    retriever_factory: RetrieverFactory
+
+
+class SiteMemories:
+    """The memories of one site in one process."""
+
+    def __init__(self, root: str, site: str, book: tokens.TokenBook, config: Config) -> None:
+        self.root = root
+        self.site = site
+        self.dir = memories_dir(root, site)
+        self.book = book
+        self.config = config
+        self.log = EventLog(os.path.join(self.dir, LOG_NAME))
+        self._mutex = threading.RLock()
+        self._lock_fd: int | None = None
+        self.state: dict[str, Memory] = {}
+        self._end = 0
+        self._next_seq = 0
+        self._last_at = 0
+        self._retriever: RetrieverLike | None = None
+        self._touched: dict[str, int] = {}
+        self._flushed_at = time.monotonic()
+        self._closed = False
+        self._expiry_key: tuple[int, int | None] | None = None
+        self._temps_checked = False
+        self._checked_us = 0
+        self._oldest_deleted: int | None = None
+
+    # ------------------------------------------------------------ locking
+
+    @contextlib.contextmanager
+    def _locked(self, exclusive: bool) -> Iterator[None]:
+        with self._mutex:
+            if exclusive:
+                fileio.makedirs_durable(self.dir)
+            elif not os.path.isdir(self.dir):
+                self._reset()
+                yield
+                return
+            if self._lock_fd is None:
+                self._lock_fd = os.open(os.path.join(self.dir, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+            fd = self._lock_fd
+            started = time.monotonic()
+            deadline = started + self.config.lock_timeout
+            delay = 0.0005
+            while not fileio.try_lock(fd, exclusive):
+                now = time.monotonic()
+                if now >= deadline:
+                    raise Timeout(now - started)
+                time.sleep(min(delay, deadline - now))
+                delay = min(delay * 2, 0.02)
+            try:
+                self._refresh(exclusive)
+                yield
+            finally:
+                fileio.unlock(fd)
+
+    # ------------------------------------------------------------ state
+
+    def _reset(self) -> None:
+        """Forget everything (the site's memories directory is gone)."""
+        self.log.close()
+        had = bool(self.state)
+        self.state = {}
+        self._end = self._next_seq = 0
+        if had and self._retriever is not None:
+            self._retriever.load([])
+
+    def _retriever_now(self) -> RetrieverLike:
+        if self._retriever is None:
+            self._retriever = self.config.retriever_factory(os.path.join(self.dir, SEARCH_DIR))
+            self._retriever.load([to_doc(m) for m in self.state.values()])
+        return self._retriever
+
+    def _refresh(self, writable: bool) -> None:
+        if not self.log.exists():
+            if not writable:
+                self._reset()
+                return
+            self.log.create_if_missing()
+        if writable and not self._temps_checked:
+            self._remove_stale_temps()
+            self._temps_checked = True
+        if self.log.changed():
+            self.log.open(writable=True)
+            result = self.log.scan(layout_header_size(), 0)
+            self._adopt(result, writable, full=True)
+            return
+        if self.log.size() != self._end:
+            result = self.log.scan(self._end, self._next_seq)
+            self._adopt(result, writable, full=False)
+
+    def _adopt(self, result: ScanResult, writable: bool, *, full: bool) -> None:
+        if result.torn_at is not None and writable:
+            self.log.cut(result.torn_at)
+        if full:
+            times = access.read_access(self.dir)
+            state: dict[str, Memory] = {}
+            for ev in result.events:
+                apply(state, ev.body)
+            self.state = {k: m.touched(max(times.get(k, 0), self._touched.get(k, 0))) for k, m in state.items()}
+            self._last_at = max((ev.recorded_us for ev in result.events), default=0)
+            if self._retriever is not None:
+                self._retriever.load([to_doc(m) for m in self.state.values()])
+        else:
+            for ev in result.events:
+                mid = apply(self.state, ev.body)
+                self._last_at = max(self._last_at, ev.recorded_us)
+                if self._retriever is not None:
+                    m = self.state.get(mid)
+                    if m is None:
+                        self._retriever.erase(mid)
+                    else:
+                        self._retriever.upsert(to_doc(m))
+        self._end, self._next_seq = result.end, result.next_seq
+
+    def _now(self) -> int:
+        return self.config.clock()
+
+    def _stamp(self) -> int:
+        """The time of a new event: the clock, never before the log's last event."""
+        at = max(self._now(), self._last_at)
+        self._last_at = at
+        return at
+
+    def _write(self, body: dict[str, Any], at: int) -> Memory | None:
+        self._end = self.log.append(self._end, self._next_seq, at, body)
+        self._next_seq += 1
+        mid = apply(self.state, body)
+        m = self.state.get(mid)
+        retriever = self._retriever_now()
+        if m is None:
+            retriever.erase(mid)
+        else:
+            retriever.upsert(to_doc(m))
+        return m
+
+    # ------------------------------------------------------------ retention and erasure
+
+    def _purge_locked(self) -> list[str]:
+        cutoff = self._now() - self.config.retention_us
+        expired = [
+            m.memory_id
+            for m in self.state.values()
+            if m.status == STATUS_DELETED and m.deleted_us is not None and m.deleted_us <= cutoff
+        ]
+        if expired:
+            self._erase_locked(expired)
+        return expired
+
+    def _has_expired(self) -> bool:
+        """True when a soft-deleted memory is past the retention window (O(1) while nothing changes)."""
+        key = (self._end, self.log.inode)
+        self._checked_us = self._now()
+        if self._expiry_key != key:
+            self._expiry_key = key
+            self._oldest_deleted = min(
+                (m.deleted_us for m in self.state.values() if m.deleted_us is not None), default=None
+            )
+        oldest = self._oldest_deleted
+        return oldest is not None and oldest <= self._now() - self.config.retention_us
+
+    def _remove_stale_temps(self) -> None:
+        """Delete rewrite temp files a crashed process left (exclusive lock held).
+
+        They hold other memories' content, which a later erasure must be able to reach.
+        """
+        removed = False
+        for name in os.listdir(self.dir):
+            if ".rewrite." in name:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.dir, name))
+                    removed = True
+        if removed:
+            fileio.fsync_dir(self.dir)
+
+    def _erase_locked(self, ids: Sequence[str]) -> None:
+        """Rewrite the log without these memories' events, plus an erase event each; then the index."""
+        self._remove_stale_temps()
+        doomed = set(ids)
+        full = self.log.scan(layout_header_size(), 0)
+        kept = [(ev.recorded_us, ev.body) for ev in full.events if ev.memory_id not in doomed or ev.op == "erase"]
+        at = self._stamp()
+        kept += [(at, {"op": "erase", "id": mid, "at": at}) for mid in ids]
+        self.log.rewrite(kept)
+        rescan = self.log.scan(layout_header_size(), 0)
+        retriever = self._retriever_now()
+        for mid in ids:
+            self.state.pop(mid, None)
+            self._touched.pop(mid, None)
+            retriever.erase(mid)
+        self._end, self._next_seq = rescan.end, rescan.next_seq
+        access.write_access(self.dir, {}, set(self.state))
+
+    # ------------------------------------------------------------ API: writes
+
+    def verify(
+        self, intent: str, candidate: Mapping[str, Any] | None, memory_id: str | None, limit: int = 5
+    ) -> tuple[list[tuple[Memory, float | None]], str, int]:
+        """Related memories for a planned change, and the token that authorises exactly it."""
+        if intent not in tokens.INTENTS:
+            raise InvalidMemory("intent", "expected one of create, update, delete")
+        fields = parse_fields(candidate, "candidate.") if candidate is not None else None
+        if intent == "create":
+            if fields is None:
+                raise InvalidMemory("candidate", "intent create needs the candidate memory")
+            if memory_id is not None:
+                raise InvalidMemory("memory_id", "intent create takes no memory_id; a new memory gets a fresh id")
+        elif intent == "update":
+            if memory_id is None:
+                raise InvalidMemory("memory_id", "intent update needs the id of the memory to change")
+            if fields is None:
+                raise InvalidMemory("candidate", "intent update needs the candidate: the memory's new fields")
+        elif intent == "delete":
+            if memory_id is None:
+                raise InvalidMemory("memory_id", "intent delete needs the id of the memory to delete")
+            if fields is not None:
+                raise InvalidMemory("candidate", "intent delete takes no candidate")
+        else:
+            raise InvalidMemory("intent", "expected one of create, update, delete")
+        with self._locked(False):
+            related: list[tuple[Memory, float | None]] = []
+            seen: set[str] = set()
+            target = None
+            if memory_id is not None:
+                target = self.state.get(memory_id)
+                if target is None:
+                    raise NotFound(memory_id)
+                if intent == "update" and not target.active:
+                    raise NotFound(memory_id, "this memory is soft-deleted and cannot be updated")
+                related.append((target, None))
+                seen.add(memory_id)
+            if fields is not None and fields.dedupe_key is not None:
+                for m in self.state.values():
+                    if m.active and m.fields.dedupe_key == fields.dedupe_key and m.memory_id not in seen:
+                        related.append((m, None))
+                        seen.add(m.memory_id)
+            basis = fields if fields is not None else (target.fields if target is not None else None)
+            if basis is not None and self.state:
+                query = " ".join([basis.subject, basis.summary, basis.details, *basis.tags])
+                for hit in self._retriever_now().search(query[:4000], limit=limit + len(seen)):
+                    found = self.state.get(hit.memory_id)
+                    if found is not None and found.active and hit.memory_id not in seen:
+                        related.append((found, float(hit.score)))
+                        seen.add(hit.memory_id)
+                    if len(related) >= limit + (1 if target is not None else 0):
+                        break
+        now = self._now()
+        what = tokens.digest(intent, memory_id, fields.to_json() if fields is not None else None)
+        return related, self.book.mint(self.site, intent, what, now), tokens.expires_us(now)
+
+    def create(self, raw: Mapping[str, Any], token: object) -> Memory:
+        fields = parse_fields(raw, "memory.")
+        nonce = self.book.check(
+            token, self.site, "create", tokens.digest("create", None, fields.to_json()), self._now()
+        )
+        with self._locked(True):
+            tokens.check_unused(self.dir, nonce, self._now())
+            self._purge_locked()
+            if len(self.state) >= MAX_MEMORIES_PER_SITE:
+                raise MemoryStoreFull(MAX_MEMORIES_PER_SITE)
+            self._check_dedupe(fields, None)
+            tokens.consume(self.dir, nonce, self._now())
+            at = self._stamp()
+            mid = new_memory_id(at)
+            while mid in self.state:  # pragma: no cover - 80 random bits
+                mid = new_memory_id(at)
+            m = Memory(mid, fields, STATUS_ACTIVE, at, at, at, None, 1)
+            stored = self._write({"op": "create", "id": mid, "at": at, "record": record_body(m)}, at)
+            assert stored is not None
+            return stored
+
+    def update(self, memory_id: str, raw: Mapping[str, Any], token: object, expected_version: int | None) -> Memory:
+        fields = parse_fields(raw, "memory.")
+        what = tokens.digest("update", memory_id, fields.to_json())
+        nonce = self.book.check(token, self.site, "update", what, self._now())
+        with self._locked(True):
+            tokens.check_unused(self.dir, nonce, self._now())
+            self._purge_locked()
+            cur = self.state.get(memory_id)
+            if cur is None:
+                raise NotFound(memory_id)
+            if not cur.active:
+                raise NotFound(memory_id, "this memory is soft-deleted and cannot be updated")
+            if expected_version is not None and expected_version != cur.version:
+                raise VersionConflict(memory_id, expected_version, cur.version)
+            self._check_dedupe(fields, memory_id)
+            tokens.consume(self.dir, nonce, self._now())
+            at = self._stamp()
+            m = replace(
+                cur,
+                fields=fields,
+                updated_us=at,
+                last_accessed_us=max(cur.last_accessed_us, at),
+                version=cur.version + 1,
+            )
+            stored = self._write({"op": "update", "id": memory_id, "at": at, "record": record_body(m)}, at)
+            assert stored is not None
+            return stored
+
+    def delete(self, memory_id: str, token: object, force: bool, expected_version: int | None = None) -> Memory | None:
+        """Soft delete (returns the record) or, with ``force``, erase (returns None)."""
+        nonce = self.book.check(token, self.site, "delete", tokens.digest("delete", memory_id, None), self._now())
+        with self._locked(True):
+            tokens.check_unused(self.dir, nonce, self._now())
+            self._purge_locked()
+            cur = self.state.get(memory_id)
+            if cur is None:
+                raise NotFound(memory_id)
+            if expected_version is not None and expected_version != cur.version:
+                raise VersionConflict(memory_id, expected_version, cur.version)
+            tokens.consume(self.dir, nonce, self._now())
+            if force:
+                self._erase_locked([memory_id])
+                return None
+            if not cur.active:
+                return cur
+            at = self._stamp()
+            return self._write({"op": "delete", "id": memory_id, "at": at, "version": cur.version + 1}, at)
+
+    def _check_dedupe(self, fields: Fields, self_id: str | None) -> None:
+        key = fields.dedupe_key
+        if key is None:
+            return
+        for m in self.state.values():
+            if m.active and m.memory_id != self_id and m.fields.dedupe_key == key:
+                raise DuplicateMemory(m.memory_id, key)
+
+    def purge_expired(self) -> list[str]:
+        """Erase soft-deleted memories past the retention window; their ids.
+
+        Reads call it first, so a site that is only read is purged as well.
+        """
+        if self._surely_nothing_due():
+            return []
+        with self._locked(False):
+            if not self._has_expired():
+                return []
+        with self._locked(True):
+            return self._purge_locked()
+
+    def _surely_nothing_due(self) -> bool:
+        """True when no memory can be past retention, judged without a lock from the last refresh.
+
+        A memory another process soft-deleted since then was deleted after
+        ``_checked_us``, so it cannot be due before ``_checked_us`` + retention.
+        """
+        if self._expiry_key is None or self._expiry_key != (self._end, self.log.inode):
+            return False
+        cutoff = self._now() - self.config.retention_us
+        oldest = self._oldest_deleted
+        return (oldest is None or oldest > cutoff) and self._checked_us > cutoff
+
+    def import_records(self, records: Sequence[Memory]) -> tuple[int, int]:
+        """Add exported records as they were (ids, timestamps, versions); (added, already present)."""
+        with self._locked(True):
+            added = present = 0
+            for m in records:
+                cur = self.state.get(m.memory_id)
+                if cur is not None:
+                    if record_body(cur) != record_body(m):
+                        raise InvalidMemory(
+                            f"memories[{m.memory_id}]", "a different memory with this id already exists in the site"
+                        )
+                    present += 1
+                    continue
+                if len(self.state) >= MAX_MEMORIES_PER_SITE:
+                    raise MemoryStoreFull(MAX_MEMORIES_PER_SITE)
+                if m.active:
+                    self._check_dedupe(m.fields, m.memory_id)
+                at = max(m.updated_us, self._last_at)
+                self._last_at = at
+                self._write({"op": "create", "id": m.memory_id, "at": at, "record": record_body(m)}, at)
+                added += 1
+            return added, present
+
+    # ------------------------------------------------------------ API: reads
+
+    def get(self, memory_id: str) -> Memory:
+        with self._locked(False):
+            m = self.state.get(memory_id)
+            if m is None:
+                raise NotFound(memory_id)
+            return self._touch([m])[0]
+
+    def search(
+        self,
+        query: str,
+        *,
+        limit: int,
+        category: str | None = None,
+        tags: Sequence[str] = (),
+        include_deleted: bool = False,
+        touch: bool = True,
+    ) -> list[tuple[Memory, float]]:
+        with self._locked(False):
+            if not self.state:
+                return []
+            hits = self._retriever_now().search(
+                query, limit=limit, category=category, tags=tags, include_deleted=include_deleted
+            )
+            out: list[tuple[Memory, float]] = []
+            for hit in hits:
+                m = self.state.get(hit.memory_id)
+                if m is None or (not include_deleted and not m.active):
+                    continue
+                if category is not None and m.fields.category != category:
+                    continue
+                if tags and not set(tags) <= set(m.fields.tags):
+                    continue
+                out.append((m, float(hit.score)))
+                if len(out) >= limit:
+                    break
+            if touch and out:
+                fresh = self._touch([m for m, _ in out])
+                out = [(f, s) for f, (_, s) in zip(fresh, out, strict=True)]
+            return out
+
+    def all(self) -> list[Memory]:
+        """Every memory (active and soft-deleted), oldest first; does not count as access."""
+        with self._locked(False):
+            return sorted(self.state.values(), key=lambda m: (m.created_us, m.memory_id))
+
+    def touch(self, ms: list[Memory]) -> list[Memory]:
+        """Record that these memories were just shown (surfaced); their updated records."""
+        with self._mutex:
+            current = [self.state.get(m.memory_id) for m in ms]
+            return self._touch([m for m in current if m is not None])
+
+    def _touch(self, ms: list[Memory]) -> list[Memory]:
+        now = self._now()
+        out = []
+        for m in ms:
+            t = m.touched(now)
+            self.state[m.memory_id] = t
+            self._touched[m.memory_id] = t.last_accessed_us
+            out.append(t)
+        if time.monotonic() - self._flushed_at >= access.FLUSH_INTERVAL_S:
+            self.flush_access()
+        return out
+
+    def flush_access(self) -> None:
+        with self._mutex:
+            if self._touched and os.path.isdir(self.dir):
+                access.write_access(self.dir, self._touched, set(self.state))
+                self._touched.clear()
+            self._flushed_at = time.monotonic()
+
+    def close(self) -> None:
+        with self._mutex:
+            if self._closed:
+                return
+            with contextlib.suppress(OSError):
+                self.flush_access()
+            self._closed = True
+            if self._retriever is not None:
+                self._retriever.close()
+                self._retriever = None
+            self.log.close()
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
+
+
+def layout_header_size() -> int:
+    from logstore.frame import SEGMENT_HEADER_SIZE
+
+    return SEGMENT_HEADER_SIZE

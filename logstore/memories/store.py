@@ -1,0 +1,205 @@
+"""The long-term memory store of a data directory: every site's memories."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from logstore import layout
+from logstore.errors import Unavailable
+from logstore.ids import SiteName
+from logstore.timefmt import now_us
+
+from . import tokens
+from .limits import DEFAULT_RETENTION_SECONDS
+from .record import Memory, check_memory_id
+from .site import MEMORIES_DIR, Config, RetrieverFactory, SiteMemories, default_retriever
+
+logger = logging.getLogger("convmem.memories")
+
+
+class LongTermMemory:
+    """Verify-first long-term memories, per site, on a logstore data directory.
+
+    Safe for many threads and for several processes sharing the directory.
+    ``retention_seconds`` is how long a soft-deleted memory is kept before it
+    is erased; ``clock`` (microseconds since the epoch) exists so tests can
+    move time forward without waiting.
+    """
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        *,
+        retention_seconds: float = DEFAULT_RETENTION_SECONDS,
+        lock_timeout: float = 5.0,
+        clock: Callable[[], int] = now_us,
+        retriever_factory: RetrieverFactory | None = None,
+    ) -> None:
+        self.root = os.path.abspath(os.fspath(data_dir))
+        if retention_seconds < 0:
+            raise ValueError("retention_seconds must not be negative")
+        if not os.path.isfile(os.path.join(self.root, layout.MARKER_FILE)):
+            # A new data directory: let the engine create it (and its format marker) as it would.
+            from logstore.filestore import open_store
+
+            open_store(self.root).close()
+        self._book = tokens.TokenBook(self.root)
+        self._config = Config(
+            lock_timeout=lock_timeout,
+            retention_us=int(retention_seconds * 1_000_000),
+            clock=clock,
+            retriever_factory=retriever_factory or default_retriever,
+        )
+        self._sites: dict[str, SiteMemories] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self._stop = threading.Event()
+        self._sweeper: threading.Thread | None = None
+
+    def start_sweeper(self, interval_seconds: float = 3600.0) -> None:
+        """Erase expired soft-deleted memories of every site now and every ``interval_seconds``.
+
+        Reads and writes of a site already erase what has expired; the sweeper
+        covers sites that nobody touches after a soft delete. A daemon thread,
+        stopped by :meth:`close`.
+        """
+        if self._sweeper is not None:
+            return
+
+        def sweep() -> None:
+            while not self._stop.is_set():
+                for name in self.sites():
+                    if self._stop.is_set():
+                        return
+                    try:
+                        self.site(name).purge_expired()
+                    except Exception:  # retried at the next round; a damaged site must not stop the others
+                        logger.warning("retention sweep of site %s failed", name, exc_info=True)
+                self._stop.wait(interval_seconds)
+
+        self._sweeper = threading.Thread(target=sweep, name="convmem-memory-sweeper", daemon=True)
+        self._sweeper.start()
+
+    def _read(self, site: str) -> SiteMemories:
+        """The site, after erasing anything past the retention window."""
+        s = self.site(site)
+        s.purge_expired()
+        return s
+
+    def site(self, site: str) -> SiteMemories:
+        """The memories of ``site`` (validated site name)."""
+        site = SiteName(site)
+        with self._lock:
+            if self._closed:
+                raise Unavailable("the memory store is closed")
+            s = self._sites.get(site)
+            if s is None:
+                s = SiteMemories(self.root, site, self._book, self._config)
+                self._sites[site] = s
+            return s
+
+    # Convenience wrappers, one per tool.
+
+    def verify(
+        self, site: str, intent: str, candidate: Mapping[str, Any] | None = None, memory_id: str | None = None
+    ) -> tuple[list[tuple[Memory, float | None]], str, int]:
+        if memory_id is not None:
+            check_memory_id(memory_id)
+        return self.site(site).verify(intent, candidate, memory_id)
+
+    def upsert(
+        self,
+        site: str,
+        memory: Mapping[str, Any],
+        verify_token: object,
+        memory_id: str | None = None,
+        expected_version: int | None = None,
+    ) -> Memory:
+        s = self.site(site)
+        if memory_id is None:
+            if expected_version is not None:
+                from .errors import InvalidMemory
+
+                raise InvalidMemory("expected_version", "only an update (with memory_id) takes expected_version")
+            return s.create(memory, verify_token)
+        check_memory_id(memory_id)
+        return s.update(memory_id, memory, verify_token, expected_version)
+
+    def delete(self, site: str, memory_id: str, verify_token: object, force: bool = False) -> Memory | None:
+        check_memory_id(memory_id)
+        return self.site(site).delete(memory_id, verify_token, force)
+
+    def get(self, site: str, memory_id: str) -> Memory:
+        check_memory_id(memory_id)
+        return self._read(site).get(memory_id)
+
+    def search(
+        self,
+        site: str,
+        query: str,
+        *,
+        limit: int = 10,
+        category: str | None = None,
+        tags: Sequence[str] = (),
+        include_deleted: bool = False,
+    ) -> list[tuple[Memory, float]]:
+        return self._read(site).search(
+            query, limit=limit, category=category, tags=tags, include_deleted=include_deleted
+        )
+
+    def surface(self, site: str, context: str, limit: int = 2) -> list[Memory]:
+        """The top ``limit`` active memories for a task hint (auto-surface); never hides one shown before."""
+        out: list[Memory] = []
+        keys: set[str] = set()
+        s = self._read(site)
+        for m, _ in s.search(context, limit=limit + 2, touch=False):
+            key = m.fields.dedupe_key
+            if key is not None and key in keys:
+                continue
+            if key is not None:
+                keys.add(key)
+            out.append(m)
+            if len(out) >= limit:
+                break
+        return s.touch(out)
+
+    def all(self, site: str) -> list[Memory]:
+        return self._read(site).all()
+
+    def purge_expired(self, site: str) -> list[str]:
+        return self.site(site).purge_expired()
+
+    def sites(self) -> list[str]:
+        """Sites that have a memories directory, sorted."""
+        base = os.path.join(self.root, layout.SITES_DIR)
+        try:
+            names = os.listdir(base)
+        except FileNotFoundError:
+            return []
+        out = []
+        for name in names:
+            site = layout.decode_name(name)
+            if site is not None and os.path.isdir(os.path.join(base, name, MEMORIES_DIR)):
+                out.append(site)
+        return sorted(out)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._sweeper is not None and self._sweeper is not threading.current_thread():
+            self._sweeper.join(timeout=30)
+        with self._lock:
+            self._closed = True
+            sites = list(self._sites.values())
+            self._sites.clear()
+        for s in sites:
+            s.close()
+
+    def __enter__(self) -> LongTermMemory:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

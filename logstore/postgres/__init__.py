@@ -1,0 +1,14 @@
+"""The PostgreSQL backend of :mod:`logstore` (psycopg 3 and psycopg_pool).
+
+:class:`PgStore` implements :class:`logstore.MemoryStore` with the semantics
+and errors of :class:`logstore.FileStore`, for several stateless servers
+sharing one database. See ``_schema`` for the tables and ``deploy/citus.sql``
+for distributing them with Citus.
+"""
+
+from __future__ import annotations
+
+from ._schema import SCHEMA_VERSION
+from ._store import DEFAULT_SCHEMA, AsyncCommitRefused, PgStore, is_dsn, item_crc
+
+__all__ = ["DEFAULT_SCHEMA", "SCHEMA_VERSION", "AsyncCommitRefused", "PgStore", "is_dsn", "item_crc"]

@@ -1,0 +1,134 @@
+"""The PostgreSQL schema of the store: tables, the listing index, the append function.
+
+Everything lives in one schema (``convmem`` by default) and every table
+carries ``site`` first, so the same DDL distributes by site under Citus (see
+``deploy/citus.sql``). Payloads are ``bytea`` holding exactly the compact JSON
+bytes the local engine stores: never ``jsonb``, which reorders keys, drops
+duplicates, rewrites numbers and refuses ``\\u0000``. ``recorded_at`` is kept
+as integer microseconds since the Unix epoch, the engine's own unit, so a
+migration preserves it exactly.
+
+The conversation row is updated by every append. The listing index contains
+``last_appended_at``, so those updates are never HOT; the table is therefore
+created with a lower fillfactor (new row versions stay on the same heap page)
+and an autovacuum that starts after 1% of the rows changed, instead of 20%,
+so dead versions are reclaimed long before they bloat the heap and the index.
+"""
+
+from __future__ import annotations
+
+from psycopg import sql
+
+#: Bumped when the DDL changes incompatibly; recorded in ``meta``.
+SCHEMA_VERSION = 1
+
+#: SQLSTATE the append function raises when a batch would overfill a conversation.
+SQLSTATE_FULL = "CM001"
+
+_DDL = """
+CREATE SCHEMA IF NOT EXISTS {schema};
+
+CREATE TABLE IF NOT EXISTS {schema}.meta (
+    key   text COLLATE "C" PRIMARY KEY,
+    value text NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS {schema}.conversations (
+    site             text COLLATE "C" NOT NULL,
+    conversation_id  text COLLATE "C" NOT NULL,
+    next_seq         bigint NOT NULL,
+    created_at       bigint NOT NULL,
+    last_appended_at bigint NOT NULL,
+    PRIMARY KEY (site, conversation_id)
+) WITH (fillfactor = 70,
+        autovacuum_vacuum_scale_factor = 0.01,
+        autovacuum_vacuum_threshold = 200,
+        autovacuum_analyze_scale_factor = 0.02);
+
+CREATE INDEX IF NOT EXISTS conversations_listing
+    ON {schema}.conversations (site, last_appended_at DESC, conversation_id);
+
+CREATE TABLE IF NOT EXISTS {schema}.items (
+    site            text COLLATE "C" NOT NULL,
+    conversation_id text COLLATE "C" NOT NULL,
+    seq             bigint NOT NULL,
+    recorded_at     bigint NOT NULL,
+    payload         bytea NOT NULL,
+    PRIMARY KEY (site, conversation_id, seq)
+);
+
+CREATE TABLE IF NOT EXISTS {schema}.site_credentials (
+    site       text COLLATE "C" PRIMARY KEY,
+    kdf        text NOT NULL,
+    n          integer NOT NULL,
+    r          integer NOT NULL,
+    p          integer NOT NULL,
+    salt       bytea NOT NULL,
+    hash       bytea NOT NULL,
+    created_at text,
+    changed    bigint NOT NULL
+);
+
+CREATE SEQUENCE IF NOT EXISTS {schema}.credential_changes;
+
+CREATE TABLE IF NOT EXISTS {schema}.settings (
+    key   text COLLATE "C" PRIMARY KEY,
+    value text NOT NULL
+);
+
+CREATE OR REPLACE FUNCTION {schema}.append_batch(
+    p_site text, p_conversation_id text, p_payloads bytea[], p_max_items bigint, p_lock_timeout_ms integer)
+RETURNS TABLE (first_seq bigint, last_seq bigint, stamp bigint)
+LANGUAGE plpgsql
+SET search_path = {schema}, pg_catalog
+AS $fn$
+DECLARE
+    n       bigint := cardinality(p_payloads);
+    v_next  bigint;
+    v_last  bigint;
+    v_stamp bigint;
+BEGIN
+    -- How long to wait for the conversation row held by another appender (then SQLSTATE 55P03).
+    PERFORM set_config('lock_timeout', p_lock_timeout_ms::text, true);
+    SELECT c.next_seq, c.last_appended_at INTO v_next, v_last
+      FROM conversations c
+     WHERE c.site = p_site AND c.conversation_id = p_conversation_id
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        -- A first append: create the row (a concurrent creator makes this a no-op), then lock it.
+        INSERT INTO conversations (site, conversation_id, next_seq, created_at, last_appended_at)
+        VALUES (p_site, p_conversation_id, 0, 0, 0)
+        ON CONFLICT (site, conversation_id) DO NOTHING;
+        SELECT c.next_seq, c.last_appended_at INTO v_next, v_last
+          FROM conversations c
+         WHERE c.site = p_site AND c.conversation_id = p_conversation_id
+           FOR UPDATE;
+    END IF;
+    IF v_next + n > p_max_items THEN
+        RAISE EXCEPTION USING ERRCODE = '{full}',
+            MESSAGE = 'the batch would take the conversation past its item limit',
+            DETAIL = (v_next + n)::text;
+    END IF;
+    -- Read the clock only now, after any wait for the row lock, and never go below the previous batch.
+    v_stamp := greatest(v_last, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint);
+    UPDATE conversations c
+       SET next_seq = v_next + n,
+           last_appended_at = v_stamp,
+           created_at = CASE WHEN v_next = 0 THEN v_stamp ELSE c.created_at END
+     WHERE c.site = p_site AND c.conversation_id = p_conversation_id;
+    INSERT INTO items (site, conversation_id, seq, recorded_at, payload)
+    SELECT p_site, p_conversation_id, v_next + u.o - 1, v_stamp, u.x
+      FROM unnest(p_payloads) WITH ORDINALITY AS u(x, o);
+    RETURN QUERY SELECT v_next, v_next + n - 1, v_stamp;
+END
+$fn$;
+
+INSERT INTO {schema}.meta (key, value) VALUES ('schema_version', '{version}')
+ON CONFLICT (key) DO NOTHING;
+"""
+
+
+def ddl(schema: str) -> sql.Composed:
+    """The idempotent DDL creating the store's objects in ``schema``."""
+    text = _DDL.replace("{full}", SQLSTATE_FULL).replace("{version}", str(SCHEMA_VERSION))
+    return sql.SQL(text).format(schema=sql.Identifier(schema))

@@ -1,0 +1,459 @@
+"""``PgStore``: the :class:`~logstore.MemoryStore` on PostgreSQL.
+
+One conversation is one row of ``conversations`` (its next seq, first and
+last ``recorded_at``) plus one row of ``items`` per item. An append is one
+statement in its own transaction, ``SELECT * FROM append_batch(...)``: the
+function locks (or creates, then locks) the conversation row, takes the seq
+range, stamps the batch with ``greatest(previous, clock)`` read after the
+lock was granted, and inserts the items. Two appenders of one conversation,
+in any number of server processes, therefore get consecutive, gapless ranges.
+The call returns only after PostgreSQL reports the commit; with
+``synchronous_commit`` on (checked at start-up and on every new connection)
+that means the commit is flushed to disk, and to the synchronous standby when
+one is configured.
+
+Connections come from a ``psycopg_pool.ConnectionPool``. Statements are
+prepared by the server after a few uses (psycopg's ``prepare_threshold``);
+``prepare=False`` turns that off for PgBouncer in transaction-pooling mode.
+Per-call limits travel inside the statements (the append sets its own
+``lock_timeout`` transaction-locally), and ``statement_timeout`` is set on
+each new connection, so no session state is needed beyond that.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import zlib
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import msgspec
+import psycopg
+import psycopg_pool
+from psycopg import sql
+
+from ..codec import decode_batch, encode_items
+from ..errors import ConversationFull, Corrupted, StoreError, Unavailable
+from ..ids import ConversationId, SiteName
+from ..limits import MAX_CONVERSATION_ITEMS
+from ..model import (
+    ConversationListing,
+    ConversationSummary,
+    ListCursor,
+    ListSelector,
+    MemoryItem,
+    Range,
+    ReadSelector,
+    SeqRange,
+    Tail,
+)
+from ..store import MemoryStore
+from ..timefmt import format_us, parse_rfc3339
+from ._errors import translate
+from ._schema import SCHEMA_VERSION, SQLSTATE_FULL, ddl
+
+logger = logging.getLogger("logstore.postgres")
+
+DEFAULT_SCHEMA = "convmem"
+#: ``synchronous_commit`` values under which a returned COMMIT is durable on the primary.
+_DURABLE_COMMIT = frozenset({"on", "local", "remote_write", "remote_apply"})
+#: Advisory lock key serializing concurrent schema creation (any fixed 64-bit number).
+_DDL_LOCK = 0x636F6E766D656D
+
+
+class AsyncCommitRefused(Unavailable):
+    """The server acknowledges commits before they are durable (``synchronous_commit = off``)."""
+
+
+def is_dsn(text: str | None) -> bool:
+    """True when ``text`` names a PostgreSQL server rather than a directory."""
+    return bool(text) and str(text).startswith(("postgresql://", "postgres://"))
+
+
+class PgStore(MemoryStore):
+    """A :class:`MemoryStore` on PostgreSQL; many processes may share one database.
+
+    ``dsn`` is a libpq connection string or URI (several hosts and
+    ``target_session_attrs=read-write`` make it follow a failover). The
+    schema is created when missing. Raises ``Unavailable`` when the server
+    cannot be reached within ``connect_timeout`` or refuses durable commits.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        lock_timeout: float = 5.0,
+        statement_timeout: float = 30.0,
+        connect_timeout: float = 10.0,
+        pool_min: int = 1,
+        pool_max: int = 16,
+        prepare: bool = True,
+        allow_async_commit: bool = False,
+    ) -> None:
+        self.dsn = dsn
+        self.schema = schema
+        self.lock_timeout = lock_timeout
+        self.statement_timeout = statement_timeout
+        self.allow_async_commit = allow_async_commit
+        self._closed = False
+        self._lock = threading.Lock()
+        self._sql = _Statements(schema)
+        kwargs: dict[str, Any] = {
+            "autocommit": True,
+            "prepare_threshold": 5 if prepare else None,
+            "connect_timeout": max(1, round(connect_timeout)),
+        }
+        self._pool = psycopg_pool.ConnectionPool(
+            dsn,
+            min_size=pool_min,
+            max_size=max(pool_min, pool_max),
+            kwargs=kwargs,
+            configure=self._configure,
+            timeout=connect_timeout,
+            open=False,
+            name="convmem",
+        )
+        try:
+            # Connect once synchronously so that an unreachable server is a clear error now.
+            with psycopg.connect(dsn, **kwargs) as conn:
+                self._check_commit_mode(conn)
+                self._create_schema(conn)
+        except StoreError:
+            raise
+        except psycopg.Error as exc:
+            raise Unavailable(f"cannot use PostgreSQL at {_redact(dsn)}: {_one_line(exc)}") from exc
+        self._pool.open(wait=False)
+
+    # ------------------------------------------------------------ plumbing
+
+    def _configure(self, conn: psycopg.Connection[Any]) -> None:
+        """Run on each new pooled connection: durability check, statement timeout, sync-rep watch."""
+        mode = self._check_commit_mode(conn)
+        conn_id = id(conn)
+        conn.add_notice_handler(lambda diag: _watch_sync_rep_cancel(diag, conn_id))
+        # Pin the (durable) commit mode to this session: a later server-wide change
+        # to synchronous_commit = off (a reload) then cannot reach our connections.
+        conn.execute(
+            "SELECT set_config('statement_timeout', %s, false), set_config('synchronous_commit', %s, false)",
+            (str(max(1, round(self.statement_timeout * 1000))), mode),
+        )
+
+    def _check_commit_mode(self, conn: psycopg.Connection[Any]) -> str:
+        """The session's ``synchronous_commit``; raises AsyncCommitRefused unless durable or overridden."""
+        mode = str(conn.execute("SHOW synchronous_commit").fetchone()[0])  # type: ignore[index]
+        if mode in _DURABLE_COMMIT:
+            return mode
+        if self.allow_async_commit:
+            logger.warning(
+                "PostgreSQL runs with synchronous_commit = %s: acknowledged appends can be LOST in a crash "
+                "(allowed by the explicit override)",
+                mode,
+            )
+            return mode
+        raise AsyncCommitRefused(
+            f"PostgreSQL runs with synchronous_commit = {mode}: a commit is acknowledged before it is durable, "
+            "so convmem refuses to serve; turn it on (or pass the explicit override to accept losing data)"
+        )
+
+    def _create_schema(self, conn: psycopg.Connection[Any]) -> None:
+        """Create the schema unless it is there already (then nothing is changed, e.g. under Citus).
+
+        Refuses a schema made by a newer convmem (a higher version in ``meta``).
+        """
+        version = self._schema_version(conn)
+        if version is None:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_DDL_LOCK,))
+                conn.execute(ddl(self.schema))
+            version = self._schema_version(conn)
+        if version != SCHEMA_VERSION:
+            raise Unavailable(
+                f"schema {self.schema} is at version {version}; this convmem understands version {SCHEMA_VERSION}"
+            )
+
+    def _schema_version(self, conn: psycopg.Connection[Any]) -> int | None:
+        meta = sql.SQL("{}.meta").format(sql.Identifier(self.schema)).as_string(conn)
+        exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (meta,)).fetchone()
+        if not exists or not exists[0]:
+            return None
+        row = conn.execute(f"SELECT value FROM {meta} WHERE key = 'schema_version'".encode()).fetchone()
+        return int(row[0]) if row else None
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise Unavailable("the store is closed")
+
+    @contextmanager
+    def _conn(self, *, writing: bool = False) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection; driver failures become store errors."""
+        self._check_open()
+        started = time.monotonic()
+        try:
+            with self._pool.connection() as conn:
+                yield conn
+        except StoreError:
+            raise
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+            if getattr(exc, "sqlstate", None) == SQLSTATE_FULL:
+                detail = exc.diag.message_detail if isinstance(exc, psycopg.Error) else None
+                raise ConversationFull(MAX_CONVERSATION_ITEMS, int(detail or MAX_CONVERSATION_ITEMS + 1)) from None
+            raise translate(exc, time.monotonic() - started, writing=writing) from exc
+
+    # ---------------------------------------------------------------- API
+
+    def append(self, site: str, conversation_id: str, payloads: Sequence[Mapping[str, Any]]) -> SeqRange:
+        self._check_open()
+        site = SiteName(site)
+        conversation_id = ConversationId(conversation_id)
+        parts = encode_items(payloads)
+        lock_ms = max(1, round(self.lock_timeout * 1000))
+        with self._conn(writing=True) as conn:
+            _SYNC_CANCELLED.discard(id(conn))
+            row = conn.execute(
+                self._sql.append, (site, conversation_id, parts, MAX_CONVERSATION_ITEMS, lock_ms)
+            ).fetchone()
+            if id(conn) in _SYNC_CANCELLED:
+                _SYNC_CANCELLED.discard(id(conn))
+                raise Unavailable(
+                    "PostgreSQL committed the batch locally but stopped waiting for the synchronous standby "
+                    "before it confirmed; not acknowledged (a retry may store it twice)"
+                )
+        assert row is not None
+        return SeqRange(int(row[0]), int(row[1]))
+
+    def read(self, site: str, conversation_id: str, selector: ReadSelector) -> list[MemoryItem]:
+        self._check_open()
+        site = SiteName(site)
+        conversation_id = ConversationId(conversation_id)
+        if isinstance(selector, Tail):
+            if selector.count == 0:
+                return []
+            with self._conn() as conn:
+                rows = conn.execute(self._sql.tail, (site, conversation_id, selector.count)).fetchall()
+            rows.reverse()
+        elif isinstance(selector, Range):
+            if selector.limit == 0:
+                return []
+            with self._conn() as conn:
+                rows = conn.execute(self._sql.range, (site, conversation_id, selector.start, selector.limit)).fetchall()
+        else:
+            raise TypeError(f"selector must be Tail or Range, not {type(selector).__name__}")
+        return _items(site, conversation_id, rows)
+
+    def list_conversations(self, site: str, selector: ListSelector) -> ConversationListing:
+        self._check_open()
+        site = SiteName(site)
+        if selector.limit == 0:
+            return ConversationListing([], None)
+        with self._conn() as conn:
+            if selector.cursor is None:
+                rows = conn.execute(self._sql.list_first, (site, selector.limit + 1)).fetchall()
+            else:
+                after = parse_rfc3339(selector.cursor.last_appended_at)
+                conv = selector.cursor.conversation_id
+                rows = conn.execute(
+                    self._sql.list_after, (site, after, after, after, conv, selector.limit + 1)
+                ).fetchall()
+        more = len(rows) > selector.limit
+        summaries = [ConversationSummary(r[0], format_us(r[1]), format_us(r[2])) for r in rows[: selector.limit]]
+        nxt = ListCursor(summaries[-1].last_appended_at, summaries[-1].conversation_id) if more else None
+        return ConversationListing(summaries, nxt)
+
+    def sites(self) -> list[str]:
+        with self._conn() as conn:
+            return [str(r[0]) for r in conn.execute(self._sql.sites).fetchall()]
+
+    def drop_site(self, site: str) -> None:
+        self._check_open()
+        site = SiteName(site)
+        with self._conn(writing=True) as conn, conn.transaction():
+            conn.execute(self._sql.drop_items, (site,))
+            conn.execute(self._sql.drop_conversations, (site,))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._pool.close()
+
+    # --------------------------------------------------------- operations
+
+    def ping(self) -> bool:
+        """True when a pooled connection answers a trivial query now (for health checks)."""
+        try:
+            with self._conn() as conn:
+                conn.execute("SELECT 1")
+            return True
+        except StoreError:
+            return False
+
+    def conversation_ids(self, site: str) -> list[tuple[str, int]]:
+        """Every conversation of ``site`` with its item count, by id."""
+        site = SiteName(site)
+        with self._conn() as conn:
+            return [(str(r[0]), int(r[1])) for r in conn.execute(self._sql.conversations, (site,)).fetchall()]
+
+    def item_count(self, site: str, conversation_id: str) -> int:
+        """How many items the conversation holds (0 when unknown)."""
+        with self._conn() as conn:
+            row = conn.execute(self._sql.count, (SiteName(site), ConversationId(conversation_id))).fetchone()
+        return 0 if row is None else int(row[0])
+
+    def raw_items(self, site: str, conversation_id: str, start: int, limit: int) -> list[tuple[int, int, bytes]]:
+        """``(seq, recorded_at_us, payload_bytes)`` from ``start``, at most ``limit``, verbatim."""
+        with self._conn() as conn:
+            rows = conn.execute(self._sql.range, (site, conversation_id, start, limit)).fetchall()
+        return [(int(s), int(t), bytes(p)) for s, t, p in rows]
+
+    def restore_batch(
+        self, site: str, conversation_id: str, first: int, recorded_at_us: int, parts: Sequence[bytes]
+    ) -> None:
+        """Write one batch with its original seqs and ``recorded_at`` (migration); refuses a gap or overlap."""
+        site = SiteName(site)
+        conversation_id = ConversationId(conversation_id)
+        if not parts:
+            return
+        with self._conn(writing=True) as conn, conn.transaction():
+            row = conn.execute(self._sql.lock_conversation, (site, conversation_id)).fetchone()
+            next_seq = 0 if row is None else int(row[0])
+            if next_seq != first:
+                raise Unavailable(
+                    f"{site}/{conversation_id}: restoring seq {first} but the conversation holds {next_seq} items"
+                )
+            conn.execute(
+                self._sql.restore_conversation,
+                (site, conversation_id, first + len(parts), recorded_at_us, recorded_at_us, recorded_at_us),
+            )
+            with conn.cursor() as cur:
+                cur.executemany(
+                    self._sql.restore_item,
+                    [(site, conversation_id, first + i, recorded_at_us, p) for i, p in enumerate(parts)],
+                )
+
+    def checksum(self, site: str, conversation_id: str) -> tuple[int, int]:
+        """``(count, crc32)`` over every item's seq, recorded_at and payload bytes, in seq order."""
+        crc, count, start = 0, 0, 0
+        while True:
+            rows = self.raw_items(site, conversation_id, start, 1000)
+            for seq, stamp, payload in rows:
+                crc = item_crc(crc, seq, stamp, payload)
+                count += 1
+            if len(rows) < 1000:
+                return count, crc
+            start = rows[-1][0] + 1
+
+
+#: Connections (by id) on which PostgreSQL gave up waiting for the synchronous standby during the
+#: current append. PostgreSQL then reports COMMIT as successful with only a WARNING: the batch is
+#: durable on the primary but may be missing after a failover, so it must not be acknowledged.
+_SYNC_CANCELLED: set[int] = set()
+
+
+def _watch_sync_rep_cancel(diag: psycopg.errors.Diagnostic, conn_id: int) -> None:
+    if (diag.message_primary or "").startswith("canceling wait for synchronous replication"):
+        _SYNC_CANCELLED.add(conn_id)
+
+
+def item_crc(crc: int, seq: int, stamp: int, payload: bytes) -> int:
+    """Fold one item into a running CRC-32 (the migration's per-conversation checksum)."""
+    return zlib.crc32(payload, zlib.crc32(f"{seq}:{stamp}:".encode(), crc))
+
+
+class _Statements:
+    """The SQL text of every statement, with the schema name quoted in."""
+
+    def __init__(self, schema: str) -> None:
+        def q(text: str) -> bytes:
+            return sql.SQL(text).format(s=sql.Identifier(schema)).as_string(None).encode()
+
+        self.append = q("SELECT first_seq, last_seq FROM {s}.append_batch(%s, %s, %s::bytea[], %s, %s)")
+        self.tail = q(
+            "SELECT seq, recorded_at, payload FROM {s}.items WHERE site = %s AND conversation_id = %s "
+            "ORDER BY seq DESC LIMIT %s"
+        )
+        self.range = q(
+            "SELECT seq, recorded_at, payload FROM {s}.items WHERE site = %s AND conversation_id = %s "
+            "AND seq >= %s ORDER BY seq LIMIT %s"
+        )
+        cols = "SELECT conversation_id, created_at, last_appended_at FROM {s}.conversations WHERE site = %s "
+        order = "ORDER BY last_appended_at DESC, conversation_id LIMIT %s"
+        self.list_first = q(cols + order)
+        self.list_after = q(
+            cols + "AND last_appended_at <= %s AND (last_appended_at < %s "
+            "OR (last_appended_at = %s AND conversation_id > %s)) " + order
+        )
+        self.sites = q("SELECT DISTINCT site FROM {s}.conversations ORDER BY site")
+        self.drop_items = q("DELETE FROM {s}.items WHERE site = %s")
+        self.drop_conversations = q("DELETE FROM {s}.conversations WHERE site = %s")
+        self.conversations = q(
+            "SELECT conversation_id, next_seq FROM {s}.conversations WHERE site = %s ORDER BY conversation_id"
+        )
+        self.count = q("SELECT next_seq FROM {s}.conversations WHERE site = %s AND conversation_id = %s")
+        self.lock_conversation = q(
+            "SELECT next_seq FROM {s}.conversations WHERE site = %s AND conversation_id = %s FOR UPDATE"
+        )
+        self.restore_conversation = q(
+            "INSERT INTO {s}.conversations AS c (site, conversation_id, next_seq, created_at, last_appended_at) "
+            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (site, conversation_id) DO UPDATE "
+            "SET next_seq = excluded.next_seq, last_appended_at = greatest(c.last_appended_at, %s)"
+        )
+        self.restore_item = q(
+            "INSERT INTO {s}.items (site, conversation_id, seq, recorded_at, payload) VALUES (%s, %s, %s, %s, %s)"
+        )
+
+
+def _items(site: str, conversation_id: str, rows: list[Any]) -> list[MemoryItem]:
+    if not rows:
+        return []
+    body = b"[" + b",".join(bytes(r[2]) for r in rows) + b"]"
+    try:
+        payloads = decode_batch(body)
+    except msgspec.DecodeError:
+        payloads = [_decode_one(site, conversation_id, r) for r in rows]
+    if len(payloads) != len(rows):
+        # Only a stored value that is not one JSON object can shift the count ("1,2" decodes as two).
+        payloads = [_decode_one(site, conversation_id, r) for r in rows]
+    stamps: dict[int, str] = {}
+    out = []
+    for r, p in zip(rows, payloads, strict=True):
+        us = int(r[1])
+        text = stamps.get(us)
+        if text is None:
+            text = stamps[us] = format_us(us)
+        out.append(MemoryItem(int(r[0]), text, p))
+    return out
+
+
+def _decode_one(site: str, conversation_id: str, row: Any) -> dict[str, Any]:
+    try:
+        value = decode_batch(b"[" + bytes(row[2]) + b"]")
+        if len(value) == 1:
+            return value[0]
+    except msgspec.DecodeError:
+        pass
+    raise Corrupted(
+        f"postgresql table items, site {site}, conversation {conversation_id}, seq {row[0]}",
+        0,
+        "the stored payload is not one JSON object",
+    )
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def _redact(dsn: str) -> str:
+    """``dsn`` without its password, for messages."""
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.Error:
+        return "(the given DSN)"
+    info.pop("password", None)
+    return psycopg.conninfo.make_conninfo("", **info)

@@ -1,0 +1,157 @@
+"""Choosing the storage backend: a local data directory or a PostgreSQL database.
+
+``--store`` (env ``CONVMEM_STORE``) takes either a directory or a
+``postgresql://`` URI; ``--data-dir`` (env ``CONVMEM_DATA_DIR``) names a
+directory. With a PostgreSQL store the sites and their passwords are in the
+database too, so every server process sharing it sees the same sites.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from logstore import MemoryStore, open_store
+from logstore.postgres import DEFAULT_SCHEMA, PgStore, is_dsn
+
+from .credentials import CredentialFile
+
+ENV_PREFIX = "CONVMEM_"
+
+
+def _env(name: str, default: Any = None) -> Any:
+    return os.environ.get(ENV_PREFIX + name, default)
+
+
+def _env_flag(name: str) -> bool:
+    return str(_env(name, "")).strip().lower() in ("1", "true", "yes", "on")
+
+
+def _env_num(name: str, default: float, kind: type = float) -> Any:
+    raw = _env(name)
+    if raw in (None, ""):
+        return default
+    try:
+        return kind(raw)
+    except ValueError:
+        raise SystemExit(f"convmem: {ENV_PREFIX}{name} must be a number, got {raw!r}") from None
+
+
+class StoreConfigError(Exception):
+    """Neither a data directory nor a store was given (or both, differently)."""
+
+
+@dataclass(frozen=True)
+class StoreChoice:
+    """Where the conversations and credentials live."""
+
+    kind: str  # "file" or "postgres"
+    target: str  # the directory, or the DSN
+    schema: str = DEFAULT_SCHEMA
+
+    @property
+    def is_postgres(self) -> bool:
+        return self.kind == "postgres"
+
+    def describe(self) -> str:
+        if self.is_postgres:
+            from logstore.postgres._store import _redact
+
+            return f"PostgreSQL {_redact(self.target)} (schema {self.schema})"
+        return f"data directory {os.path.abspath(self.target)}"
+
+
+def add_store_arguments(parser: argparse.ArgumentParser, *, server: bool = False) -> None:
+    """``--data-dir``/``--store`` and the PostgreSQL options (all also from ``CONVMEM_*``)."""
+    parser.add_argument(
+        "--data-dir",
+        default=_env("DATA_DIR"),
+        help="local data directory (conversations and credentials; env CONVMEM_DATA_DIR)",
+    )
+    parser.add_argument(
+        "--store",
+        default=_env("STORE"),
+        help="where the data lives: a directory, or postgresql://... to use PostgreSQL (env CONVMEM_STORE)",
+    )
+    parser.add_argument(
+        "--pg-schema", default=_env("PG_SCHEMA", DEFAULT_SCHEMA), help="PostgreSQL schema (env CONVMEM_PG_SCHEMA)"
+    )
+    if not server:
+        return
+    parser.add_argument(
+        "--pg-pool-max",
+        type=int,
+        default=_env_num("PG_POOL_MAX", 16, int),
+        help="most PostgreSQL connections per server process (env CONVMEM_PG_POOL_MAX)",
+    )
+    parser.add_argument(
+        "--pg-statement-timeout",
+        type=float,
+        default=_env_num("PG_STATEMENT_TIMEOUT", 30.0),
+        help="seconds before PostgreSQL cancels a statement (Timeout) (env CONVMEM_PG_STATEMENT_TIMEOUT)",
+    )
+    parser.add_argument(
+        "--pg-connect-timeout",
+        type=float,
+        default=_env_num("PG_CONNECT_TIMEOUT", 10.0),
+        help="seconds to wait for a PostgreSQL connection (env CONVMEM_PG_CONNECT_TIMEOUT)",
+    )
+    parser.add_argument(
+        "--pg-no-prepare",
+        action="store_true",
+        default=_env_flag("PG_NO_PREPARE"),
+        help="never use server-side prepared statements (for PgBouncer in transaction pooling) "
+        "(env CONVMEM_PG_NO_PREPARE)",
+    )
+    parser.add_argument(
+        "--pg-allow-async-commit",
+        action="store_true",
+        default=_env_flag("PG_ALLOW_ASYNC_COMMIT"),
+        help="DANGEROUS: serve even when PostgreSQL runs with synchronous_commit = off, "
+        "so acknowledged appends can be lost in a crash (env CONVMEM_PG_ALLOW_ASYNC_COMMIT)",
+    )
+
+
+def choose(args: argparse.Namespace) -> StoreChoice:
+    """The store named by ``--store``/``--data-dir``. Raises StoreConfigError when unusable."""
+    store = getattr(args, "store", None)
+    data_dir = getattr(args, "data_dir", None)
+    if store and is_dsn(store):
+        return StoreChoice("postgres", store, getattr(args, "pg_schema", DEFAULT_SCHEMA) or DEFAULT_SCHEMA)
+    if store and data_dir and os.path.abspath(store) != os.path.abspath(data_dir):
+        raise StoreConfigError(f"--store {store} and --data-dir {data_dir} name different directories; give one")
+    target = store or data_dir
+    if not target:
+        raise StoreConfigError("give the data with --data-dir DIR or --store (a directory or postgresql://...)")
+    return StoreChoice("file", target)
+
+
+def open_chosen(choice: StoreChoice, args: argparse.Namespace) -> MemoryStore:
+    """Open the chosen store (raises StoreError/OSError when it cannot)."""
+    lock_timeout = float(getattr(args, "lock_timeout", 5.0))
+    if choice.is_postgres:
+        return PgStore(
+            choice.target,
+            schema=choice.schema,
+            lock_timeout=lock_timeout,
+            statement_timeout=float(getattr(args, "pg_statement_timeout", 30.0)),
+            connect_timeout=float(getattr(args, "pg_connect_timeout", 10.0)),
+            pool_max=max(int(getattr(args, "pg_pool_max", 16)), 1),
+            prepare=not getattr(args, "pg_no_prepare", False),
+            allow_async_commit=bool(getattr(args, "pg_allow_async_commit", False)),
+        )
+    Path(choice.target).mkdir(parents=True, exist_ok=True)
+    return open_store(choice.target, lock_timeout=lock_timeout)
+
+
+def credentials_for(choice: StoreChoice, store: MemoryStore | None) -> Any:
+    """The credential source matching the store (a CredentialFile or a PgCredentials)."""
+    if choice.is_postgres:
+        from .pg_credentials import PgCredentials
+
+        assert isinstance(store, PgStore)
+        return PgCredentials(store)
+    return CredentialFile(choice.target)
