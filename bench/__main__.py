@@ -21,7 +21,7 @@ import traceback
 from types import ModuleType
 from typing import Any
 
-from . import append, coldopen, concurrency, fsck, listing, mcp_e2e, memory, reads
+from . import append, coldopen, concurrency, fsck, listing, mcp_e2e, memory, reads, rss
 from .context import Ctx, Sizes
 from .report import ratios, table, targets, targets_text
 from .util import Progress, Row
@@ -34,6 +34,7 @@ WORKLOADS: dict[str, ModuleType] = {
     "open": coldopen,
     "fsck": fsck,
     "mcp": mcp_e2e,
+    "rss": rss,
     "memory": memory,
 }
 

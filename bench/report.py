@@ -88,8 +88,12 @@ def ratios(rows: list[Row]) -> dict[str, float | None]:
     out["open_100k_ms"] = cold.value(CONVMEM) if cold and cold.extra.get("length") == 100_000 else None
     mcp_r = _find(rows, "mcp", tool="recall_memory")
     out["mcp_recall_vs_noop"] = mcp_r.extra.get("vs_noop") if mcp_r else None
-    mem = _find(rows, "memory")
+    mem = _find(rows, "rss")
     out["replay_rss_vs_response"] = mem.extra.get("rss_vs_response") if mem else None
+    for key in ("ltm_fusion_recall2", "ltm_para_recall5_gain", "ltm_rest_recall5_gain", "ltm_search_p50_ms",
+                "ltm_context_p50_ms"):
+        row = _find(rows, "memory", headline=key)
+        out[key] = row.extra.get("value") if row else None
     return out
 
 
@@ -104,6 +108,11 @@ TARGETS = [
     ("open_100k_ms", "<", 20.0, "cold open of a 100,000-item conversation under 20 ms"),
     ("mcp_recall_vs_noop", ">=", 0.8, "recall_memory at least 0.8x the no-op's calls per second"),
     ("replay_rss_vs_response", "<", 4.0, "replay of the largest page: peak RSS under 4x the response"),
+    ("ltm_fusion_recall2", ">=", 0.9, "long-term memory: fused recall@2 of auto-surface, all queries"),
+    ("ltm_para_recall5_gain", ">=", 0.05, "long-term memory: fusion over BM25 alone, recall@5 on paraphrases"),
+    ("ltm_rest_recall5_gain", ">=", 0.0, "long-term memory: fusion never worse than BM25 on the other queries"),
+    ("ltm_search_p50_ms", "<=", 5.0, "long-term memory: search p50 at 10,000 memories in a site"),
+    ("ltm_context_p50_ms", "<=", 2.0, "long-term memory: a memory_context lookup (top 2) p50 at 10,000 memories"),
 ]
 
 

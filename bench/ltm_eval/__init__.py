@@ -1,0 +1,66 @@
+"""The labelled evaluation set of long-term-memory retrieval: memories, queries and their expected hits.
+
+``memories.txt`` and ``queries.txt`` are plain text (their headers give the
+format). Queries of kind ``para`` share no content word with their targets
+(``check.py`` verifies it); odd-numbered queries form the dev half used for
+tuning, even-numbered ones the test half.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from logstore.memories.retrieval import MemoryDoc
+
+HERE = Path(__file__).parent
+
+
+@dataclass(frozen=True)
+class Query:
+    qid: str
+    kind: str  # "lex" or "para"
+    targets: tuple[str, ...]
+    text: str
+
+    @property
+    def dev(self) -> bool:
+        return int(self.qid[1:]) % 2 == 1
+
+
+def _rows(name: str, fields: int) -> list[list[str]]:
+    out = []
+    for n, line in enumerate((HERE / name).read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        parts = [p.strip() for p in line.split("|")]
+        if len(parts) != fields:
+            raise ValueError(f"{name}:{n}: {len(parts)} fields, expected {fields}")
+        out.append(parts)
+    return out
+
+
+def memories() -> list[MemoryDoc]:
+    """The labelled memories, all active."""
+    docs = []
+    for mid, category, tags, subject, summary, details in _rows("memories.txt", 6):
+        docs.append(MemoryDoc(mid, category, subject, summary, details,
+                              tuple(t for t in tags.split(",") if t), True))
+    ids = [d.memory_id for d in docs]
+    if len(set(ids)) != len(ids):
+        raise ValueError("memories.txt: duplicate ids")
+    return docs
+
+
+def queries() -> list[Query]:
+    """The labelled queries; every target names a memory of :func:`memories`."""
+    known = {d.memory_id for d in memories()}
+    out = []
+    for qid, kind, targets, text in _rows("queries.txt", 4):
+        t = tuple(x.strip() for x in targets.split(",") if x.strip())
+        if kind not in ("lex", "para") or not t or not set(t) <= known:
+            raise ValueError(f"queries.txt: bad query {qid}")
+        out.append(Query(qid, kind, t, text))
+    if len({q.qid for q in out}) != len(out):
+        raise ValueError("queries.txt: duplicate ids")
+    return out

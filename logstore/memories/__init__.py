@@ -1,0 +1,1 @@
+"""Long-term memories: durable facts of a site that outlive a conversation."""

@@ -1,0 +1,180 @@
+"""The lexical half of memory retrieval: BM25 over an in-memory SQLite FTS5 table.
+
+The table lives in a private ``:memory:`` database, rebuilt from the current
+memories at every open, so no file on disk ever holds a memory's text and
+erasing one only has to delete its row. ``secure_delete`` zeroes freed pages
+and ``temp_store=MEMORY`` keeps sorts off temporary files.
+
+Tokenisation: FTS5's ``unicode61`` tokenizer (case folded, diacritics removed)
+wrapped in its Porter stemmer, so "deploys", "deployed" and "deploying" meet.
+Stop words stay in the index (BM25's IDF makes them cheap) but are dropped
+from queries, whose remaining terms are OR-ed: a memory need not contain every
+word of a task hint to be found.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import unicodedata
+from collections.abc import Iterable, Sequence
+
+#: BM25 column weights, in column order: subject, summary, details, tags.
+#: Chosen by measurement on the dev half of bench/ltm_eval (see the README).
+DEFAULT_WEIGHTS: tuple[float, float, float, float] = (4.0, 2.0, 1.0, 2.0)
+
+#: English function words dropped from queries. Content words only remain.
+STOP_WORDS: frozenset[str] = frozenset(
+    """
+    a about above after again against all am an and any are aren't as at be because been before being below
+    between both but by can can't cannot could couldn't did didn't do does doesn't doing don't down during each
+    few for from further had hadn't has hasn't have haven't having he he'd he'll he's her here here's hers herself
+    him himself his how how's i i'd i'll i'm i've if in into is isn't it it's its itself let's me more most
+    mustn't my myself no nor not of off on once only or other ought our ours ourselves out over own same shan't
+    she she'd she'll she's should shouldn't so some such than that that's the their theirs them themselves then
+    there there's these they they'd they'll they're they've this those through to too under until up very was
+    wasn't we we'd we'll we're we've were weren't what what's when when's where where's which while who who's
+    whom why why's with won't would wouldn't you you'd you'll you're you've your yours yourself yourselves
+    s t d ll m re ve also just will shall may might must us get got please want wants need needs like
+    """.split()
+)
+
+_WORD = re.compile(r"[^\W_]+", re.UNICODE)
+
+
+def query_terms(text: str) -> list[str]:
+    """The distinct content words of ``text``, lower-cased, in order of first appearance.
+
+    Splits like FTS5's ``unicode61`` (letters and digits form words) after
+    removing diacritics, and drops stop words; if a query is nothing but stop
+    words they are kept, so "who am I" still searches something.
+    """
+    folded = unicodedata.normalize("NFKD", text.casefold())
+    folded = "".join(c for c in folded if not unicodedata.combining(c))
+    words = _WORD.findall(folded)
+    content = [w for w in words if w not in STOP_WORDS]
+    out: list[str] = []
+    for w in content or words:
+        if w not in out:
+            out.append(w)
+    return out
+
+
+#: A query word found in more than this share of the memories (and in more than COMMON_MIN of them) is
+#: left out of the BM25 query unless it is the query's rarest: its IDF makes it worth little, and its
+#: long posting list is what a query spends its time on.
+COMMON_SHARE = 0.05
+COMMON_MIN = 50
+
+
+def _quote(term: str) -> str:
+    return '"' + term.replace('"', '""') + '"'
+
+
+def _any(terms: Sequence[str]) -> str:
+    return " OR ".join(_quote(t) for t in terms)
+
+
+class LexicalIndex:
+    """BM25 ranking of memories by FTS5; rows are addressed by caller-chosen integer keys.
+
+    Beside the four searched columns, each row carries its memory id,
+    category and active flag (so that FTS5 filters before it keeps the best
+    ``limit``).
+    """
+
+    def __init__(self, weights: Sequence[float] = DEFAULT_WEIGHTS) -> None:
+        if len(weights) != 4:
+            raise ValueError("weights: one per column (subject, summary, details, tags)")
+        self._weights = tuple(float(w) for w in weights)
+        db = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+        db.execute("PRAGMA secure_delete=ON")
+        db.execute("PRAGMA temp_store=MEMORY")
+        db.execute(
+            "CREATE VIRTUAL TABLE fts USING fts5(subject, summary, details, tags, "
+            "mid UNINDEXED, category UNINDEXED, active UNINDEXED, "
+            "tokenize = 'porter unicode61 remove_diacritics 2')"
+        )
+        w = self._weights
+        db.execute("INSERT INTO fts(fts, rank) VALUES ('rank', ?)", (f"bm25({w[0]!r}, {w[1]!r}, {w[2]!r}, {w[3]!r})",))
+        self._db = db
+        self._rows = 0  # rows in the table; -1 when a change made it unknown
+
+    def put(self, key: int, mid: str, subject: str, summary: str, details: str, tags: Iterable[str], category: str,
+            active: bool) -> None:
+        """Index (or re-index) the row ``key`` of memory ``mid``."""
+        self._rows = -1
+        self._db.execute("DELETE FROM fts WHERE rowid = ?", (key,))
+        self._db.execute(
+            "INSERT INTO fts(rowid, subject, summary, details, tags, mid, category, active) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (key, subject, summary, details, " ".join(tags), mid, category, int(active)),
+        )
+
+    def put_many(self, rows: Iterable[tuple[int, str, str, str, str, Sequence[str], str, bool]]) -> None:
+        """Index many new rows in one transaction (keys must not be present yet)."""
+        self._rows = -1
+        self._db.execute("BEGIN")
+        try:
+            self._db.executemany(
+                "INSERT INTO fts(rowid, subject, summary, details, tags, mid, category, active) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                ((k, s, m, d, " ".join(t), i, c, int(a)) for k, i, s, m, d, t, c, a in rows),
+            )
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def remove(self, key: int) -> None:
+        """Drop the row ``key`` (no-op when absent)."""
+        self._rows = -1
+        self._db.execute("DELETE FROM fts WHERE rowid = ?", (key,))
+
+    def rank(self, terms: Sequence[str], *, limit: int | None, category: str | None,
+             include_inactive: bool) -> list[tuple[int, float]]:
+        """``(key, bm25)`` of rows matching any of ``terms`` and the filters, best first (lower bm25 is better).
+
+        Words common to many rows are dropped first (see ``COMMON_SHARE``).
+        At most ``limit`` when given. FTS5 orders ties by key; rows tied with
+        the last one kept may be cut in favour of a lower key.
+        """
+        terms = self._uncommon(terms)
+        if not terms:
+            return []
+        sql = "SELECT rowid, rank FROM fts WHERE fts MATCH ?"
+        args: list[object] = [_any(terms)]
+        if not include_inactive:
+            sql += " AND active = 1"
+        if category is not None:
+            sql += " AND category = ?"
+            args.append(category)
+        sql += " ORDER BY rank LIMIT ?"
+        args.append(-1 if limit is None else limit)
+        return [(int(k), float(r)) for k, r in self._db.execute(sql, args)]
+
+    def _uncommon(self, terms: Sequence[str]) -> list[str]:
+        if not terms:
+            return []
+        self._rows = self._rows if self._rows >= 0 else self._count("")
+        cap = max(COMMON_MIN, int(COMMON_SHARE * self._rows))
+        counted = [(self._count(t), t) for t in terms]
+        kept = [t for n, t in counted if n <= cap]
+        return kept or [min(counted)[1]]
+
+    def _count(self, term: str) -> int:
+        if not term:
+            return int(self._db.execute("SELECT count(*) FROM fts").fetchone()[0])
+        return int(self._db.execute("SELECT count(*) FROM fts WHERE fts MATCH ?", (_quote(term),)).fetchone()[0])
+
+    def matching_all(self, terms: Sequence[str], among: Sequence[int]) -> set[int]:
+        """Those of the keys ``among`` whose rows contain every one of ``terms`` (after stemming)."""
+        if not terms or not among:
+            return set()
+        match = " AND ".join(_quote(t) for t in terms)
+        marks = ",".join("?" * len(among))
+        cur = self._db.execute(f"SELECT rowid FROM fts WHERE fts MATCH ? AND rowid IN ({marks})", (match, *among))
+        return {int(k) for (k,) in cur}
+
+    def close(self) -> None:
+        self._db.close()

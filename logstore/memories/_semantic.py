@@ -1,0 +1,148 @@
+"""The semantic half of memory retrieval: cosine similarity of static word embeddings.
+
+The model is WordLlama's 256-dimension ``l2_supercat`` embedding table, which
+ships inside the ``wordllama`` wheel (MIT licence, weights included) with its
+tokenizer. Loading never touches the network: the package's own loader is
+asked for files it already holds, downloads disabled. (Version 0.4.0.post1
+looks for the tokenizer under ``tokenizer/`` while the wheel ships it under
+``tokenizers/``; the wheel's directory passed as the cache directory is
+where that second lookup finds it.) One model is loaded per process, on first
+use, and shared by every site's retriever.
+
+A text's vector is the mean of its tokens' vectors, normalised to unit
+length, so a dot product is the cosine similarity. Vectors of the memories sit
+in one float32 matrix, a row per memory; a query costs one tokenisation, one
+mean and one matrix-vector product.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+Vectors = npt.NDArray[np.float32]
+
+
+class Embedder(Protocol):
+    """Turns texts into unit-length float32 vectors, one row per text."""
+
+    dim: int
+
+    def embed(self, texts: Sequence[str]) -> Vectors: ...
+
+
+class WordLlamaEmbedder:
+    """WordLlama's packaged 256-dimension model, loaded from the installed wheel only."""
+
+    dim = 256
+
+    def __init__(self) -> None:
+        import wordllama  # type: ignore[import-untyped]
+        from wordllama import WordLlama
+
+        shipped = Path(wordllama.__file__).parent
+        self._model: Any = WordLlama.load(config="l2_supercat", dim=self.dim, cache_dir=shipped,
+                                          disable_download=True)
+
+    def embed(self, texts: Sequence[str]) -> Vectors:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        vecs = np.asarray(self._model.embed(list(texts), norm=False), dtype=np.float32)
+        norms = np.linalg.norm(vecs, axis=1, keepdims=True)
+        np.maximum(norms, 1e-12, out=norms)
+        out: Vectors = vecs / norms
+        return out
+
+
+_default: WordLlamaEmbedder | None = None
+_default_lock = threading.Lock()
+
+
+def default_embedder() -> WordLlamaEmbedder:
+    """The process-wide model, loaded on first call (about a second) and reused after."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = WordLlamaEmbedder()
+        return _default
+
+
+class SemanticIndex:
+    """Unit vectors addressed by integer keys, ranked by dot product with a query vector."""
+
+    def __init__(self, dim: int) -> None:
+        self._dim = dim
+        self._m: Vectors = np.zeros((64, dim), dtype=np.float32)
+        self._used = np.zeros(64, dtype=bool)
+        self._row_key = np.zeros(64, dtype=np.int64)
+        self._key_row: dict[int, int] = {}
+        self._free: list[int] = []
+        self._n = 0  # rows [0, _n) have been handed out at some point
+
+    def put_many(self, keys: Sequence[int], vecs: Vectors) -> None:
+        for key, vec in zip(keys, vecs, strict=True):
+            self.put(key, vec)
+
+    def put(self, key: int, vec: Vectors) -> None:
+        row = self._key_row.get(key)
+        if row is None:
+            row = self._free.pop() if self._free else self._grow()
+            self._key_row[key] = row
+        self._m[row] = vec
+        self._used[row] = True
+        self._row_key[row] = key
+
+    def remove(self, key: int) -> None:
+        row = self._key_row.pop(key, None)
+        if row is not None:
+            self._m[row] = 0.0
+            self._used[row] = False
+            self._free.append(row)
+
+    def rank(self, qvec: Vectors, min_sim: float, want: int) -> list[tuple[float, int]]:
+        """``(similarity, key)`` of the ``want`` most similar rows (more on a tie), each at least ``min_sim``.
+
+        Unordered; similarities are rounded to 1e-6 so that equal texts tie
+        exactly. ``einsum`` computes each row's dot product by the same loop
+        whatever the row's position (BLAS's gemv need not, and under load its
+        threads cost more than they save at this size).
+        """
+        n = self._n
+        if n == 0 or want <= 0:
+            return []
+        sims = np.einsum("ij,j->i", self._m[:n], qvec)
+        sims[~self._used[:n]] = -np.inf
+        if want < n:
+            rows = np.argpartition(-sims, want - 1)[:want]
+            cut = float(np.round(sims[rows].min(), 6))
+            rows = np.flatnonzero(sims >= max(min_sim, cut) - 1e-6)
+        else:
+            rows = np.flatnonzero(sims >= min_sim - 1e-6)
+        rounded = np.round(sims[rows], 6)
+        ok = rounded >= min_sim
+        return list(zip(rounded[ok].tolist(), self._row_key[rows[ok]].tolist(), strict=True))
+
+    def similarity(self, qvec: Vectors, keys: Sequence[int]) -> list[float]:
+        """The similarity of each of ``keys`` to ``qvec`` (rounded like :meth:`rank`; -inf when absent)."""
+        rows = [self._key_row.get(k, -1) for k in keys]
+        present = [r for r in rows if r >= 0]
+        sims = iter(np.round(np.einsum("ij,j->i", self._m[present], qvec), 6).tolist() if present else [])
+        return [next(sims) if r >= 0 else float("-inf") for r in rows]
+
+    def _grow(self) -> int:
+        if self._n == len(self._m):
+            cap = len(self._m) * 2
+            m = np.zeros((cap, self._dim), dtype=np.float32)
+            m[: self._n] = self._m[: self._n]
+            used = np.zeros(cap, dtype=bool)
+            used[: self._n] = self._used[: self._n]
+            rk = np.zeros(cap, dtype=np.int64)
+            rk[: self._n] = self._row_key[: self._n]
+            self._m, self._used, self._row_key = m, used, rk
+        self._n += 1
+        return self._n - 1

@@ -1,0 +1,294 @@
+"""Ranking a site's long-term memories for a query: the retrieval behind search, verify and auto-surface.
+
+A :class:`Retriever` keeps derived, rebuildable state only. The store hands it
+the full current set of memories at open (:meth:`Retriever.load`) and every
+change after that (:meth:`Retriever.upsert`, :meth:`Retriever.erase`); it is
+never the source of truth. All of its state lives in process memory and is
+rebuilt at every open, so no file under ``index_dir`` ever holds a memory's
+text and erasure is complete as soon as :meth:`Retriever.erase` returns.
+
+Ranking is reciprocal rank fusion (k = 60) of a lexical ranking (BM25 from
+SQLite FTS5, see :mod:`._lexical`) and, when an embedding model is attached,
+a semantic one (cosine similarity, see :mod:`._semantic`). Filters (active
+only unless ``include_deleted``, category, tags) are applied before fusion.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from ._lexical import DEFAULT_WEIGHTS, LexicalIndex, query_terms
+from ._semantic import Embedder, SemanticIndex, default_embedder
+
+#: The constant of reciprocal rank fusion: a hit at rank r (from 1) scores w / (RRF_K + r).
+RRF_K = 60
+
+
+@dataclass(frozen=True)
+class MemoryDoc:
+    """What retrieval needs of one memory: its id, filter fields and searchable text."""
+
+    memory_id: str
+    category: str
+    subject: str
+    summary: str
+    details: str
+    tags: tuple[str, ...]
+    active: bool
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One ranked memory: its id and fused score (higher is better; only the order is meaningful)."""
+
+    memory_id: str
+    score: float
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The knobs of the ranking; the defaults were chosen on the dev half of bench/ltm_eval (see the README).
+
+    ``lexical`` and ``semantic`` weigh each ranking in the fusion (0 leaves one
+    out); ``bm25`` weighs the columns subject, summary, details, tags;
+    ``min_similarity`` is the cosine below which the semantic ranking does not
+    count a memory as relevant at all; ``lexical_gate`` is the cosine below
+    which a lexical hit that lacks some of the query's words is dropped from
+    the lexical ranking (when a model is attached): a memory sharing one
+    incidental word with a task hint, and unlike it in meaning, must not push
+    a memory that means the same out of the top two. A hit holding every query
+    word is never dropped, so names and identifiers are always found.
+    ``depth`` is how many hits of each ranking enter the fusion.
+    """
+
+    lexical: float = 1.0
+    semantic: float = 1.0
+    bm25: tuple[float, float, float, float] = DEFAULT_WEIGHTS
+    min_similarity: float = 0.1
+    lexical_gate: float = 0.35
+    depth: int = 100
+
+
+def embedding_text(doc: MemoryDoc) -> str:
+    """The text of ``doc`` that its vector is computed from: its content words, stop words removed.
+
+    Averaging token vectors lets frequent function words pull every text
+    towards the same point; dropping them (from queries too) measured better.
+    """
+    return " ".join(query_terms(" ".join((doc.subject, doc.summary, doc.details, " ".join(doc.tags)))))
+
+
+@dataclass
+class _Entry:
+    key: int
+    category: str
+    tags: frozenset[str]
+    active: bool
+
+
+_Keep = Callable[[_Entry], bool]
+_Default = Literal["default"]
+
+
+class Retriever:
+    """Fused lexical (and semantic) ranking over one site's memories, held in memory.
+
+    Thread-safe: every public method holds one lock. ``index_dir`` is created
+    and owned by the retriever for derived files; this implementation keeps
+    everything in memory and writes nothing there.
+
+    ``embedder`` is the model of the semantic ranking: by default the packaged
+    WordLlama model (:func:`._semantic.default_embedder`); ``None`` ranks by
+    BM25 alone.
+    """
+
+    def __init__(
+        self,
+        index_dir: str,
+        *,
+        tuning: Tuning | None = None,
+        embedder: Embedder | _Default | None = "default",
+    ) -> None:
+        self.index_dir = index_dir
+        os.makedirs(index_dir, exist_ok=True)
+        self._tuning = tuning or Tuning()
+        self._embedder: Embedder | None = default_embedder() if embedder == "default" else embedder
+        if self._embedder is None and self._tuning.semantic > 0:
+            self._tuning = replace(self._tuning, semantic=0.0)
+        self._lock = threading.RLock()
+        self._lexical = LexicalIndex(self._tuning.bm25)
+        self._semantic = SemanticIndex(self._embedder.dim if self._embedder else 1)
+        self._entries: dict[str, _Entry] = {}
+        self._ids: dict[int, str] = {}
+        self._next_key = 1
+        self._closed = False
+
+    # -- state -------------------------------------------------------------
+
+    def load(self, docs: Iterable[MemoryDoc]) -> None:
+        """Replace the whole state by ``docs`` (the store's current memories at open).
+
+        Raises ValueError if two docs share a memory id.
+        """
+        docs = list(docs)
+        seen: set[str] = set()
+        for d in docs:
+            if d.memory_id in seen:
+                raise ValueError(f"load: memory id {d.memory_id!r} given twice")
+            seen.add(d.memory_id)
+        with self._lock:
+            self._check_open()
+            self._lexical.close()
+            self._lexical = LexicalIndex(self._tuning.bm25)
+            self._semantic = SemanticIndex(self._embedder.dim if self._embedder else 1)
+            self._entries.clear()
+            self._ids.clear()
+            self._next_key = 1
+            rows = []
+            for d in docs:
+                entry = self._new_entry(d)
+                rows.append((entry.key, d.memory_id, d.subject, d.summary, d.details, d.tags, d.category, d.active))
+            self._lexical.put_many(rows)
+            if self._embedder is not None:
+                vecs = self._embedder.embed([embedding_text(d) for d in docs])
+                self._semantic.put_many([r[0] for r in rows], vecs)
+
+    def upsert(self, doc: MemoryDoc) -> None:
+        """Add ``doc`` or replace the memory of the same id (a soft delete is ``active=False``)."""
+        with self._lock:
+            self._check_open()
+            old = self._entries.get(doc.memory_id)
+            if old is None:
+                entry = self._new_entry(doc)
+            else:
+                entry = _Entry(old.key, doc.category, frozenset(doc.tags), doc.active)
+                self._entries[doc.memory_id] = entry
+            self._lexical.put(entry.key, doc.memory_id, doc.subject, doc.summary, doc.details, doc.tags, doc.category,
+                              doc.active)
+            if self._embedder is not None:
+                self._semantic.put(entry.key, self._embedder.embed([embedding_text(doc)])[0])
+
+    def erase(self, memory_id: str) -> None:
+        """Forget ``memory_id`` entirely (no-op when unknown). Nothing of it was ever on disk."""
+        with self._lock:
+            self._check_open()
+            entry = self._entries.pop(memory_id, None)
+            if entry is None:
+                return
+            del self._ids[entry.key]
+            self._lexical.remove(entry.key)
+            self._semantic.remove(entry.key)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    # -- ranking -----------------------------------------------------------
+
+    def search(
+        self,
+        query: str,
+        *,
+        limit: int,
+        category: str | None = None,
+        tags: Sequence[str] = (),
+        include_deleted: bool = False,
+    ) -> list[Hit]:
+        """At most ``limit`` memories relevant to ``query``, best first.
+
+        Only active memories unless ``include_deleted``; only those of
+        ``category`` when given; only those carrying every tag in ``tags``
+        (exact, case-sensitive match). A memory that neither ranking finds
+        relevant is never returned, so the list may be shorter than ``limit``.
+        """
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        with self._lock:
+            self._check_open()
+            lex, sem = self._rankings(query, category, tuple(tags), include_deleted, self._tuning.depth)
+            t = self._tuning
+            fused: dict[str, float] = {}
+            for weight, ranking in ((t.lexical, lex), (t.semantic, sem)):
+                if weight > 0:
+                    for rank, mid in enumerate(ranking, start=1):
+                        fused[mid] = fused.get(mid, 0.0) + weight / (RRF_K + rank)
+        ordered = sorted(fused.items(), key=lambda kv: (-kv[1], kv[0]))
+        return [Hit(mid, score) for mid, score in ordered[:limit]]
+
+    def close(self) -> None:
+        """Release the index; later calls raise ValueError. Idempotent."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._lexical.close()
+                self._entries.clear()
+                self._ids.clear()
+
+    # -- internals ---------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError("retriever is closed")
+
+    def _new_entry(self, doc: MemoryDoc) -> _Entry:
+        entry = _Entry(self._next_key, doc.category, frozenset(doc.tags), doc.active)
+        self._next_key += 1
+        self._entries[doc.memory_id] = entry
+        self._ids[entry.key] = doc.memory_id
+        return entry
+
+    @staticmethod
+    def _filter(category: str | None, tags: Sequence[str], include_deleted: bool) -> _Keep:
+        want_tags = frozenset(tags)
+
+        def keep(entry: _Entry) -> bool:
+            return (
+                (include_deleted or entry.active)
+                and (category is None or entry.category == category)
+                and want_tags <= entry.tags
+            )
+
+        return keep
+
+    def _rankings(self, query: str, category: str | None, tags: tuple[str, ...], include_deleted: bool,
+                  depth: int) -> tuple[list[str], list[str]]:
+        """The lexical and semantic rankings of ``query`` (memory ids, best first, filtered, at most ``depth``).
+
+        Either is empty when its weight is 0; the semantic one when no model is attached.
+        """
+        keep = self._filter(category, tags, include_deleted)
+        terms = query_terms(query)
+        t = self._tuning
+        use_semantic = self._embedder is not None and t.semantic > 0 and bool(terms)
+        gate = use_semantic and len(terms) > 1
+        qvec = self._embedder.embed([" ".join(terms)])[0] if use_semantic and self._embedder is not None else None
+        lex: list[str] = []
+        if t.lexical > 0:
+            # Tags are checked here, so with a tag filter FTS5 cannot stop early at ``depth``.
+            scored = self._lexical.rank(terms, limit=None if tags else depth, category=category,
+                                        include_inactive=include_deleted)
+            # Equal scores are ordered by memory id, not by key, so that a rebuilt index ranks the same.
+            ranked = sorted((score, self._ids[k], k) for k, score in scored)
+            keys = [k for _, mid, k in ranked if not tags or keep(self._entries[mid])][:depth]
+            if gate and qvec is not None and keys:
+                full = self._lexical.matching_all(terms, keys)
+                sims = self._semantic.similarity(qvec, keys)
+                keys = [k for k, sim in zip(keys, sims, strict=True) if k in full or sim >= t.lexical_gate]
+            lex = [self._ids[k] for k in keys]
+        sem: list[str] = []
+        if use_semantic and qvec is not None:
+            total = len(self._entries)
+            want = 2 * depth
+            while True:
+                cands = self._semantic.rank(qvec, t.min_similarity, want)
+                kept = [(sim, mid) for sim, key in cands if keep(self._entries[mid := self._ids[key]])]
+                if len(kept) >= depth or len(cands) < want or want >= total:
+                    break
+                want *= 4
+            kept.sort(key=lambda c: (-c[0], c[1]))
+            sem = [mid for _, mid in kept[:depth]]
+        return lex, sem

@@ -1,0 +1,225 @@
+"""The memory Retriever: filters, erasure, reload equivalence and ranking sanity.
+
+These run with whatever rankings the default Retriever uses; the stateful test
+checks an incrementally maintained retriever against one rebuilt from a model
+of the current memories after every step.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from logstore.memories.retrieval import Hit, MemoryDoc, Retriever
+
+
+def doc(mid: str, subject: str, summary: str = "", details: str = "", *, category: str = "general",
+        tags: tuple[str, ...] = (), active: bool = True) -> MemoryDoc:
+    return MemoryDoc(mid, category, subject, summary or subject, details, tags, active)
+
+
+CORPUS = [
+    doc("m_units", "Measurement units", "The user prefers metric units, kilometres and Celsius",
+        category="preference", tags=("units", "format")),
+    doc("m_deploy", "Release process", "Deploys go out from the release branch after the smoke tests pass",
+        category="ops", tags=("deploy",)),
+    doc("m_editor", "Editor", "Uses Neovim with the LazyVim distribution", category="preference", tags=("tools",)),
+    doc("m_coffee", "Coffee order", "Oat milk flat white, no sugar", category="personal", tags=("food", "format")),
+    doc("m_db", "Database", "Production database is PostgreSQL 16 on a managed host",
+        details="Backups run nightly at 02:00 UTC", category="ops", tags=("database",)),
+]
+
+
+@pytest.fixture
+def retriever(tmp_path: Path) -> Iterator[Retriever]:
+    r = Retriever(str(tmp_path / "idx"))
+    r.load(CORPUS)
+    yield r
+    r.close()
+
+
+def ids(hits: list[Hit]) -> list[str]:
+    return [h.memory_id for h in hits]
+
+
+def test_finds_by_stemmed_word(retriever: Retriever) -> None:
+    assert ids(retriever.search("deploying to production", limit=1)) == ["m_deploy"]
+    assert ids(retriever.search("Which units should I use?", limit=1)) == ["m_units"]
+
+
+def test_hits_are_best_first_and_limited(retriever: Retriever) -> None:
+    hits = retriever.search("preferences units milk editor database", limit=3)
+    assert len(hits) <= 3
+    assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+
+
+def test_subject_weighs_more_than_details(tmp_path: Path) -> None:
+    r = Retriever(str(tmp_path / "idx"))
+    r.load([
+        doc("in_details", "Weekly meeting", "Team sync on Mondays", details="bring the quarterly roadmap"),
+        doc("in_subject", "Quarterly roadmap", "Lives in the planning folder"),
+    ])
+    assert ids(r.search("roadmap", limit=2))[0] == "in_subject"
+    r.close()
+
+
+def test_category_filter(retriever: Retriever) -> None:
+    got = ids(retriever.search("units milk editor database deploys", limit=10, category="ops"))
+    assert got and set(got) <= {"m_deploy", "m_db"}
+    assert retriever.search("units", limit=5, category="no-such-category") == []
+
+
+def test_tags_filter_needs_every_tag(retriever: Retriever) -> None:
+    assert ids(retriever.search("units milk", limit=10, tags=["format"])) in (["m_units", "m_coffee"],
+                                                                              ["m_coffee", "m_units"])
+    assert ids(retriever.search("units milk", limit=10, tags=["format", "food"])) == ["m_coffee"]
+    assert retriever.search("units milk", limit=10, tags=["format", "deploy"]) == []
+
+
+def test_soft_deleted_hidden_unless_asked(retriever: Retriever) -> None:
+    gone = doc("m_units", "Measurement units", "The user prefers metric units, kilometres and Celsius",
+               category="preference", tags=("units", "format"), active=False)
+    retriever.upsert(gone)
+    assert "m_units" not in ids(retriever.search("metric units", limit=5))
+    assert ids(retriever.search("metric units", limit=1, include_deleted=True)) == ["m_units"]
+    retriever.upsert(doc("m_units", "Measurement units", "metric units again", category="preference"))
+    assert ids(retriever.search("metric units", limit=1)) == ["m_units"]
+
+
+def test_update_replaces_text(retriever: Retriever) -> None:
+    retriever.upsert(doc("m_editor", "Editor", "Switched to Helix", category="preference"))
+    assert "m_editor" not in ids(retriever.search("neovim lazyvim", limit=5))
+    assert ids(retriever.search("helix", limit=1)) == ["m_editor"]
+
+
+def test_erase_forgets_and_leaves_no_text_on_disk(tmp_path: Path) -> None:
+    index_dir = tmp_path / "idx"
+    secret = "zanzibarquokka"
+    r = Retriever(str(index_dir))
+    r.load([*CORPUS, doc("m_secret", f"{secret} subject", f"{secret} summary", f"{secret} details",
+                         tags=(f"{secret}tag",))])
+    assert ids(r.search(secret, limit=1)) == ["m_secret"]
+    r.erase("m_secret")
+    assert "m_secret" not in ids(r.search(secret, limit=10, include_deleted=True))
+    r.erase("m_secret")  # erasing twice is harmless
+    needles = [secret.encode(), secret.encode("utf-16-le"), secret.upper().encode()]
+    for root, _dirs, files in os.walk(index_dir):
+        for name in files:
+            data = (Path(root) / name).read_bytes()
+            assert not any(n in data for n in needles), f"{name} still holds erased text"
+    r.close()
+
+
+def test_load_rejects_duplicate_ids(tmp_path: Path) -> None:
+    r = Retriever(str(tmp_path / "idx"))
+    with pytest.raises(ValueError, match="m1"):
+        r.load([doc("m1", "a"), doc("m1", "b")])
+    r.close()
+
+
+def test_bad_limit_and_closed(retriever: Retriever) -> None:
+    with pytest.raises(ValueError, match="limit"):
+        retriever.search("x", limit=0)
+    retriever.close()
+    retriever.close()
+    with pytest.raises(ValueError, match="closed"):
+        retriever.search("units", limit=1)
+
+
+def test_queries_of_punctuation_or_fts_syntax_are_safe(retriever: Retriever) -> None:
+    for q in ["", "   ", '"', "NEAR(a b)", "units OR", "a* AND -b", "!!!", "column:units", "the and of"]:
+        retriever.search(q, limit=3)
+
+
+# -- stateful: incremental state == state rebuilt from the model -------------
+
+WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet",
+         "running", "runs", "the", "and"]
+CATS = ["a", "b"]
+TAGS = ["t1", "t2", "t3"]
+MIDS = [f"m{i}" for i in range(8)]
+
+text = st.lists(st.sampled_from(WORDS), min_size=1, max_size=6).map(" ".join)
+docs = st.builds(
+    MemoryDoc,
+    memory_id=st.sampled_from(MIDS),
+    category=st.sampled_from(CATS),
+    subject=text,
+    summary=text,
+    details=st.one_of(st.just(""), text),
+    tags=st.lists(st.sampled_from(TAGS), max_size=3, unique=True).map(tuple),
+    active=st.booleans(),
+)
+
+
+class RetrieverVsModel(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        import tempfile
+
+        self.tmp = tempfile.mkdtemp(prefix="ltm-retr-")
+        self.r = Retriever(os.path.join(self.tmp, "idx"))
+        self.r.load([])
+        self.model: dict[str, MemoryDoc] = {}
+
+    @rule(d=docs)
+    def upsert(self, d: MemoryDoc) -> None:
+        self.r.upsert(d)
+        self.model[d.memory_id] = d
+
+    @rule(mid=st.sampled_from(MIDS))
+    def erase(self, mid: str) -> None:
+        self.r.erase(mid)
+        self.model.pop(mid, None)
+
+    @rule()
+    def reopen(self) -> None:
+        self.r.close()
+        self.r = Retriever(os.path.join(self.tmp, "idx"))
+        self.r.load(list(self.model.values()))
+
+    @rule(q=text, cat=st.one_of(st.none(), st.sampled_from(CATS)),
+          tags=st.lists(st.sampled_from(TAGS), max_size=2, unique=True), deleted=st.booleans())
+    def search(self, q: str, cat: str | None, tags: list[str], deleted: bool) -> None:
+        got = self.r.search(q, limit=20, category=cat, tags=tags, include_deleted=deleted)
+        fresh = Retriever(os.path.join(self.tmp, "fresh"))
+        fresh.load(list(self.model.values()))
+        want = fresh.search(q, limit=20, category=cat, tags=tags, include_deleted=deleted)
+        fresh.close()
+        assert ids(got) == ids(want)
+        assert [h.score for h in got] == pytest.approx([h.score for h in want])
+        qwords = set(q.split()) - {"the", "and"} or set(q.split())
+        for h in got:
+            d = self.model[h.memory_id]
+            assert deleted or d.active
+            assert cat is None or d.category == cat
+            assert set(tags) <= set(d.tags)
+        # every memory that holds each content word of the query and passes the filters is found
+        for d in self.model.values():
+            words = set(f"{d.subject} {d.summary} {d.details}".split())
+            if (qwords <= words and (deleted or d.active) and (cat is None or d.category == cat)
+                    and set(tags) <= set(d.tags)):
+                assert d.memory_id in ids(got)
+
+    @invariant()
+    def size(self) -> None:
+        assert len(self.r) == len(self.model)
+
+    def teardown(self) -> None:
+        import shutil
+
+        self.r.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+RetrieverVsModel.TestCase.settings = settings(
+    max_examples=40, stateful_step_count=25, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestRetrieverVsModel = RetrieverVsModel.TestCase
