@@ -22,6 +22,7 @@ The processes are spawned once and kept for the whole workload: starting
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import threading
 import time
@@ -63,6 +64,7 @@ def _open(kind: str, paths: dict[str, str]) -> Any:
 
 def _worker(conn: Any) -> None:
     """A writer process: opens backends on demand and appends when told to go."""
+    logging.getLogger("logstore.postgres").setLevel(logging.ERROR)  # the bulk store's async-commit warning
     opened: dict[str, Any] = {}
     try:
         while True:
