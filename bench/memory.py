@@ -17,6 +17,7 @@ the process's peak RSS.
 from __future__ import annotations
 
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -27,16 +28,20 @@ from collections.abc import Sequence
 
 from logstore.memories.retrieval import MemoryDoc, Retriever
 
+from . import mcpserver
 from .context import Ctx
 from .ltm_eval import memories, queries
 from .ltm_eval.evaluate import evaluate
-from .util import CONVMEM, Row
+from .util import CONVMEM, Row, engine_sync_disabled
 
 SITE_SIZE = 10_000
 
 
+CONV = "ltm-bench-conversation"
+
+
 def steps(ctx: Ctx) -> int:
-    return 3
+    return 4
 
 
 def synthetic_docs(n: int, seed: int = 11) -> list[MemoryDoc]:
@@ -177,6 +182,79 @@ def _latency_rows(ctx: Ctx) -> list[Row]:
     return rows
 
 
+def _fill_site(data_dir: str, n: int) -> int:
+    """Create ``n`` memories (the active ones of the synthetic set) and a short conversation, syncs off."""
+    from logstore import open_store
+    from logstore.memories import LongTermMemory  # type: ignore[attr-defined,unused-ignore]
+
+    made = 0
+    with engine_sync_disabled():
+        store = open_store(data_dir)
+        try:
+            store.append(mcpserver.SITE, CONV, [{"role": "user", "n": i, "text": f"message {i}"} for i in range(50)])
+        finally:
+            store.close()
+        ltm = LongTermMemory(data_dir)
+        try:
+            for d in synthetic_docs(n):
+                fields = {"category": d.category, "subject": d.subject, "summary": d.summary,
+                          "details": d.details, "tags": list(d.tags)}
+                _, token, _ = ltm.verify(mcpserver.SITE, "create", fields)
+                ltm.upsert(mcpserver.SITE, fields, token)
+                made += 1
+        finally:
+            ltm.close()
+    return made
+
+
+async def _context_calls(url: str, texts: list[str], rounds: int) -> tuple[list[float], list[float]]:
+    """Interleaved per-call milliseconds of recall_memory without and with ``memory_context``."""
+    plain, with_ctx = [], []
+    async with mcpserver.client(url) as c:
+        base = {"conversation_id": CONV, "count": 50}
+        for i in range(20):  # warm up both paths
+            await c.call_tool("recall_memory", base)
+            await c.call_tool("recall_memory", {**base, "memory_context": texts[i % len(texts)]})
+        for i in range(rounds):
+            for ctx_text, out in ((None, plain), (texts[i % len(texts)], with_ctx)):
+                args = base if ctx_text is None else {**base, "memory_context": ctx_text}
+                t0 = time.perf_counter()
+                r = await c.call_tool("recall_memory", args)
+                out.append((time.perf_counter() - t0) * 1000)
+                assert not r.is_error, r
+    return plain, with_ctx
+
+
+def _mcp_context_rows(ctx: Ctx) -> list[Row]:
+    name = "MCP recall_memory with memory_context vs without, p50"
+    try:
+        from logstore.memories import LongTermMemory  # type: ignore[attr-defined,unused-ignore]  # noqa: F401
+    except ImportError:
+        return [Row("memory", name, "ratio", higher_better=False,
+                    note="unavailable: the long-term memory store is not in this tree")]
+    why = mcpserver.available()
+    if why:
+        return [Row("memory", name, "ratio", higher_better=False, note=f"unavailable: {why}")]
+    import anyio
+
+    n = 2_000 if ctx.quick else SITE_SIZE
+    data_dir = os.path.join(ctx.workdir, "ltm-mcp-data")
+    mcpserver.add_site(data_dir)
+    made = _fill_site(data_dir, n)
+    texts = [q.text for q in queries()]
+    server = mcpserver.Server(data_dir)
+    try:
+        plain, with_ctx = anyio.run(_context_calls, server.url, texts, 100 if ctx.quick else 400)
+    finally:
+        server.stop()
+    p0, p1 = statistics.median(plain), statistics.median(with_ctx)
+    return [Row("memory", f"{name} ({made:,} memories)", "ratio", higher_better=False,
+                samples={CONVMEM: [p1 / p0]},
+                note=f"{p1:.2f} ms with, {p0:.2f} ms without: +{p1 - p0:.2f} ms",
+                extra={"headline": "ltm_context_added_ms", "value": p1 - p0, "with_ms": p1, "without_ms": p0,
+                       "memories": made})]
+
+
 def run(ctx: Ctx) -> list[Row]:
     ctx.progress.step("memory: recall on the labelled set")
     rows = _recall_rows()
@@ -189,5 +267,7 @@ def run(ctx: Ctx) -> list[Row]:
                     extra={"rss_mib": cold["rss_mib"]}))
     ctx.progress.step("memory: latency at 10,000 memories", advance=1)
     rows.extend(_latency_rows(ctx))
+    ctx.progress.step("memory: recall_memory with and without memory_context over MCP", advance=1)
+    rows.extend(_mcp_context_rows(ctx))
     ctx.progress.step("memory", advance=1)
     return rows

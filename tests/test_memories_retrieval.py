@@ -223,3 +223,17 @@ RetrieverVsModel.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestRetrieverVsModel = RetrieverVsModel.TestCase
+
+
+def test_identifiers_and_names_are_found_lexically(retriever: Retriever) -> None:
+    retriever.upsert(doc("m_ticket", "Ticket XJ-4471", "Zorblax migration owner is Qwerlin", category="ops"))
+    assert ids(retriever.search("XJ-4471", limit=1)) == ["m_ticket"]
+    assert ids(retriever.search("who is Qwerlin zorblax", limit=1)) == ["m_ticket"]
+
+
+def test_lexical_only_retriever(tmp_path: Path) -> None:
+    r = Retriever(str(tmp_path / "idx"), embedder=None)
+    r.load(CORPUS)
+    assert ids(r.search("oat milk", limit=1)) == ["m_coffee"]
+    assert r.search("entirely unrelated words", limit=3) == []
+    r.close()

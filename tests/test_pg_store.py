@@ -195,3 +195,21 @@ def test_listing_pages_come_from_the_listing_index(store: PgStore) -> None:
             ).fetchall()
         )
     assert "conversations_listing" in plan, plan
+
+
+def test_a_later_server_wide_async_commit_does_not_reach_open_connections(store: PgStore) -> None:
+    store.append(SITE, CONV, [{"a": 1}])
+    with psycopg.connect(store.dsn, autocommit=True) as admin:
+        admin.execute("ALTER SYSTEM SET synchronous_commit = off")
+        admin.execute("SELECT pg_reload_conf()")
+        try:
+            time.sleep(0.3)  # let the reload reach the backends
+            with admin.cursor() as cur:
+                cur.execute("SHOW synchronous_commit")
+                assert cur.fetchone() == ("off",), "the reload did not take effect; the test proves nothing"
+            with store._conn() as conn:
+                assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
+            store.append(SITE, CONV, [{"a": 2}])
+        finally:
+            admin.execute("ALTER SYSTEM RESET synchronous_commit")
+            admin.execute("SELECT pg_reload_conf()")

@@ -172,9 +172,9 @@ class LexicalIndex:
         if not terms or not among:
             return set()
         match = " AND ".join(_quote(t) for t in terms)
-        marks = ",".join("?" * len(among))
-        cur = self._db.execute(f"SELECT rowid FROM fts WHERE fts MATCH ? AND rowid IN ({marks})", (match, *among))
-        return {int(k) for (k,) in cur}
+        # Intersecting here is far cheaper than ``rowid IN (...)``, which runs the MATCH once per value.
+        cur = self._db.execute("SELECT rowid FROM fts WHERE fts MATCH ?", (match,))
+        return {int(k) for (k,) in cur} & set(among)
 
     def close(self) -> None:
         self._db.close()

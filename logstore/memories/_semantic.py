@@ -48,11 +48,14 @@ class WordLlamaEmbedder:
         shipped = Path(wordllama.__file__).parent
         self._model: Any = WordLlama.load(config="l2_supercat", dim=self.dim, cache_dir=shipped,
                                           disable_download=True)
+        # One model serves every site's retriever; the library does not promise thread safety.
+        self._lock = threading.Lock()
 
     def embed(self, texts: Sequence[str]) -> Vectors:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        vecs = np.asarray(self._model.embed(list(texts), norm=False), dtype=np.float32)
+        with self._lock:
+            vecs = np.asarray(self._model.embed(list(texts), norm=False), dtype=np.float32)
         norms = np.linalg.norm(vecs, axis=1, keepdims=True)
         np.maximum(norms, 1e-12, out=norms)
         out: Vectors = vecs / norms
@@ -78,23 +81,25 @@ class SemanticIndex:
     def __init__(self, dim: int) -> None:
         self._dim = dim
         self._m: Vectors = np.zeros((64, dim), dtype=np.float32)
-        self._used = np.zeros(64, dtype=bool)
+        self._used = np.zeros(64, dtype=bool)  # the row holds a memory
+        self._active = np.zeros(64, dtype=bool)  # ... and that memory is active
         self._row_key = np.zeros(64, dtype=np.int64)
         self._key_row: dict[int, int] = {}
         self._free: list[int] = []
         self._n = 0  # rows [0, _n) have been handed out at some point
 
-    def put_many(self, keys: Sequence[int], vecs: Vectors) -> None:
-        for key, vec in zip(keys, vecs, strict=True):
-            self.put(key, vec)
+    def put_many(self, keys: Sequence[int], vecs: Vectors, active: Sequence[bool]) -> None:
+        for key, vec, a in zip(keys, vecs, active, strict=True):
+            self.put(key, vec, a)
 
-    def put(self, key: int, vec: Vectors) -> None:
+    def put(self, key: int, vec: Vectors, active: bool) -> None:
         row = self._key_row.get(key)
         if row is None:
             row = self._free.pop() if self._free else self._grow()
             self._key_row[key] = row
         self._m[row] = vec
         self._used[row] = True
+        self._active[row] = active
         self._row_key[row] = key
 
     def remove(self, key: int) -> None:
@@ -102,10 +107,13 @@ class SemanticIndex:
         if row is not None:
             self._m[row] = 0.0
             self._used[row] = False
+            self._active[row] = False
             self._free.append(row)
 
-    def rank(self, qvec: Vectors, min_sim: float, want: int) -> list[tuple[float, int]]:
+    def rank(self, qvec: Vectors, min_sim: float, want: int, active_only: bool) -> list[tuple[float, int]]:
         """``(similarity, key)`` of the ``want`` most similar rows (more on a tie), each at least ``min_sim``.
+
+        Only rows of active memories when ``active_only``.
 
         Unordered; similarities are rounded to 1e-6 so that equal texts tie
         exactly. ``einsum`` computes each row's dot product by the same loop
@@ -116,9 +124,12 @@ class SemanticIndex:
         if n == 0 or want <= 0:
             return []
         sims = np.einsum("ij,j->i", self._m[:n], qvec)
-        sims[~self._used[:n]] = -np.inf
+        if active_only:
+            sims[~self._active[:n]] = -np.inf
+        elif self._free:
+            sims[~self._used[:n]] = -np.inf
         if want < n:
-            rows = np.argpartition(-sims, want - 1)[:want]
+            rows = np.argpartition(sims, n - want)[n - want:]
             cut = float(np.round(sims[rows].min(), 6))
             rows = np.flatnonzero(sims >= max(min_sim, cut) - 1e-6)
         else:
@@ -141,6 +152,9 @@ class SemanticIndex:
             m[: self._n] = self._m[: self._n]
             used = np.zeros(cap, dtype=bool)
             used[: self._n] = self._used[: self._n]
+            act = np.zeros(cap, dtype=bool)
+            act[: self._n] = self._active[: self._n]
+            self._active = act
             rk = np.zeros(cap, dtype=np.int64)
             rk[: self._n] = self._row_key[: self._n]
             self._m, self._used, self._row_key = m, used, rk

@@ -155,7 +155,7 @@ class Retriever:
             self._lexical.put_many(rows)
             if self._embedder is not None:
                 vecs = self._embedder.embed([embedding_text(d) for d in docs])
-                self._semantic.put_many([r[0] for r in rows], vecs)
+                self._semantic.put_many([r[0] for r in rows], vecs, [d.active for d in docs])
 
     def upsert(self, doc: MemoryDoc) -> None:
         """Add ``doc`` or replace the memory of the same id (a soft delete is ``active=False``)."""
@@ -170,7 +170,7 @@ class Retriever:
             self._lexical.put(entry.key, doc.memory_id, doc.subject, doc.summary, doc.details, doc.tags, doc.category,
                               doc.active)
             if self._embedder is not None:
-                self._semantic.put(entry.key, self._embedder.embed([embedding_text(doc)])[0])
+                self._semantic.put(entry.key, self._embedder.embed([embedding_text(doc)])[0], doc.active)
 
     def erase(self, memory_id: str) -> None:
         """Forget ``memory_id`` entirely (no-op when unknown). Nothing of it was ever on disk."""
@@ -284,8 +284,11 @@ class Retriever:
             total = len(self._entries)
             want = 2 * depth
             while True:
-                cands = self._semantic.rank(qvec, t.min_similarity, want)
-                kept = [(sim, mid) for sim, key in cands if keep(self._entries[mid := self._ids[key]])]
+                cands = self._semantic.rank(qvec, t.min_similarity, want, active_only=not include_deleted)
+                if category is None and not tags:  # the only filter, activity, was applied by rank
+                    kept = [(sim, self._ids[key]) for sim, key in cands]
+                else:
+                    kept = [(sim, mid) for sim, key in cands if keep(self._entries[mid := self._ids[key]])]
                 if len(kept) >= depth or len(cands) < want or want >= total:
                     break
                 want *= 4

@@ -133,24 +133,28 @@ class PgStore(MemoryStore):
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
         """Run on each new pooled connection: durability check, statement timeout, sync-rep watch."""
-        self._check_commit_mode(conn)
+        mode = self._check_commit_mode(conn)
         conn_id = id(conn)
         conn.add_notice_handler(lambda diag: _watch_sync_rep_cancel(diag, conn_id))
+        # Pin the (durable) commit mode to this session: a later server-wide change
+        # to synchronous_commit = off (a reload) then cannot reach our connections.
         conn.execute(
-            "SELECT set_config('statement_timeout', %s, false)", (str(max(1, round(self.statement_timeout * 1000))),)
+            "SELECT set_config('statement_timeout', %s, false), set_config('synchronous_commit', %s, false)",
+            (str(max(1, round(self.statement_timeout * 1000))), mode),
         )
 
-    def _check_commit_mode(self, conn: psycopg.Connection[Any]) -> None:
+    def _check_commit_mode(self, conn: psycopg.Connection[Any]) -> str:
+        """The session's ``synchronous_commit``; raises AsyncCommitRefused unless durable or overridden."""
         mode = str(conn.execute("SHOW synchronous_commit").fetchone()[0])  # type: ignore[index]
         if mode in _DURABLE_COMMIT:
-            return
+            return mode
         if self.allow_async_commit:
             logger.warning(
                 "PostgreSQL runs with synchronous_commit = %s: acknowledged appends can be LOST in a crash "
                 "(allowed by the explicit override)",
                 mode,
             )
-            return
+            return mode
         raise AsyncCommitRefused(
             f"PostgreSQL runs with synchronous_commit = {mode}: a commit is acknowledged before it is durable, "
             "so convmem refuses to serve; turn it on (or pass the explicit override to accept losing data)"
