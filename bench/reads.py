@@ -41,6 +41,8 @@ def _build_one(ctx: Ctx, length: int, batch: int) -> None:
             k = start % 1000
             items = [dict(p, n=start + i) for i, p in enumerate(chunk[k : k + min(batch, length - start)])]
             b.append(SITE, conv_name(length, batch), items)
+            if start % 20_000 == 0:
+                ctx.progress.note(f"{b.name}: {start:,} of {length:,} items")
 
 
 def build(ctx: Ctx) -> None:
