@@ -257,8 +257,12 @@ class Postgres:
     name = "postgres"
 
     def __init__(self, dsn: str, **options: Any) -> None:
+        import logging
+
         from logstore.postgres import PgStore
 
+        # The bulk store's "synchronous_commit = off" warning is expected here, in every process.
+        logging.getLogger("logstore.postgres").setLevel(logging.ERROR)
         self.dsn = dsn
         self.store = PgStore(dsn, **options)
         sep = "&" if "?" in dsn else "?"

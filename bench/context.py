@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -106,7 +105,6 @@ class Ctx:
 
     def _start_postgres(self) -> None:
         """``CONVMEM_BENCH_POSTGRES`` (a DSN), else a throwaway loopback cluster, else no PostgreSQL column."""
-        logging.getLogger("logstore.postgres").setLevel(logging.ERROR)  # the bulk store's async-commit warning
         dsn = os.environ.get("CONVMEM_BENCH_POSTGRES")
         if not dsn:
             from tools import pgcluster

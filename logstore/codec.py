@@ -39,21 +39,30 @@ def _has_non_finite(value: object) -> bool:
 def encode_batch(payloads: Sequence[Mapping[str, Any]]) -> tuple[bytes, int]:
     """Encode a batch for storage; return ``(json_array_bytes, item_count)``.
 
-    The array is exactly ``[`` + the items of :func:`encode_items` joined by
-    ``,`` + ``]``; the checks and errors are that function's.
-    """
-    parts = encode_items(payloads)
-    return b"[" + b",".join(parts) + b"]", len(parts)
-
-
-def encode_items(payloads: Sequence[Mapping[str, Any]]) -> list[bytes]:
-    """Encode each item of a batch to its compact JSON bytes (what a backend stores verbatim).
-
     Checks, in this order, so the most specific error wins: the batch is not
     empty and holds at most ``MAX_BATCH_ITEMS``; every item is a JSON object
     of at most ``MAX_ITEM_BYTES``; the items add up to at most
-    ``MAX_BATCH_BYTES``. Raises before anything is written.
+    ``MAX_BATCH_BYTES``. Raises before anything is written. The array is
+    exactly ``[`` + the items of :func:`encode_items` joined by ``,`` + ``]``.
     """
+    parts, total = _encode_parts(payloads)
+    body = b"[" + b",".join(parts) + b"]"
+    _check_batch(payloads, parts, body, total)
+    return body, len(parts)
+
+
+def encode_items(payloads: Sequence[Mapping[str, Any]]) -> list[bytes]:
+    """Each item's compact JSON bytes (what a database backend stores verbatim).
+
+    The same checks and errors, in the same order, as :func:`encode_batch`.
+    """
+    parts, total = _encode_parts(payloads)
+    _check_batch(payloads, parts, b",".join(parts), total)
+    return parts
+
+
+def _encode_parts(payloads: Sequence[Mapping[str, Any]]) -> tuple[list[bytes], int]:
+    """The items' encodings and their total size, after the count, type and per-item size checks."""
     n = len(payloads)
     if n == 0:
         raise EmptyBatch()
@@ -77,13 +86,17 @@ def encode_items(payloads: Sequence[Mapping[str, Any]]) -> list[bytes]:
     except (InvalidPayload, PayloadTooLarge):
         _reject_non_finite(payloads, parts)  # an earlier item's NaN is reported first, as before
         raise
-    # One search of the joined items instead of three per item (a large share of an
-    # append's CPU time); only a batch holding "null" needs the walk.
-    if b"null" in b"".join(parts):
+    return parts, total
+
+
+def _check_batch(payloads: Sequence[Mapping[str, Any]], parts: list[bytes], joined: bytes, total: int) -> None:
+    """Non-finite numbers, then the batch's byte limit; ``joined`` is the items joined by ``,``."""
+    # One search of the whole body instead of three per item (a large share of an
+    # append's CPU time); only a body holding "null" needs the walk.
+    if b"null" in joined:
         _reject_non_finite(payloads, parts)
     if total > MAX_BATCH_BYTES:
         raise BatchTooLarge(MAX_BATCH_BYTES, total)
-    return parts
 
 
 def _reject_non_finite(payloads: Sequence[Mapping[str, Any]], parts: list[bytes]) -> None:

@@ -70,11 +70,6 @@ def drop_schema(dsn: str, schema: str) -> None:
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'.encode())
 
 
-def pg_url(dsn: str, schema: str) -> tuple[str, str]:
-    """(DSN, schema) as handed to ``--store``/``--pg-schema``."""
-    return dsn, schema
-
-
 def content_digest(store: MemoryStore) -> dict[str, str]:
     """Everything the store holds, as a comparable snapshot (files, or table rows)."""
     if isinstance(store, FileStore):

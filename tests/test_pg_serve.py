@@ -138,3 +138,19 @@ async def test_stdio_over_postgres(pg: tuple[str, str], tmp_path: Path) -> None:
         assert res.structured_content == {"first_seq": 0, "last_seq": 0}
     with PgStore(pg[0], schema=pg[1]) as store:
         assert [i.payload for i in store.read(SITE, "stdio-pg-1", Tail(5))] == [{"a": 1}]
+
+
+def test_stats_on_postgres(pg: tuple[str, str]) -> None:
+    with PgStore(pg[0], schema=pg[1]) as store:
+        store.append(SITE, "conv-big-01", [{"k": "x" * 10}] * 5)
+        store.append(SITE, "conv-small1", [{}])
+    done = run_convmem("stats", pg[0], "--pg-schema", pg[1], "--json")
+    assert done.returncode == 0, done.stderr
+    import json
+
+    (site,) = json.loads(done.stdout)
+    assert (site["site"], site["conversations"], site["items"]) == (SITE, 2, 6)
+    assert site["payload_bytes"] == 5 * len('{"k":"xxxxxxxxxx"}') + 2
+    assert [c["conversation_id"] for c in site["largest"]] == ["conv-big-01", "conv-small1"]
+    text = run_convmem("stats", pg[0], "--pg-schema", pg[1])
+    assert text.returncode == 0 and "2 conversations, 6 items" in text.stdout

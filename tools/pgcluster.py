@@ -21,8 +21,6 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-PG_BIN_CANDIDATES = ("/usr/lib/postgresql/17/bin", "/usr/lib/postgresql/16/bin", "/usr/lib/postgresql/15/bin")
-
 
 def pg_bin() -> Path | None:
     """Directory holding ``initdb``/``pg_ctl`` (``CONVMEM_PG_BIN``, PATH, or Debian's layout); None if absent."""
@@ -32,10 +30,13 @@ def pg_bin() -> Path | None:
     found = shutil.which("initdb")
     if found:
         return Path(found).resolve().parent  # e.g. /usr/local/bin/initdb -> /usr/lib/postgresql/15/bin
-    for cand in PG_BIN_CANDIDATES:
-        if (Path(cand) / "initdb").exists():
-            return Path(cand)
-    return None
+    # Debian's layout: /usr/lib/postgresql/<major>/bin, newest first.
+    found_dirs = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: _major(p.parent.parent.name))
+    return found_dirs[-1].parent if found_dirs else None
+
+
+def _major(name: str) -> int:
+    return int(name) if name.isdigit() else -1
 
 
 def _as_owner(cmd: Sequence[str]) -> list[str]:

@@ -22,7 +22,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         description="Per site: conversations, items, bytes on disk and the largest "
         "conversations with their fill of the 100,000-item limit.",
     )
-    p.add_argument("data_dir", metavar="DATA_DIR")
+    p.add_argument("data_dir", metavar="DATA_DIR", help="a data directory, or a postgresql:// URI")
+    p.add_argument("--pg-schema", default="convmem", help="schema when DATA_DIR is PostgreSQL")
     p.add_argument("--site", metavar="S", help="only this site")
     p.add_argument("--top", type=int, default=10, metavar="N", help="how many of the largest to show (default 10)")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -49,6 +50,10 @@ def format_site(s: SiteStats) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if str(args.data_dir).startswith(("postgresql://", "postgres://")):
+        from tools.pg_stats import run as run_pg
+
+        return run_pg(args)
     try:
         result = stats(args.data_dir, args.site, top=args.top)
     except (MaintenanceError, OSError) as exc:

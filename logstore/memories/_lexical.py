@@ -98,25 +98,24 @@ class LexicalIndex:
         w = self._weights
         db.execute("INSERT INTO fts(fts, rank) VALUES ('rank', ?)", (f"bm25({w[0]!r}, {w[1]!r}, {w[2]!r}, {w[3]!r})",))
         self._db = db
-        self._rows = 0  # rows in the table; -1 when a change made it unknown
+        self._rows = 0  # rows in the table
 
     def put(self, key: int, mid: str, subject: str, summary: str, details: str, tags: Iterable[str], category: str,
             active: bool) -> None:
         """Index (or re-index) the row ``key`` of memory ``mid``."""
-        self._rows = -1
-        self._db.execute("DELETE FROM fts WHERE rowid = ?", (key,))
+        self._rows -= self._db.execute("DELETE FROM fts WHERE rowid = ?", (key,)).rowcount
         self._db.execute(
             "INSERT INTO fts(rowid, subject, summary, details, tags, mid, category, active) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (key, subject, summary, details, " ".join(tags), mid, category, int(active)),
         )
+        self._rows += 1
 
     def put_many(self, rows: Iterable[tuple[int, str, str, str, str, Sequence[str], str, bool]]) -> None:
         """Index many new rows in one transaction (keys must not be present yet)."""
-        self._rows = -1
         self._db.execute("BEGIN")
         try:
-            self._db.executemany(
+            cur = self._db.executemany(
                 "INSERT INTO fts(rowid, subject, summary, details, tags, mid, category, active) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 ((k, s, m, d, " ".join(t), i, c, int(a)) for k, i, s, m, d, t, c, a in rows),
@@ -125,11 +124,11 @@ class LexicalIndex:
             self._db.execute("ROLLBACK")
             raise
         self._db.execute("COMMIT")
+        self._rows += cur.rowcount
 
     def remove(self, key: int) -> None:
         """Drop the row ``key`` (no-op when absent)."""
-        self._rows = -1
-        self._db.execute("DELETE FROM fts WHERE rowid = ?", (key,))
+        self._rows -= self._db.execute("DELETE FROM fts WHERE rowid = ?", (key,)).rowcount
 
     def rank(self, terms: Sequence[str], *, limit: int | None, category: str | None,
              include_inactive: bool) -> list[tuple[int, float]]:
@@ -156,15 +155,12 @@ class LexicalIndex:
     def _uncommon(self, terms: Sequence[str]) -> list[str]:
         if not terms:
             return []
-        self._rows = self._rows if self._rows >= 0 else self._count("")
         cap = max(COMMON_MIN, int(COMMON_SHARE * self._rows))
         counted = [(self._count(t), t) for t in terms]
         kept = [t for n, t in counted if n <= cap]
         return kept or [min(counted)[1]]
 
     def _count(self, term: str) -> int:
-        if not term:
-            return int(self._db.execute("SELECT count(*) FROM fts").fetchone()[0])
         return int(self._db.execute("SELECT count(*) FROM fts WHERE fts MATCH ?", (_quote(term),)).fetchone()[0])
 
     def matching_all(self, terms: Sequence[str], among: Sequence[int]) -> set[int]:
