@@ -1,7 +1,9 @@
 """convmem's performance suite: ``python -m bench`` (see ``bench/__main__.py``).
 
-Every workload runs convmem against SQLite (what a user would pick instead)
-and against the floor (a plain file with one ``fdatasync`` per batch), in one
-process and one run, and reports ratios measured side by side so that they
-hold on noisy shared machines. Nothing here is part of the test suite.
+Every workload runs convmem against the peers a user would pick instead (a
+tuned SQLite, LMDB) and against the floor (``pwrite`` into pre-zeroed space
+plus ``fdatasync``), in one process and one run, timing every operation with
+the backends taking turns op by op, so that ratios hold on noisy shared
+machines. Only ``tests/test_bench_smoke.py`` (a tiny ``--smoke`` run) is part
+of the test suite.
 """

@@ -1,9 +1,16 @@
-"""``python -m bench``: convmem against SQLite and the floor, in one process and one run.
+"""``python -m bench``: convmem against the peers a user would pick, and against the floor.
 
-Prints a table of medians with convmem's speed relative to SQLite and to the
-floor, the headline ``ratios`` and the engine's targets; ``--json PATH``
-writes every figure (per-round samples included). ``--quick`` runs a reduced
-version in under two minutes.
+Peers: SQLite tuned as a competent user tunes it and LMDB, both with a sync
+per commit; the floor is ``pwrite`` into pre-zeroed space plus ``fdatasync``.
+Operations are timed one by one, the backends taking turns op by op; the
+table gives p50, p99, p99.9 and throughput per workload and backend, and
+convmem's speed over each with a bootstrap 95% interval. ``--json PATH``
+writes every sample, the headline ``ratios`` (and their intervals), the
+machine and how quiet it was; ``--plot DIR`` draws the latency
+distributions and throughput against writers (needs matplotlib: the
+``bench`` extra). ``--quick`` runs reduced sizes in a few minutes, ``--smoke``
+tiny ones (CI's check that the bench runs); either fails when a headline
+ratio could not be produced.
 """
 
 from __future__ import annotations
@@ -21,13 +28,27 @@ import traceback
 from types import ModuleType
 from typing import Any
 
-from . import append, coldopen, concurrency, fsck, listing, mcp_e2e, memory, reads, rss
+from . import (
+    append,
+    coldopen,
+    concurrency,
+    environment,
+    fsck,
+    listing,
+    mcp_e2e,
+    memory,
+    reads,
+    report,
+    rss,
+    session,
+    sqlite_peer,
+)
 from .context import Ctx, Sizes
-from .report import ratios, table, targets, targets_text
 from .util import Progress, Row
 
 WORKLOADS: dict[str, ModuleType] = {
     "append": append,
+    "session": session,
     "reads": reads,
     "list": listing,
     "concurrency": concurrency,
@@ -38,6 +59,16 @@ WORKLOADS: dict[str, ModuleType] = {
     "memory": memory,
 }
 
+#: Which workload produces each headline ratio.
+RATIO_SOURCE = {
+    "append1_vs_sqlite": "append", "append10_vs_sqlite": "append", "append100_vs_sqlite": "append",
+    "append10_vs_floor": "append", "append10_vs_lmdb": "append", "append10_p99_over_p50": "append",
+    "new_conversation_vs_append": "session", "recall_vs_sqlite": "reads", "recall_wide_vs_sqlite": "reads",
+    "recall_growth_100k_vs_1k": "reads", "replay_vs_sqlite": "reads", "writers16_vs_sqlite": "concurrency",
+    "same_conversation4_vs_1": "concurrency", "list_growth_100k_vs_1k": "list", "open_100k_ms": "open",
+    "mcp_recall_vs_noop_tool": "mcp", "replay_rss_vs_payload": "rss",
+}
+assert set(RATIO_SOURCE) == set(report.RATIO_KEYS)
 
 def _machine() -> dict[str, Any]:
     info: dict[str, Any] = {
@@ -60,26 +91,64 @@ def _machine() -> dict[str, Any]:
     return info
 
 
+def _peers() -> dict[str, Any]:
+    return {"sqlite": {"pragmas": {**sqlite_peer.PRAGMAS, "synchronous": "FULL"}, "cached_statements": 64,
+                       "keys": "INTEGER PRIMARY KEY = conversation id << 32 | seq", "payload": "BLOB (compact JSON)"},
+            "lmdb": {"sync": True, "metasync": True, "transaction": "one write transaction per batch"},
+            "floor": "pwrite into pre-zeroed, synced space + fdatasync per batch",
+            "floor-extending": "append (O_APPEND) + fdatasync per batch: the file grows on every sync",
+            "sqlite-text-schema": "the text-keyed WITHOUT ROWID schema with JSON text payloads (extra row)",
+            "sqlite-normal": "the tuned SQLite with synchronous=NORMAL: not durable per commit (reference only)",
+            "sqlite-group": "the tuned SQLite behind one writer thread committing queued batches together"}
+
+
+def _plot(doc: dict[str, Any], out: str) -> list[str]:
+    from . import plot
+
+    return plot.draw(doc, out)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="reduced sizes: runs in under two minutes")
-    p.add_argument("--json", metavar="PATH", help="write every figure to this JSON file")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="reduced sizes: a few minutes")
+    size.add_argument("--smoke", action="store_true", help="tiny sizes: checks that every workload and ratio works")
+    p.add_argument("--json", metavar="PATH", help="write every sample and figure to this JSON file")
+    p.add_argument("--plot", metavar="DIR", help="draw latency distributions and throughput against writers here")
+    p.add_argument("--from-json", metavar="PATH", help="with --plot: draw from a saved --json file, run nothing")
     p.add_argument("--only", metavar="NAMES", help=f"comma-separated subset of: {', '.join(WORKLOADS)}")
     p.add_argument("--workdir", metavar="DIR", help="where to build data (default: a fresh temporary directory)")
     p.add_argument("--keep", action="store_true", help="keep the work directory afterwards")
+    p.add_argument("--no-postgres", action="store_true", help="leave convmem's PostgreSQL backend out")
     p.add_argument("--durable-setup", action="store_true",
                    help="build the read/list data with every sync on (slow; same bytes on disk)")
     args = p.parse_args(argv)
+
+    if args.from_json:
+        if not args.plot:
+            p.error("--from-json needs --plot DIR")
+        with open(args.from_json) as f:
+            doc = json.load(f)
+        for path in _plot(doc, args.plot):
+            print(path)
+        return 0
 
     names = list(WORKLOADS) if not args.only else [n.strip() for n in args.only.split(",") if n.strip()]
     unknown = [n for n in names if n not in WORKLOADS]
     if unknown:
         p.error(f"unknown workload(s): {', '.join(unknown)}")
-    sizes = Sizes.quick() if args.quick else Sizes()
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            p.error("--plot needs matplotlib: pip install -e '.[bench]'")
+    sizes = Sizes.smoke() if args.smoke else Sizes.quick() if args.quick else Sizes()
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     base = args.workdir or tempfile.mkdtemp(prefix="convmem-bench-")
     os.makedirs(base, exist_ok=True)
+    quiet = environment.Quiet()
     progress = Progress(1)
-    ctx = Ctx(base, sizes, args.quick, args.durable_setup, progress)
+    ctx = Ctx(base, sizes, args.quick or args.smoke, args.durable_setup, progress, want_postgres=not args.no_postgres)
     progress.total = sum(WORKLOADS[n].steps(ctx) for n in names)
     started = time.monotonic()
     rows: list[Row] = []
@@ -96,35 +165,60 @@ def main(argv: list[str] | None = None) -> int:
         ctx.close()
         if not args.keep and not args.workdir:
             shutil.rmtree(base, ignore_errors=True)
-    r = ratios(rows)
-    ts = targets(r)
-    mode = "quick" if args.quick else "full"
-    print(f"convmem bench ({mode}, {time.monotonic() - started:.0f} s; medians of interleaved rounds; "
-          "ratios are convmem's speed over the other's, above 1x = convmem faster)")
-    print(table(rows))
-    print("\nratios:")
-    for k, v in r.items():
-        print(f"  {k:<26} {'unavailable' if v is None else f'{v:.3f}'}")
-    print("\ntargets:")
-    print(targets_text(ts))
+    seconds = time.monotonic() - started
+    env = quiet.report()
+    full, where = report.ratios(rows)
+    r = {k: (None if v is None else v[0]) for k, v in full.items()}
+    intervals = {k: (None if v is None else [v[1], v[2]]) for k, v in full.items()}
+    ts = report.targets(r)
+    mem = report.memory_figures(rows) if "memory" in names else {}
+    missing = [k for k, v in r.items() if v is None and RATIO_SOURCE[k] in names and RATIO_SOURCE[k] not in failures]
+    print(f"convmem bench ({mode}, {seconds:.0f} s; every operation timed, backends interleaved op by op; "
+          "'convmem vs it' is convmem's speed over the other's at p50, above 1x = convmem faster)")
+    print(report.table(rows))
+    print("\nratios (value, bootstrap 95% interval):")
+    print(report.targets_text(ts, intervals))
+    if mem:
+        print("\nlong-term memory:")
+        print(report.targets_text(report.targets(mem, report.MEMORY_TARGETS)))
+    if where:
+        print("\nsizes: " + "; ".join(f"{k}: {v}" for k, v in where.items()))
+    steal = env["cpu_steal_share"]
+    print(f"\nmachine: load average {env['loadavg_start']} -> {env['loadavg_end']}, "
+          f"CPU steal {'unknown' if steal is None else f'{steal:.1%}'}")
+    if env["noisy"]:
+        print("WARNING: this run was NOISY (" + "; ".join(env["noisy_reasons"]) + "): its figures carry more noise "
+              "than their intervals show; rerun on a quiet machine before quoting them.")
     for name, why in failures.items():
         print(f"\nworkload {name} failed: {why}")
+    if missing:
+        print(f"\nERROR: headline ratio(s) not produced: {', '.join(missing)}", file=sys.stderr)
+    doc = {
+        "mode": mode,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - seconds)),
+        "seconds": round(seconds, 1),
+        "machine": _machine(),
+        "environment": env,
+        "noisy": env["noisy"],
+        "durable_setup": args.durable_setup,
+        "peers": _peers(),
+        "ratios": r,
+        "ratio_intervals": intervals,
+        "ratio_sizes": where,
+        "targets": ts,
+        "memory_figures": mem,
+        "results": [row.to_json() for row in rows],
+        "failures": failures,
+        "missing_ratios": missing,
+    }
     if args.json:
-        doc = {
-            "mode": mode,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - (time.monotonic() - started))),
-            "seconds": round(time.monotonic() - started, 1),
-            "machine": _machine(),
-            "durable_setup": args.durable_setup,
-            "ratios": r,
-            "targets": ts,
-            "results": [row.to_json() for row in rows],
-            "failures": failures,
-        }
         with open(args.json, "w") as f:
-            json.dump(doc, f, indent=2)
+            json.dump(doc, f, indent=1)
             f.write("\n")
-    return 1 if failures else 0
+    if args.plot:
+        for path in _plot(doc, args.plot):
+            print(f"plot: {path}")
+    return 1 if failures or missing else 0
 
 
 if __name__ == "__main__":

@@ -1,17 +1,18 @@
-"""The three things every workload runs against: convmem, SQLite and the floor.
+"""convmem and PostgreSQL through the store API, and the bench's earlier SQLite and floor (now labelled extras).
 
-All three take the same payload dicts and return decoded items, so each
-figure includes encoding and decoding:
+Every backend takes the same payload dicts and returns decoded items, so
+each figure includes encoding and decoding:
 
 * :class:`Convmem`: a :class:`logstore.FileStore` with its default durability.
-* :class:`Sqlite`: WAL mode, ``synchronous=FULL``, items keyed by
-  ``(site, conv, seq)`` ``WITHOUT ROWID``, one transaction per batch, payloads
-  as compact JSON text, tail by ``ORDER BY seq DESC LIMIT n``. A second table
-  of conversations (indexed by last append) serves listings, as anyone
-  building this on SQLite would add.
-* :class:`Floor`: the same bytes appended to one plain file per conversation
-  with one ``fdatasync`` per batch, read back with one ``pread`` using item
-  offsets kept in memory. No engine with this durability can beat it.
+* :class:`Sqlite`: the schema this bench used before issue 13, kept as the
+  labelled ``sqlite-text-schema`` row: WAL mode, ``synchronous=FULL``, items
+  keyed by ``(site, conv, seq)`` ``WITHOUT ROWID``, payloads as compact JSON
+  text. The peer is :class:`bench.sqlite_peer.Sqlite` (integer keys, BLOBs).
+* :class:`Floor`: the labelled ``floor-extending`` row: the same bytes
+  appended to one plain file per conversation with one ``fdatasync`` per
+  batch, so every sync also grows the file. The floor proper is
+  :class:`bench.floor_peer.Floor` (pre-zeroed space).
+* :class:`Postgres`: convmem's PostgreSQL backend.
 """
 
 from __future__ import annotations

@@ -30,8 +30,9 @@ def main() -> None:
         db = sqlite3.connect(path)
         db.execute("PRAGMA journal_mode=WAL")
         if conv:
-            rows = db.execute("SELECT seq, recorded_at, payload FROM items WHERE site=? AND conv=? "
-                              "ORDER BY seq DESC LIMIT 50", (site, conv)).fetchall()
+            cid = db.execute("SELECT id FROM convs WHERE site=? AND conv=?", (site, conv)).fetchone()[0]
+            rows = db.execute("SELECT k, recorded_at, payload FROM items WHERE k>=? AND k<? ORDER BY k DESC LIMIT 50",
+                              (cid << 32, (cid + 1) << 32)).fetchall()
             [msgspec.json.decode(p) for _s, _r, p in rows]
         else:
             rows = db.execute("SELECT conv, created, last FROM convs WHERE site=? ORDER BY last DESC, conv LIMIT 50",
@@ -39,7 +40,7 @@ def main() -> None:
         assert len(rows) == 50
     else:
         fd = os.open(path, os.O_RDONLY)
-        size = os.fstat(fd).st_size
+        size = a.get("end") or os.fstat(fd).st_size  # the pre-zeroed floor's file is longer than its data
         n = min(a["bytes"], size)
         assert len(os.pread(fd, n, size - n)) == n
     ms = (time.perf_counter() - t0) * 1000

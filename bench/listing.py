@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .context import Ctx
-from .util import Row, interleaved, rate
+from .util import Row, interleaved_ops
 
 PAGE = 50
 DEEP = 0.9
@@ -36,7 +36,7 @@ def build(ctx: Ctx, n: int) -> None:
             if ctx.postgres is not None:
                 ctx.postgres.append(site_name(n), conv, item)
             if i % 2000 == 0:
-                ctx.progress.step(f"list: building site of {n:,} conversations ({i:,})")
+                ctx.progress.note(f"{i:,} of {n:,} conversations")
 
 
 def _listers(ctx: Ctx) -> list[Any]:
@@ -48,23 +48,24 @@ def run(ctx: Ctx) -> list[Row]:
         ctx.progress.step(f"list: building site of {n:,} conversations")
         build(ctx, n)
         ctx.progress.step(f"list: built {n:,}", advance=1)
-    # Every site size, page depth and backend is measured in every round, so the
-    # growth from 1,000 to 100,000 conversations is a paired, per-round figure.
+    # Every site size, page depth and backend takes turns op by op, so the
+    # growth from the smallest to the largest site is a paired figure.
     ctx.progress.step("list: first and deep pages")
     fns: dict[str, Callable[[], float]] = {}
-    cases = [(n, where, rank) for n in ctx.sizes.site_sizes for where, rank in (("first", 0), ("deep", int(n * DEEP)))]
+    cases = [(n, where, rank) for n in ctx.sizes.site_sizes
+             for where, rank in (("first", 0), ("deep", min(int(n * DEEP), n - PAGE)))]
     for n, where, rank in cases:
         site = site_name(n)
         for b in _listers(ctx):
             cursor = b.cursor_at(site, rank)
             assert len(b.list_page(site, cursor, PAGE)[0]) == PAGE
-            fns[f"{b.name}|{n}|{where}"] = (lambda b=b, cursor=cursor, site=site:
-                                            rate(lambda: b.list_page(site, cursor, PAGE), ctx.sizes.list_calls))
-    samples = interleaved(ctx.sizes.rounds, fns)
+            fns[f"{b.name}|{n}|{where}"] = (lambda b=b, cursor=cursor, site=site: b.list_page(site, cursor, PAGE))
+    samples = interleaved_ops(ctx.sizes.ops, fns, progress=ctx.progress, label="list pages")
     rows = []
     for n, where, rank in cases:
         per = {b.name: samples[f"{b.name}|{n}|{where}"] for b in _listers(ctx)}
-        rows.append(Row("list", f"list {where} page at {n:,} conversations", "pages/s", samples=per,
+        rows.append(Row("list", f"list {where} page at {n:,} conversations", "ms/page",
+                        higher_better=False, per_op=True, samples=per,
                         extra={"conversations": n, "rank": rank}))
     ctx.progress.step("list", advance=len(ctx.sizes.site_sizes))
     return rows

@@ -1,133 +1,103 @@
-"""Workload 8: end to end through ``convmem serve`` over HTTP on loopback, with the SDK client.
+"""Workload ``mcp``: ``recall_memory`` end to end over HTTP against a no-op tool of the same size.
 
-Calls per second, one client, calls back to back, for:
-
-* ``ping``: the no-op baseline (the server has no no-op tool; a ping takes the
-  same HTTP and JSON-RPC path but no tool dispatch);
-* a ``recall_memory`` call rejected by validation (malformed id): the whole
-  tool path (auth, argument checks, error result) without storage;
-* ``append_memory`` of 10 items of about 1 KiB, and ``recall_memory`` of the
-  last 50 of a 1,000-item conversation.
-
-``recall_memory`` over ``ping`` is the storage-plus-tool share of a call; the
-same recall timed straight through the store (in this process, after the
-server stops) shows how much of it is storage. The SDK client validates every
-structured result against the tool's output schema (``jsonschema``), which
-for 50 items costs more than the server's whole answer; so ``ping`` and
-``recall_memory`` are also timed as raw JSON-RPC POSTs (``httpx``), the
-server's side of the ratio.
+The bench starts the product's server (``convmem serve`` on 127.0.0.1, a
+free port) with one extra tool registered for this process only
+(:mod:`bench.noopserver`): ``bench_noop`` authenticates like any tool and
+returns a stored result without touching the store. Its result is the very
+``structuredContent`` a ``recall_memory`` of the last 50 items of a
+1,000-item conversation returned, so both calls move the same bytes through
+the same HTTP, JSON-RPC, authentication and result-shaping path; the ratio
+is the store's share. The calls are raw JSON-RPC POSTs over one kept-alive
+connection (``http.client``), the client parsing nothing, the two tools
+taking turns call by call. ``ping`` (the protocol's own no-op) and
+``append_memory`` of 10 items are timed alongside for context.
 """
 
 from __future__ import annotations
 
-import time
-import warnings
-from collections.abc import Awaitable, Callable
+import http.client
+import json
+import os
+import urllib.parse
+from collections.abc import Callable
 from typing import Any
-
-import anyio
-
-from logstore import Tail, open_store
 
 from . import mcpserver
 from .context import Ctx
-from .util import CONVMEM, Row, median, payloads, rate
+from .util import CONVMEM, Row, interleaved_ops, payloads
 
 CONV = "mcp-bench-conv-1"
+RECALL = 50
 
 
 def steps(ctx: Ctx) -> int:
     return 1
 
 
-async def _rate(fn: Callable[[], Awaitable[Any]], n: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(n):
-        await fn()
-    return n / (time.perf_counter() - t0)
+class RawClient:
+    """JSON-RPC POSTs over one HTTP/1.1 connection, as any client library would send them."""
 
+    def __init__(self, url: str) -> None:
+        u = urllib.parse.urlsplit(url)
+        self.path = u.path
+        self.conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port, timeout=120)
+        self.headers = {"Authorization": mcpserver.auth_header(), "Content-Type": "application/json",
+                        "Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-06-18"}
 
-async def _measure(url: str, ctx: Ctx) -> dict[str, list[float]]:
-    # ping only exists in the SDK's legacy mode, which is what this server speaks.
-    warnings.filterwarnings("ignore", message="ping is removed")
-    items = payloads(10, ctx.sizes.item_bytes)
-    async with mcpserver.client(url) as c:
-        for _ in range(100):  # a 1,000-item conversation to recall from
-            r = await c.call_tool("append_memory", {"conversation_id": CONV, "items": items})
-            assert not r.is_error, r
-        bad = await c.call_tool("recall_memory", {"conversation_id": "bad!"})
-        assert bad.is_error
-        calls: dict[str, Callable[[], Awaitable[Any]]] = {
-            "ping": c.send_ping,
-            "rejected": lambda: c.call_tool("recall_memory", {"conversation_id": "bad!"}),
-            "append": lambda: c.call_tool("append_memory", {"conversation_id": CONV + "-a", "items": items}),
-            "recall": lambda: c.call_tool("recall_memory", {"conversation_id": CONV, "count": 50}),
-        }
-        import httpx2
+    def post(self, method: str, params: dict[str, Any] | None = None) -> bytes:
+        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, **({"params": params} if params else {})})
+        self.conn.request("POST", self.path, body=body, headers=self.headers)
+        r = self.conn.getresponse()
+        data = r.read()
+        if r.status != 200 or not data.startswith(b'{"jsonrpc":"2.0","id":1,"result"') or b'"isError":true' in data:
+            raise RuntimeError(f"{method} failed: HTTP {r.status}: {data[:300]!r}")
+        return data
 
-        headers = {"Authorization": mcpserver.auth_header(), "Accept": "application/json, text/event-stream",
-                   "MCP-Protocol-Version": "2025-06-18"}
-        async with httpx2.AsyncClient(headers=headers, timeout=60) as raw:
+    def tool(self, name: str, arguments: dict[str, Any]) -> bytes:
+        return self.post("tools/call", {"name": name, "arguments": arguments})
 
-            async def post(method: str, params: dict[str, Any] | None = None) -> None:
-                body = {"jsonrpc": "2.0", "id": 1, "method": method, **({"params": params} if params else {})}
-                r = await raw.post(url, json=body)
-                # Check without parsing the whole body: the client's JSON parse is not the server's cost.
-                assert r.status_code == 200 and r.content.startswith(b'{"jsonrpc":"2.0","id":1,"result"'), r.text[:300]
-
-            calls["raw_ping"] = lambda: post("ping")
-            calls["raw_recall"] = lambda: post(
-                "tools/call", {"name": "recall_memory", "arguments": {"conversation_id": CONV, "count": 50}})
-            out: dict[str, list[float]] = {k: [] for k in calls}
-            for _ in range(ctx.sizes.rounds):
-                for name, fn in calls.items():
-                    out[name].append(await _rate(fn, ctx.sizes.mcp_calls))
-            return out
-
-
-def _engine_recall_ms(data_dir: str) -> float:
-    """The same recall straight through the store, in this process: milliseconds per call."""
-    store = open_store(data_dir)
-    try:
-        calls = 500
-        store.read(mcpserver.SITE, CONV, Tail(50))
-        return 1000 / median([rate(lambda: store.read(mcpserver.SITE, CONV, Tail(50)), calls) for _ in range(5)])
-    finally:
-        store.close()
+    def close(self) -> None:
+        self.conn.close()
 
 
 def run(ctx: Ctx) -> list[Row]:
     why = mcpserver.available()
     if why:
-        return [Row("mcp", "MCP end to end", "calls/s", note=f"unavailable: {why}")]
-    ctx.progress.step("MCP end to end over HTTP")
-    server = mcpserver.Server(f"{ctx.workdir}/mcp-data")
+        raise RuntimeError(f"MCP workload unavailable: {why}")
+    label = f"MCP over HTTP: recall_memory of {RECALL} against a no-op tool of the same size"
+    ctx.progress.step(label)
+    payload_file = os.path.join(ctx.workdir, "mcp-noop-result.json")
+    server = mcpserver.Server(f"{ctx.workdir}/mcp-data", noop_payload=payload_file)
     try:
-        res = anyio.run(_measure, server.url, ctx)
+        c = RawClient(server.url)
+        items = payloads(10, ctx.sizes.item_bytes)
+        for _ in range(100):  # a 1,000-item conversation to recall from
+            c.tool("append_memory", {"conversation_id": CONV, "items": items})
+        recall_args = {"conversation_id": CONV, "count": RECALL}
+        body = c.tool("recall_memory", recall_args)
+        with open(payload_file, "wb") as f:
+            f.write(json.dumps(json.loads(body)["result"]["structuredContent"]).encode())
+        noop_body = c.tool("bench_noop", recall_args)
+        sizes = {"recall_memory": len(body), "bench_noop": len(noop_body)}
+        if abs(len(body) - len(noop_body)) > 0.01 * len(body):
+            raise RuntimeError(f"the no-op's response is not the recall's size: {sizes}")
+        fns: dict[str, Callable[[], object]] = {
+            "recall_memory": lambda: c.tool("recall_memory", recall_args),
+            "bench_noop": lambda: c.tool("bench_noop", recall_args),
+            "ping": lambda: c.post("ping"),
+            "append_memory": lambda: c.tool("append_memory", {"conversation_id": CONV + "-a", "items": items}),
+        }
+        samples = interleaved_ops(ctx.sizes.ops, fns, progress=ctx.progress, label="mcp")
+        c.close()
     finally:
         server.stop()
-    ping = median(res["ping"])
-    engine_ms = _engine_recall_ms(f"{ctx.workdir}/mcp-data")
     rows = []
-    labels = {
-        "ping": ("MCP ping (no-op baseline)", "ping"),
-        "rejected": ("MCP tools/call rejected before storage", "rejected_call"),
-        "append": ("MCP append_memory, 10 items", "append_memory"),
-        "recall": ("MCP recall_memory, last 50", "recall_memory"),
-        "raw_ping": ("raw HTTP JSON-RPC ping", "raw_ping"),
-        "raw_recall": ("raw HTTP JSON-RPC recall_memory, last 50", "raw_recall_memory"),
-    }
-    for key, (label, tool) in labels.items():
-        samples = res[key]
-        base = res["raw_ping"] if key.startswith("raw_") else res["ping"]
-        vs = [x / y for x, y in zip(samples, base, strict=True)]
-        vs_noop = median(vs)
-        note = "" if key in ("ping", "raw_ping") else f"{vs_noop:.2f}x ping"
-        extra = {"tool": tool, "vs_noop": vs_noop, "ping_calls_per_s": ping}
-        if key in ("recall", "raw_recall"):
-            share = engine_ms / (1000 / median(samples))
-            note += f"; the store's own read is {share:.0%} of the call"
-            extra.update(engine_recall_ms=engine_ms, engine_share=share)
-        rows.append(Row("mcp", label, "calls/s", samples={CONVMEM: samples}, note=note, extra=extra))
+    for name, what in (("recall_memory", f"recall_memory, last {RECALL} of 1,000 items"),
+                       ("bench_noop", "bench_noop: the same result, no store"),
+                       ("ping", "ping (protocol no-op)"),
+                       ("append_memory", "append_memory, 10 items")):
+        rows.append(Row("mcp", f"MCP raw HTTP JSON-RPC: {what}", "ms/call", higher_better=False, per_op=True,
+                        samples={CONVMEM: samples[name]},
+                        extra={"tool": name, "response_bytes": sizes.get(name)}))
     ctx.progress.step("MCP", advance=1)
     return rows

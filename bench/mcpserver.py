@@ -49,12 +49,15 @@ def add_site(data_dir: str) -> None:
 class Server:
     """A ``convmem serve`` child process on 127.0.0.1 with a free port."""
 
-    def __init__(self, data_dir: str) -> None:
+    def __init__(self, data_dir: str, noop_payload: str | None = None) -> None:
+        """``noop_payload``: serve the bench's extra ``bench_noop`` tool, answering that file's result."""
         os.makedirs(data_dir, exist_ok=True)
         add_site(data_dir)
         self.log = open(os.path.join(os.path.dirname(data_dir), "server.log"), "a")
+        args = ("serve", "--data-dir", data_dir, "--host", "127.0.0.1", "--port", "0")
+        cmd = [sys.executable, "-m", "bench.noopserver", noop_payload, *args] if noop_payload else _cmd(*args)
         self.proc = subprocess.Popen(
-            _cmd("serve", "--data-dir", data_dir, "--host", "127.0.0.1", "--port", "0"),
+            cmd,
             stdout=subprocess.PIPE, stderr=self.log, text=True, env=_env(),
         )
         assert self.proc.stdout is not None

@@ -4,11 +4,13 @@ Conversations of 1,000, 10,000 and 100,000 items of about 1 KiB each are
 built once in every backend, in 10-item batches (an agent's turn: the
 append workload's headline batch), then:
 
-* recall: ``Tail(50)`` calls per second at each length; and, in a full run,
-  at 100,000 items built from 250-item batches, convmem's worst case (a
-  record is the unit of reading, so the tail's whole record is decoded);
-* replay: the 100,000-item conversation read start to end in pages of 1,000,
-  as items per second.
+* recall: ``Tail(50)`` at each length; and at the longest length built from
+  250-item batches, so the 50 items recalled lie inside one batch: convmem's
+  worst case when a record is the unit of reading;
+* replay: the longest conversation read in pages of 1,000 (every page once
+  per round, the backends taking turns page by page).
+
+Every call is timed on its own, the backends (and the lengths) taking turns.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .context import SITE, Ctx
-from .util import Row, interleaved, payloads, rate, seconds
+from .util import Row, interleaved_ops, payloads
 
 SETUP_BATCH = 10
 WIDE_BATCH = 250
@@ -36,8 +38,11 @@ def _build_one(ctx: Ctx, length: int, batch: int) -> None:
     chunk = payloads(1000, ctx.sizes.item_bytes)
     for b in ctx.backends():
         for start in range(0, length, batch):
-            items = [dict(p, n=start + i) for i, p in enumerate(chunk[start % 1000 : start % 1000 + batch])]
+            k = start % 1000
+            items = [dict(p, n=start + i) for i, p in enumerate(chunk[k : k + min(batch, length - start)])]
             b.append(SITE, conv_name(length, batch), items)
+            if start % 20_000 == 0:
+                ctx.progress.note(f"{b.name}: {start:,} of {length:,} items")
 
 
 def build(ctx: Ctx) -> None:
@@ -48,33 +53,31 @@ def build(ctx: Ctx) -> None:
         for length in ctx.sizes.conv_lengths:
             ctx.progress.step(f"reads: building a {length:,}-item conversation")
             _build_one(ctx, length, SETUP_BATCH)
-        if not ctx.quick:
-            _build_one(ctx, max(ctx.sizes.conv_lengths), WIDE_BATCH)
+        ctx.progress.step(f"reads: building a {max(ctx.sizes.conv_lengths):,}-item conversation of "
+                          f"{WIDE_BATCH}-item batches")
+        _build_one(ctx, max(ctx.sizes.conv_lengths), WIDE_BATCH)
     ctx._reads_built = True  # type: ignore[attr-defined]
 
 
-def _recall_fn(ctx: Ctx, b: object, conv: str) -> Callable[[], float]:
-    assert len(b.tail(SITE, conv, RECALL_COUNT)) == RECALL_COUNT  # type: ignore[attr-defined]
-    return lambda: rate(lambda: b.tail(SITE, conv, RECALL_COUNT), ctx.sizes.recall_calls)  # type: ignore[attr-defined]
-
-
 def _recalls(ctx: Ctx, cases: list[tuple[int, int]]) -> list[Row]:
-    """Recall rows for ``(length, batch)`` cases, every case and backend measured in every round.
+    """Recall rows for ``(length, batch)`` cases, every case and backend taking turns op by op.
 
     Interleaving the lengths (not only the backends) makes the growth ratio
-    between 1,000 and 100,000 items a paired, per-round figure too.
+    between the shortest and the longest conversation a paired figure too.
     """
-    fns: dict[str, Callable[[], float]] = {}
+    fns: dict[str, Callable[[], object]] = {}
     for length, batch in cases:
+        conv = conv_name(length, batch)
         for b in ctx.backends():
-            fns[f"{b.name}|{length}|{batch}"] = _recall_fn(ctx, b, conv_name(length, batch))
-    samples = interleaved(ctx.sizes.rounds, fns)
+            assert len(b.tail(SITE, conv, RECALL_COUNT)) == RECALL_COUNT, (b.name, conv)
+            fns[f"{b.name}|{length}|{batch}"] = (lambda b=b, conv=conv: b.tail(SITE, conv, RECALL_COUNT))
+    samples = interleaved_ops(ctx.sizes.ops, fns, progress=ctx.progress, label="recall")
     rows = []
     for length, batch in cases:
-        wide = "" if batch == SETUP_BATCH else f" ({batch}-item batches)"
+        wide = "" if batch == SETUP_BATCH else f", the tail inside one {batch}-item batch"
         per = {b.name: samples[f"{b.name}|{length}|{batch}"] for b in ctx.backends()}
-        rows.append(Row("recall", f"recall last {RECALL_COUNT} at {length:,} items{wide}", "calls/s",
-                        samples=per, extra={"length": length, "batch": batch}))
+        rows.append(Row("recall", f"recall last {RECALL_COUNT} at {length:,} items{wide}", "ms/call",
+                        higher_better=False, per_op=True, samples=per, extra={"length": length, "batch": batch}))
     return rows
 
 
@@ -83,20 +86,30 @@ def run(ctx: Ctx) -> list[Row]:
     build(ctx)
     ctx.progress.step("reads: built", advance=1)
     length = max(ctx.sizes.conv_lengths)
-    cases = [(n, SETUP_BATCH) for n in ctx.sizes.conv_lengths] + ([] if ctx.quick else [(length, WIDE_BATCH)])
+    cases = [(n, SETUP_BATCH) for n in ctx.sizes.conv_lengths] + [(length, WIDE_BATCH)]
     ctx.progress.step(f"recall last {RECALL_COUNT} at {', '.join(f'{n:,}' for n, _ in cases)} items")
     rows = _recalls(ctx, cases)
     ctx.progress.step("recall", advance=1)
-    ctx.progress.step(f"replay {length:,} items in pages of {REPLAY_PAGE}")
+    label = f"replay {length:,} items in pages of {REPLAY_PAGE}"
+    ctx.progress.step(label)
     conv = conv_name(length)
-    fns = {b.name: (lambda b=b: length / seconds(lambda: _replay(b, conv, length))) for b in ctx.backends()}
-    rows.append(Row("replay", f"replay {length:,} items, pages of {REPLAY_PAGE:,}", "items/s",
-                    samples=interleaved(ctx.sizes.replay_rounds, fns), extra={"length": length}))
+    for b in ctx.backends():
+        _replay(b, conv, length)
+    pages = -(-length // REPLAY_PAGE)
+    page = {"i": 0}
+    fns = {b.name: (lambda b=b: b.range(SITE, conv, page["i"], REPLAY_PAGE)) for b in ctx.backends()}
+    samples = interleaved_ops(max(ctx.sizes.replay_rounds * pages, ctx.sizes.ops), fns,
+                              before=lambda i: page.__setitem__("i", (i % pages) * REPLAY_PAGE),
+                              progress=ctx.progress, label=label)
+    rows.append(Row("replay", f"replay of a {length:,}-item conversation, one page of {REPLAY_PAGE:,}",
+                    "ms/page", higher_better=False, per_op=True, samples=samples,
+                    extra={"length": length, "page": REPLAY_PAGE}))
     ctx.progress.step("replay", advance=1)
     return rows
 
 
 def _replay(b: object, conv: str, expected: int) -> None:
+    """Read the whole conversation once, checking every backend returns every item."""
     start = 0
     while True:
         page = b.range(SITE, conv, start, REPLAY_PAGE)  # type: ignore[attr-defined]

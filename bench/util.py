@@ -15,6 +15,11 @@ from typing import Any
 
 #: Backend names, in the order the table shows them.
 CONVMEM, SQLITE, FLOOR, POSTGRES = "convmem", "sqlite", "floor", "postgres"
+#: The second peer, and the labelled extra rows: today's SQLite schema, SQLite with
+#: ``synchronous=NORMAL`` (a reference, not durable per commit), the floor that
+#: extends its file on every sync, SQLite behind one group-committing writer thread.
+LMDB, SQLITE_TEXT, SQLITE_NORMAL, FLOOR_EXTENDING, SQLITE_GROUP = (
+    "lmdb", "sqlite-text-schema", "sqlite-normal", "floor-extending", "sqlite-group")
 
 
 def median(values: list[float]) -> float:
@@ -36,9 +41,16 @@ def payloads(n: int, size: int = 1024, seed: int = 7, start: int = 0) -> list[di
 class Row:
     """One line of the report: a figure for each backend that has one.
 
-    ``samples`` holds per-round values (higher is better when ``higher_better``);
-    ``ratios`` holds per-round paired ratios convmem/other as *speed* ratios
-    (above 1 means convmem is faster), whose median is what the table shows.
+    Two kinds of row:
+
+    * ``per_op``: ``samples[backend]`` holds the wall time of every single
+      operation, in seconds, the backends interleaved op by op. The row's
+      value is the p50 (shown in ms), the throughput is ``1 / mean``.
+    * per round: ``samples[backend]`` holds one figure per round (higher is
+      better when ``higher_better``), the backends taking turns round by
+      round; ``latencies`` may add the time of every operation inside them.
+
+    Speed ratios are convmem's speed over the other's: above 1, convmem is faster.
     """
 
     group: str
@@ -48,29 +60,134 @@ class Row:
     samples: dict[str, list[float]] = field(default_factory=dict)
     note: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    per_op: bool = False
+    latencies: dict[str, list[float]] = field(default_factory=dict)
 
     def value(self, backend: str) -> float | None:
         s = self.samples.get(backend)
-        return median(s) if s else None
+        if not s:
+            return None
+        return percentile(s, 50) * 1000 if self.per_op else median(s)
+
+    def stats(self, backend: str) -> dict[str, float | int | None]:
+        """p50, p99 and p99.9 of one operation (ms), throughput (ops/s) and the number of samples."""
+        lat = self.samples.get(backend) if self.per_op else self.latencies.get(backend)
+        out: dict[str, float | int | None] = {"p50_ms": None, "p99_ms": None, "p999_ms": None, "throughput": None}
+        if lat:
+            out.update(p50_ms=percentile(lat, 50) * 1000, p99_ms=percentile(lat, 99) * 1000,
+                       p999_ms=percentile(lat, 99.9) * 1000, ops=len(lat))
+            out["throughput"] = len(lat) / sum(lat) if sum(lat) > 0 else None
+        if not self.per_op and self.samples.get(backend) and self.higher_better and self.unit.endswith("/s"):
+            out["throughput"] = median(self.samples[backend])
+        return out
 
     def speed_ratio(self, other: str) -> float | None:
-        """Median over rounds of convmem's speed divided by ``other``'s (paired by round)."""
-        a, b = self.samples.get(CONVMEM), self.samples.get(other)
+        r = self.ratio_ci(other)
+        return None if r is None else r[0]
+
+    def ratio_ci(self, other: str, base: str = CONVMEM) -> tuple[float, float, float] | None:
+        """``base``'s speed over ``other``'s with a bootstrap 95% interval: (value, low, high).
+
+        Per-op rows: the other's p50 time over ``base``'s. Per-round rows: the
+        median of per-round paired ratios.
+        """
+        a, b = self.samples.get(base), self.samples.get(other)
         if not a or not b:
             return None
-        pairs = [(x, y) for x, y in zip(a, b, strict=False) if x > 0 and y > 0]
-        if not pairs:
-            return None
-        return median([x / y if self.higher_better else y / x for x, y in pairs])
+        if self.per_op:
+            return percentile_ratio_ci(b, a)
+        pairs = [x / y if self.higher_better else y / x for x, y in zip(a, b, strict=False) if x > 0 and y > 0]
+        return median_ci(pairs) if pairs else None
 
     def to_json(self) -> dict[str, Any]:
+        others = [k for k in self.samples if k != CONVMEM]
         return {
             "group": self.group, "name": self.name, "unit": self.unit, "higher_better": self.higher_better,
-            "median": {k: self.value(k) for k in self.samples}, "samples": self.samples,
+            "per_op": self.per_op, "samples_are": "seconds per operation" if self.per_op else f"{self.unit} per round",
+            "median": {k: self.value(k) for k in self.samples},
+            "stats": {k: self.stats(k) for k in self.samples},
+            "vs": {k: self.ratio_ci(k) for k in others},
             "vs_sqlite": self.speed_ratio(SQLITE), "vs_floor": self.speed_ratio(FLOOR),
             "vs_postgres": self.speed_ratio(POSTGRES),
+            "samples": self.samples, **({"latencies": self.latencies} if self.latencies else {}),
             "note": self.note, **({"extra": self.extra} if self.extra else {}),
         }
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-th percentile (linear interpolation, as numpy's default)."""
+    xs = sorted(values)
+    if not xs:
+        return float("nan")
+    pos = (len(xs) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+#: Bootstrap resamples per interval; the seed is fixed so a JSON file's intervals can be recomputed.
+BOOTSTRAP = 1000
+BOOTSTRAP_SEED = 20261130
+
+
+def percentile_ratio_ci(num: list[float], den: list[float], q: float = 50,
+                        q_den: float | None = None) -> tuple[float, float, float]:
+    """``percentile(num, q) / percentile(den, q_den)`` with a bootstrap 95% interval.
+
+    The two samples are resampled independently (the conservative choice for
+    backends timed in turn), or together when ``num is den``.
+    """
+    import numpy as np
+
+    q_den = q if q_den is None else q_den
+    value = percentile(num, q) / percentile(den, q_den)
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    a, b = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
+    reps = BOOTSTRAP if max(len(a), len(b)) <= 20_000 else 200
+    ia = rng.integers(0, len(a), (reps, len(a)))
+    # Two statistics of one sample (p99 over p50, say) are resampled together.
+    ib = ia if num is den else rng.integers(0, len(b), (reps, len(b)))
+    ra = np.percentile(a[ia], q, axis=1)
+    rb = np.percentile(b[ib], q_den, axis=1)
+    lo, hi = np.percentile(ra / rb, [2.5, 97.5])
+    return value, float(lo), float(hi)
+
+
+def median_ci(values: list[float]) -> tuple[float, float, float]:
+    """The median of ``values`` with a bootstrap 95% interval."""
+    import numpy as np
+
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    a = np.asarray(values, dtype=float)
+    meds = np.median(a[rng.integers(0, len(a), (BOOTSTRAP, len(a)))], axis=1)
+    lo, hi = np.percentile(meds, [2.5, 97.5])
+    return median(values), float(lo), float(hi)
+
+
+def interleaved_ops(n: int, fns: dict[str, Callable[[], Any]], before: Callable[[int], Any] | None = None,
+                    progress: Progress | None = None, label: str = "") -> dict[str, list[float]]:
+    """Time ``n`` single calls of each function, the functions taking turns op by op.
+
+    The order within each turn rotates, so no backend always follows the same
+    neighbour; a burst of noise from another process hits all of them alike.
+    Returns seconds per call.
+    """
+    out: dict[str, list[float]] = {k: [] for k in fns}
+    names = list(fns)
+    clock = time.perf_counter
+    tick = max(n // 20, 1)
+    for i in range(n):
+        if before is not None:
+            before(i)
+        k = i % len(names)
+        for name in names[k:] + names[:k]:
+            fn = fns[name]
+            t0 = clock()
+            fn()
+            out[name].append(clock() - t0)
+        if progress is not None and i % tick == 0:
+            progress.note(f"{label} {i:,}/{n:,}")
+    return out
 
 
 def rate(fn: Callable[[], Any], number: int) -> float:
@@ -104,28 +221,52 @@ def interleaved(rounds: int, fns: dict[str, Callable[[], float]]) -> dict[str, l
 
 
 class Progress:
-    """A one-line progress bar on stderr, drawn only when stderr is a terminal."""
+    """Progress of a run on stderr: a redrawn line on a terminal, else a line every few seconds.
 
-    def __init__(self, total: int, enabled: bool | None = None) -> None:
+    A long run is never silent: without a terminal (CI, a log file) each step
+    and, at most every ``every`` seconds, the step's own progress get a line.
+    """
+
+    def __init__(self, total: int, enabled: bool | None = None, every: float = 10.0) -> None:
         self.total = max(total, 1)
         self.done = 0
-        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self.tty = sys.stderr.isatty() if enabled is None else enabled
+        self.every = every
         self.started = time.monotonic()
+        self._last_line = 0.0
+        self._label = ""
+
+    def _line(self, label: str) -> str:
+        width = 24
+        filled = int(width * self.done / self.total)
+        elapsed = time.monotonic() - self.started
+        return f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {elapsed:5.0f}s {label}"
 
     def step(self, label: str, advance: int = 0) -> None:
         """Show ``label``; count ``advance`` steps as done first."""
         self.done = min(self.done + advance, self.total)
-        if not self.enabled:
-            return
-        width = 24
-        filled = int(width * self.done / self.total)
-        elapsed = time.monotonic() - self.started
-        line = f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {elapsed:5.0f}s {label}"
-        sys.stderr.write(line[:150].ljust(150))
-        sys.stderr.flush()
+        self._label = label
+        if self.tty:
+            sys.stderr.write("\r" + self._line(label)[:150].ljust(150))
+            sys.stderr.flush()
+        elif not advance:
+            sys.stderr.write("bench " + self._line(label) + "\n")
+            sys.stderr.flush()
+            self._last_line = time.monotonic()
+
+    def note(self, detail: str) -> None:
+        """Progress inside the current step (throttled when not on a terminal)."""
+        now = time.monotonic()
+        if self.tty:
+            sys.stderr.write("\r" + self._line(f"{self._label}: {detail}")[:150].ljust(150))
+            sys.stderr.flush()
+        elif now - self._last_line >= self.every:
+            sys.stderr.write("bench " + self._line(f"{self._label}: {detail}") + "\n")
+            sys.stderr.flush()
+            self._last_line = now
 
     def close(self) -> None:
-        if self.enabled:
+        if self.tty:
             sys.stderr.write("\r" + " " * 150 + "\r")
             sys.stderr.flush()
 

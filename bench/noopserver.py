@@ -1,0 +1,48 @@
+"""``convmem serve`` with one extra tool for the bench: ``bench_noop``, a no-op of a chosen size.
+
+Usage: ``python -m bench.noopserver PAYLOAD_FILE serve ARGS...``. The product's
+server is started unchanged (same CLI, authentication, validation limits and
+result shaping); only this process's ``tools/call`` dispatcher learns one more
+name, which the product's tool list never shows. ``bench_noop`` authenticates
+the call like any tool, then returns the structured result stored in
+``PAYLOAD_FILE`` (read once, on the first call) without touching the store:
+the baseline that a ``recall_memory`` returning the same bytes is compared with.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import msgspec
+
+NOOP = "bench_noop"
+
+
+def _install(payload_file: str) -> None:
+    from mcp_adapter import server
+
+    original = server.call_tool
+    cache: dict[str, Any] = {}
+
+    async def call_tool(backend: Any, ctx: Any, name: str, arguments: Any) -> Any:
+        if name != NOOP:
+            return await original(backend, ctx, name, arguments)
+        await server._resolve_site(backend, ctx)
+        if "payload" not in cache:
+            with open(payload_file, "rb") as f:
+                cache["payload"] = msgspec.json.decode(f.read())
+        return server._success(cache["payload"])
+
+    server.call_tool = call_tool  # type: ignore[assignment]
+
+
+def main() -> None:
+    _install(sys.argv[1])
+    from mcp_adapter.cli import main as cli_main
+
+    sys.exit(cli_main(sys.argv[2:]))
+
+
+if __name__ == "__main__":
+    main()
