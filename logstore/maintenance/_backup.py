@@ -140,8 +140,13 @@ def _copy_conversation(src_dir: str, dst_dir: str, lock_timeout: float, report: 
     report.bytes_copied += copied
 
 
-def _fsync_dirs(top: str) -> None:
-    for dirpath, _dirnames, _filenames in os.walk(top, topdown=False):
+def _fsync_dirs(top: str, *, files: bool = False) -> None:
+    """Sync every directory under ``top`` (deepest first), and with ``files`` every file's data before."""
+    for dirpath, _dirnames, filenames in os.walk(top, topdown=False):
+        if files:
+            for name in filenames:
+                with _open_ro(os.path.join(dirpath, name)) as fd:
+                    fileio.fsync(fd)
         fileio.fsync_dir(dirpath)
 
 
@@ -197,7 +202,9 @@ def backup(
         repaired = check(work, repair=True, lock_timeout=lock_timeout)
         report.repaired = sum(1 for p in repaired.problems if p.repaired)
         report.check = check(work, lock_timeout=lock_timeout)
-        _fsync_dirs(work)
+        # The repair wrote indexes and manifests as derived data, unsynced: all of it is made
+        # durable before the rename publishes the copy, so a published copy checks clean.
+        _fsync_dirs(work, files=True)
         fileio.rename(work, target)
         fileio.fsync_dir(parent)
     except BaseException:

@@ -24,7 +24,7 @@ from ._files import (
     _open_ro,
     _open_rw,
 )
-from ._manifest import _write_manifest
+from ._manifest import _mark_manifest_incomplete, _write_manifest
 from ._types import QUARANTINE_DIR
 
 
@@ -154,6 +154,9 @@ def set_aside_conversation(
         }
         fileio.write_file_atomic(os.path.join(qdir, "replaced.json"), msgspec.json.encode(info) + b"\n")
         fileio.fsync_dir(qdir)
+        # The listing must not outlive the log: it drops the conversation first, marked for a
+        # rebuild from the logs at the next open in case power is lost before the removal is done.
+        _mark_manifest_incomplete(root, site, {conversation_id}, lock_timeout)
         with contextlib.ExitStack() as stack:
             # Removed newest first, and the removals made durable before any file is emptied:
             # a power cut never leaves a segment name on disk whose bytes are already gone.
