@@ -28,7 +28,7 @@ from . import observe
 try:
     import fcntl as _fcntl
 except ImportError:  # pragma: no cover - not POSIX: fall back to portalocker
-    _fcntl = None  # type: ignore[assignment]
+    _fcntl = None  # type: ignore[assignment]  # the module's name stands for "no fcntl" here
 
 CRASH_EXIT_STATUS = 86
 

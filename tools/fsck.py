@@ -40,7 +40,7 @@ from tools.common import (
 from tools.progress import ProgressBar
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "fsck",
         help="check (and repair) a data directory",

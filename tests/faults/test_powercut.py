@@ -20,8 +20,13 @@ Workloads: ordinary appends with segment rolls and the first append of new
 conversations; manifest compaction (by the engine and by a rebuild); sparse
 index writes (index groups, and indexes rebuilt by a read); ``fsck --repair``
 (``logstore.maintenance.check``) of a torn tail, a missing index and a lost
-commit; restores (``convmem import``'s ``Restorer``); and two writers on one
-directory. Two more tests keep the harness honest: every file operation of
+commit; ``fsck --repair``'s salvage of a damaged record into a loss record;
+restores (``convmem import``'s ``Restorer``), and the import of one damaged
+conversation (its log set aside to ``quarantine/``, then restored from an
+export); an online backup (its destination is absent, or complete and clean);
+and two writers on one directory. In the damage workloads the damaged seqs
+read as ItemsLost or Corrupted, never as data (or as the restored data), and
+every other acknowledged item byte for byte. Two more tests keep the harness honest: every file operation of
 the engine goes through ``fileio`` (else the simulation would not see it),
 and the simulated disk's models hold on a known sequence.
 
@@ -453,7 +458,7 @@ def check_damaged_state(
             for seq, it in enumerate(items):
                 if isinstance(it, str):
                     assert seq in bad, f"{conv}: seq {seq} reads as {it}, outside the damaged seqs {bad}"
-                    held["damaged seqs reported"] += 1
+                    held[f"damaged seqs read as {it}"] += 1
                     continue
                 assert seq not in bad, f"{conv}: damaged seq {seq} reads as data {it.payload}"
                 p = it.payload
