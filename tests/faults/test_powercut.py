@@ -550,6 +550,29 @@ def test_power_cut_salvage(shm_path: Path) -> None:
     explore(rec, "salvage (fsck --repair)", shm_path, checker)
 
 
+def test_power_cut_truncate_at_corruption(shm_path: Path) -> None:
+    """fsck --truncate-at-corruption: the log cut at a damaged record, the cut-off segments quarantined."""
+    root = shm_path / "data"
+    damaged: dict[str, range] = {}
+
+    def setup(w: Writer) -> None:
+        _some_history(w)
+        w.store.close()
+        damaged[CONVS[0]] = _damage_a_middle_record(root, CONVS[0])
+
+    def work(w: Writer) -> None:
+        w.store.close()
+        report = check(str(root), SITE, CONVS[0], repair=True, truncate_at_corruption=True, lock_timeout=5.0)
+        assert any(p.repaired and p.lost_seqs for p in report.problems), report.problems
+
+    rec = record(root, CONVS, setup, work)
+
+    def checker(state: str, rec: Recording, acked: list[Ack], nth: int, held: Counter[str]) -> None:
+        check_damaged_state(state, rec, acked, nth, held, damaged, replaced=CONVS[0])
+
+    explore(rec, "fsck --truncate-at-corruption", shm_path, checker)
+
+
 def test_power_cut_import_one(shm_path: Path) -> None:
     """convmem import of one damaged conversation: its log set aside to quarantine/, then restored whole."""
     root = shm_path / "data"
