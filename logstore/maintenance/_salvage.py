@@ -24,7 +24,8 @@ Every segment rewritten is first copied to ``DATA/quarantine/`` with a
 is written to ``<name>.tmp``, synced, renamed over the old one and its
 directory synced, all under the conversation's exclusive lock. The old file
 is then truncated to nothing, so an engine that still has it open sees it
-change and reloads. The segment's index is rewritten for the new offsets.
+change and reloads. The segment's old index goes in the same directory sync
+as the rename, and is then written again for the new offsets.
 """
 
 from __future__ import annotations
