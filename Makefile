@@ -26,6 +26,7 @@ serve: $(STAMP)
 
 test: check-lock $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)

@@ -28,7 +28,7 @@ from . import observe
 try:
     import fcntl as _fcntl
 except ImportError:  # pragma: no cover - not POSIX: fall back to portalocker
-    _fcntl = None  # type: ignore[assignment]
+    _fcntl = None  # type: ignore[assignment]  # the module's name stands for "no fcntl" here
 
 CRASH_EXIT_STATUS = 86
 
@@ -206,13 +206,36 @@ def write_file(path: str, data: bytes) -> None:
         os.close(fd)
 
 
-def copy_file(src: str, dst: str) -> None:
-    """Copy the bytes of ``src`` to a new file ``dst`` (unsynced: the caller syncs)."""
-    if recorder is None:
-        shutil.copyfile(src, dst)
-        return
-    with open(src, "rb") as f:
-        write_file(dst, f.read())
+def copy_file(src: str, dst: str) -> int:
+    """Copy the bytes of ``src`` to ``dst``, created (or emptied) with :data:`FILE_MODE`; bytes copied.
+
+    Unsynced: the caller syncs the copy (and its directory) before relying on it.
+    """
+    return copy_prefix(src, dst, None)
+
+
+def copy_prefix(src: str, dst: str, length: int | None) -> int:
+    """Copy the first ``length`` bytes of ``src`` (all of it for None) to ``dst``, as :func:`copy_file`."""
+    done = 0
+    fin = os.open(src, os.O_RDONLY)
+    try:
+        fout = open_create(dst, os.O_WRONLY | os.O_TRUNC)
+        try:
+            while length is None or done < length:
+                want = _COPY_CHUNK if length is None else min(_COPY_CHUNK, length - done)
+                chunk = os.pread(fin, want, done)
+                if not chunk:
+                    break
+                pwrite_all(fout, chunk, done)
+                done += len(chunk)
+        finally:
+            os.close(fout)
+    finally:
+        os.close(fin)
+    return done
+
+
+_COPY_CHUNK = 1 << 20
 
 
 def open_create(path: str, flags: int = os.O_RDWR, mode: int = FILE_MODE) -> int:
@@ -255,9 +278,9 @@ def unlink(path: str) -> None:
         recorder("unlink", path)
 
 
-def remove_tree(path: str) -> None:
-    """Remove a directory and everything below it."""
-    shutil.rmtree(path)
+def remove_tree(path: str, *, ignore_errors: bool = False) -> None:
+    """Remove a directory and everything below it (as much as possible, with ``ignore_errors``)."""
+    shutil.rmtree(path, ignore_errors=ignore_errors)
     if recorder is not None:
         recorder("rmtree", path)
 

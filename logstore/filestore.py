@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import stat
 import threading
@@ -132,8 +133,8 @@ class FileStore(MemoryStore):
             if m is None:
                 m = SiteManifest(
                     layout.site_dir(self.root, site),
-                    probe=lambda conv, wait, _s=site: self._probe(_s, conv, wait),
-                    walk=lambda _s=site: self._walk(_s),
+                    probe=functools.partial(self._probe, site),
+                    walk=functools.partial(self._walk, site),
                     lock_timeout=self.options.lock_timeout,
                 )
                 self._manifests[site] = m

@@ -79,7 +79,8 @@ class SegmentHeader(NamedTuple):
 class RecordHeader(NamedTuple):
     checksum: int
     body_len: int
-    count: int
+    # The on-disk field's name (FORMAT.md); it shadows tuple.count, which no caller uses.
+    count: int  # type: ignore[assignment]
     kind: int
     first_seq: int
     recorded_at_us: int

@@ -188,7 +188,7 @@ class SiteManifest(ManifestHook):
         # Reader side (the in-memory listing).
         self._loaded = False
         self._repo: dict[str, _Entry] = {}
-        self._order: SortedList = SortedList()
+        self._order: SortedList[tuple[int, str]] = SortedList()
         #: Conversations with an intent not yet followed by its commit.
         self._pending: set[str] = set()
         self._repoch = 0

@@ -16,6 +16,7 @@ from typing import Literal, NamedTuple
 
 from . import frame
 from .frame import RECORD_HEADER_SIZE, RecordHeader
+from .limits import MAX_BATCH_ITEMS
 
 #: Bytes read ahead in one pread while walking records.
 CHUNK = 256 * 1024
@@ -42,7 +43,7 @@ def iter_records(fd: int, start: int, end: int, salt: int) -> Iterator[tuple[int
     make = RecordHeader._make
     xxh3 = frame.xxh3_64
     max_body = frame.MAX_BODY
-    max_count = frame.MAX_BATCH_ITEMS
+    max_count = MAX_BATCH_ITEMS
     pos = start
     buf: bytes = b""
     view = memoryview(buf)

@@ -42,8 +42,8 @@ def format_us(us: int) -> str:
                 _seconds.clear()
             _seconds[secs] = prefix
         return f"{prefix}.{frac:06d}Z"
-    t = _EPOCH + _dt.timedelta(microseconds=us)
-    return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    when = _EPOCH + _dt.timedelta(microseconds=us)
+    return when.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def parse_rfc3339(text: str) -> int:

@@ -44,6 +44,7 @@ def guarded_h11_protocol(
         _header_timer: asyncio.TimerHandle | None = None
         _counted: str | None = None
 
+        # The signature of uvicorn's H11Protocol, which narrows asyncio.Protocol's BaseTransport the same way.
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             address = self.client[0] if self.client else None

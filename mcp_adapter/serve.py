@@ -317,6 +317,8 @@ def serve_http(args: argparse.Namespace) -> int:
         body_timeout=args.body_timeout,
         metrics_token=metrics_token,
     )
+    # ops: uvicorn's lines in JSON too (no uvicorn logging config of its own)
+    json_logs: dict[str, Any] = {"log_config": None} if args.log_format == "json" else {}
     config = uvicorn.Config(
         app,
         log_level=args.log_level,
@@ -326,7 +328,7 @@ def serve_http(args: argparse.Namespace) -> int:
         server_header=False,
         **connection_limits(args),
         **tls.uvicorn_options(args),  # ops: TLS files, forwarded headers
-        **({"log_config": None} if args.log_format == "json" else {}),  # ops: uvicorn's lines in JSON too
+        **json_logs,
     )
     config.load()  # builds the TLS context now, so SIGHUP can reload it
     on_sighup = functools.partial(tls.reload_certificate, config.ssl, args.tls_cert, args.tls_key)

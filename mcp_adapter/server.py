@@ -249,10 +249,10 @@ async def call_tool(
         logger.info("%s failed: %s [request_id=%s]", name, failure.code, call.request_id)
         return call.failed(failure)
     except StoreError as exc:
-        failure = from_store_error(exc, backend.data_dir)
-        log = logger.warning if failure.retryable or failure.code == "Corrupted" else logger.info
-        log("%s failed: %s: %s [request_id=%s]", name, failure.code, exc, call.request_id)
-        return call.failed(failure)
+        mapped = from_store_error(exc, backend.data_dir)
+        log = logger.warning if mapped.retryable or mapped.code == "Corrupted" else logger.info
+        log("%s failed: %s: %s [request_id=%s]", name, mapped.code, exc, call.request_id)
+        return call.failed(mapped)
     except Exception:
         logger.exception("%s failed unexpectedly [request_id=%s]", name, call.request_id)
         return call.failed(internal_error(call.request_id))

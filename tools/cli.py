@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from tools import backup, dump, export, fsck, locate, migrate, restore, stats
 
 
-def add_subcommands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_subcommands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the operator tools to a ``convmem`` command line."""
     for module in (fsck, dump, export, restore, stats, locate, backup, migrate):
         module.add_parser(subparsers)

@@ -26,6 +26,7 @@ def exit_8_on_usage_error(parser: argparse.ArgumentParser) -> argparse.ArgumentP
         sys.stderr.write(f"{parser.prog}: error: {message}\n")
         sys.exit(EXIT_OPERATIONAL)
 
+    # The parsers come from add_parser (no subclass to override error() in), so the method is replaced.
     parser.error = error  # type: ignore[method-assign]
     return parser
 

@@ -19,7 +19,7 @@ from logstore.maintenance import IndexInfo, RecordInfo, format_timestamp, scan_i
 from tools.common import EXIT_CLEAN, EXIT_PROBLEMS_LEFT, command, exit_8_on_usage_error, fail
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "dump",
         help="print the records of a segment file (.seg) or the entries of an index file (.idx)",

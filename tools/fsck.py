@@ -21,6 +21,8 @@ from logstore.maintenance import (
     CheckReport,
     MaintenanceError,
     Problem,
+    SalvagedRecord,
+    SalvageRefused,
     check,
     check_access,
     salvage,
@@ -39,7 +41,7 @@ from tools.common import (
 from tools.progress import ProgressBar
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "fsck",
         help="check (and repair) a data directory",
@@ -99,8 +101,8 @@ def salvage_damaged(data_dir: str, report: CheckReport, lock_timeout: float) -> 
                 if p.kind in (CORRUPT_RECORD, BAD_BATCH):
                     p.action = f"replacing the damaged record failed: {exc}"
             continue
-        done = {(r.file, r.offset): r for r in res.salvaged}
-        refused = {(r.file, r.offset): r for r in res.refused}
+        done: dict[tuple[str, int | None], SalvagedRecord] = {(r.file, r.offset): r for r in res.salvaged}
+        refused: dict[tuple[str, int | None], SalvageRefused] = {(r.file, r.offset): r for r in res.refused}
         for p in mine:
             r = done.get((p.file, p.offset))
             if r is not None:

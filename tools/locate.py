@@ -19,7 +19,7 @@ from tools.common import EXIT_CLEAN, EXIT_OPERATIONAL, command, exit_8_on_usage_
 EXIT_NOT_FOUND = 1
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "locate",
         help="print the files holding one conversation",

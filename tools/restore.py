@@ -79,7 +79,7 @@ class BadInput(Exception):
         super().__init__(f"line {line}: {why}")
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "import",
         help="load an export file into an empty site, or restore one conversation",

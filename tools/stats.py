@@ -26,7 +26,7 @@ from tools.common import (
 )
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "stats",
         help="sizes of sites and their largest conversations",

@@ -34,17 +34,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .. import fileio, layout
 from ._check import check
-from ._files import _flocked, _require_data_dir, _snapshot, iter_conversations, list_sites
+from ._files import _flocked, _open_ro, _require_data_dir, _snapshot, iter_conversations, list_sites
 from ._records import scan_segment
 from ._types import QUARANTINE_DIR, CheckReport, MaintenanceError
 
-_CHUNK = 1 << 20
 AUTH_DIR = "auth"
 
 #: Copiers for per-site data kept beside the conversations: ``(source site dir,
@@ -72,34 +70,25 @@ class BackupReport:
 
 
 def _copy_prefix(src: str, dst: str, length: int) -> int:
-    """Copy the first ``length`` bytes of ``src`` to a new file ``dst`` (mode 0600); bytes copied."""
-    done = 0
-    with contextlib.ExitStack() as stack:
-        fin = os.open(src, os.O_RDONLY)
-        stack.callback(os.close, fin)
-        fout = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        stack.callback(os.close, fout)
-        while done < length:
-            chunk = os.pread(fin, min(_CHUNK, length - done), done)
-            if not chunk:
-                break
-            fileio.pwrite_all(fout, chunk, done)
-            done += len(chunk)
-        os.fsync(fout)
+    """Copy the first ``length`` bytes of ``src`` to a new file ``dst`` (mode 0600), synced; bytes copied."""
+    done = fileio.copy_prefix(src, dst, length)
+    with _open_ro(dst) as fd:
+        fileio.fsync(fd)
     return done
 
 
 def _copy_file(src: str, dst: str) -> int:
-    size = os.stat(src).st_size
-    n = _copy_prefix(src, dst, size)
-    shutil.copymode(src, dst)
-    return n
+    """Copy a whole file to ``dst`` (mode 0600), synced; bytes copied."""
+    done = fileio.copy_file(src, dst)
+    with _open_ro(dst) as fd:
+        fileio.fsync(fd)
+    return done
 
 
 def _copy_tree(src: str, dst: str) -> int:
     """Copy a directory of plain files (recursively); bytes copied. Symlinks are not followed."""
     total = 0
-    os.makedirs(dst, mode=0o700, exist_ok=True)
+    fileio.makedirs(dst)
     for entry in sorted(os.scandir(src), key=lambda e: e.name):
         target = os.path.join(dst, entry.name)
         if entry.is_dir(follow_symlinks=False):
@@ -122,7 +111,7 @@ def _copy_conversation(src_dir: str, dst_dir: str, lock_timeout: float, report: 
         snap = _snapshot(src_dir)
     if snap is None or not snap.segments:
         return
-    os.makedirs(dst_dir, mode=0o700, exist_ok=True)
+    fileio.makedirs(dst_dir)
 
     def copy_all(segments: list[tuple[int, int]]) -> tuple[int, str]:
         copied, last = 0, ""
@@ -136,23 +125,28 @@ def _copy_conversation(src_dir: str, dst_dir: str, lock_timeout: float, report: 
         # Possibly a torn tail that a writer cut and overwrote while we read it: copy again,
         # this time with writers held off. Whatever damage remains is in the source.
         for name in os.listdir(dst_dir):
-            os.unlink(os.path.join(dst_dir, name))
+            fileio.unlink(os.path.join(dst_dir, name))
         with _flocked(lock, False, lock_timeout, create=False):
             snap = _snapshot(src_dir)
             if snap is None or not snap.segments:
-                shutil.rmtree(dst_dir)
+                fileio.remove_tree(dst_dir)
                 return
             copied, last = copy_all(snap.segments)
         report.recopied += 1
-    os.close(os.open(os.path.join(dst_dir, layout.LOCK_FILE), os.O_WRONLY | os.O_CREAT, 0o600))
+    os.close(fileio.open_create(os.path.join(dst_dir, layout.LOCK_FILE), os.O_WRONLY))
     fileio.fsync_dir(dst_dir)
     report.conversations += 1
     report.segments += len(snap.segments)
     report.bytes_copied += copied
 
 
-def _fsync_dirs(top: str) -> None:
-    for dirpath, _dirnames, _filenames in os.walk(top, topdown=False):
+def _fsync_dirs(top: str, *, files: bool = False) -> None:
+    """Sync every directory under ``top`` (deepest first), and with ``files`` every file's data before."""
+    for dirpath, _dirnames, filenames in os.walk(top, topdown=False):
+        if files:
+            for name in filenames:
+                with _open_ro(os.path.join(dirpath, name)) as fd:
+                    fileio.fsync(fd)
         fileio.fsync_dir(dirpath)
 
 
@@ -182,7 +176,7 @@ def backup(
         raise MaintenanceError(f"{parent} does not exist")
     work = f"{target}.partial-{os.getpid()}"
     report = BackupReport(dest=target)
-    os.mkdir(work, 0o700)
+    fileio.mkdir(work)
     try:
         _copy_file(os.path.join(root, layout.MARKER_FILE), os.path.join(work, layout.MARKER_FILE))
         for name in (AUTH_DIR, QUARANTINE_DIR):
@@ -191,7 +185,7 @@ def backup(
         for site in list_sites(root):
             report.sites += 1
             dst_site = layout.site_dir(work, site)
-            os.makedirs(dst_site, mode=0o700, exist_ok=True)
+            fileio.makedirs(dst_site)
             for _cid, cdir in iter_conversations(root, site):
                 dst = os.path.join(work, os.path.relpath(cdir, root))
                 try:
@@ -199,7 +193,7 @@ def backup(
                 except FileNotFoundError:
                     if os.path.isdir(cdir):
                         raise
-                    shutil.rmtree(dst, ignore_errors=True)  # deleted (its site removed) while we copied it
+                    fileio.remove_tree(dst, ignore_errors=True)  # deleted (its site removed) while we copied it
                 if progress is not None:
                     progress(report.conversations)
             for copy_extra in SITE_EXTRAS:
@@ -208,10 +202,12 @@ def backup(
         repaired = check(work, repair=True, lock_timeout=lock_timeout)
         report.repaired = sum(1 for p in repaired.problems if p.repaired)
         report.check = check(work, lock_timeout=lock_timeout)
-        _fsync_dirs(work)
-        os.rename(work, target)
+        # The repair wrote indexes and manifests as derived data, unsynced: all of it is made
+        # durable before the rename publishes the copy, so a published copy checks clean.
+        _fsync_dirs(work, files=True)
+        fileio.rename(work, target)
         fileio.fsync_dir(parent)
     except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
+        fileio.remove_tree(work, ignore_errors=True)
         raise
     return report

@@ -295,6 +295,36 @@ def _write_manifest(
         m.close()
 
 
+def _mark_manifest_incomplete(root: str, site: str, drop: set[str], lock_timeout: float) -> None:
+    """Write the site's listing again without ``drop``, as an epoch marked incomplete.
+
+    Done (durably) before a repair removes conversations' logs: an engine's listing
+    only grows by itself, so it would keep listing a removed conversation. An
+    incomplete listing is rebuilt from the logs at the next open, which adds back
+    whatever part of a dropped conversation a power cut left on disk.
+    """
+    sdir = layout.site_dir(root, site)
+    if not os.path.isdir(sdir):
+        return
+    m = manifest.SiteManifest(sdir, probe=lambda _c, _w: None, walk=lambda: iter(()), lock_timeout=lock_timeout)
+    try:
+        m._flock()
+        try:
+            state = _read_manifest(sdir)
+            entries = [
+                manifest._Entry(c, e.created_us, e.last_us, e.next_seq, e.pending)
+                for c, e in state.entries.items()
+                if c not in drop
+            ]
+            epoch = max(manifest._epoch_files(sdir), default=0) + 1
+            m._write_epoch(epoch, sorted(entries, key=lambda e: e.conversation_id), False)
+            m._current_epoch_locked()
+        finally:
+            m._funlock()
+    finally:
+        m.close()
+
+
 def _check_manifest(
     root: str,
     site: str,

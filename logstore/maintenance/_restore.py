@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -25,7 +24,7 @@ from ._files import (
     _open_ro,
     _open_rw,
 )
-from ._manifest import _write_manifest
+from ._manifest import _mark_manifest_incomplete, _write_manifest
 from ._types import QUARANTINE_DIR
 
 
@@ -144,7 +143,7 @@ def set_aside_conversation(
         names = sorted(n for n in os.listdir(cdir) if layout.parse_segment_name(n) is not None)
         fileio.makedirs_durable(qdir)
         for name in names:
-            shutil.copyfile(os.path.join(cdir, name), os.path.join(qdir, name))
+            fileio.copy_file(os.path.join(cdir, name), os.path.join(qdir, name))
             with _open_ro(os.path.join(qdir, name)) as qfd:
                 fileio.fsync(qfd)
         info = {
@@ -155,14 +154,22 @@ def set_aside_conversation(
         }
         fileio.write_file_atomic(os.path.join(qdir, "replaced.json"), msgspec.json.encode(info) + b"\n")
         fileio.fsync_dir(qdir)
-        for name in reversed(names):
-            base = layout.parse_segment_name(name)
-            assert base is not None
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(cdir, layout.index_name(base)))
-            with _open_rw(os.path.join(cdir, name)) as fd:
-                os.unlink(os.path.join(cdir, name))
-                fileio.truncate(fd, 0)
-        fileio.fsync_dir(cdir)
+        # The listing must not outlive the log: it drops the conversation first, marked for a
+        # rebuild from the logs at the next open in case power is lost before the removal is done.
+        _mark_manifest_incomplete(root, site, {conversation_id}, lock_timeout)
+        with contextlib.ExitStack() as stack:
+            # Removed newest first, and the removals made durable before any file is emptied:
+            # a power cut never leaves a segment name on disk whose bytes are already gone.
+            held = []
+            for name in reversed(names):
+                base = layout.parse_segment_name(name)
+                assert base is not None
+                with contextlib.suppress(FileNotFoundError):
+                    fileio.unlink(os.path.join(cdir, layout.index_name(base)))
+                held.append(stack.enter_context(_open_rw(os.path.join(cdir, name))))
+                fileio.unlink(os.path.join(cdir, name))
+            fileio.fsync_dir(cdir)
+            for fd in held:
+                fileio.truncate(fd, 0)  # an engine holding the file open sees it change, and reloads
     _write_manifest(root, site, {conversation_id: None}, {conversation_id}, False, lock_timeout)
     return qdir

@@ -24,13 +24,14 @@ Every segment rewritten is first copied to ``DATA/quarantine/`` with a
 is written to ``<name>.tmp``, synced, renamed over the old one and its
 directory synced, all under the conversation's exclusive lock. The old file
 is then truncated to nothing, so an engine that still has it open sees it
-change and reloads. The segment's index is rewritten for the new offsets.
+change and reloads. The segment's old index goes in the same directory sync
+as the rename, and is then written again for the new offsets.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
 
@@ -152,14 +153,18 @@ def _salvage_segment(
     rel_q = os.path.relpath(qdir, root)
     new = _rebuild(data, header.salt, stretches, rel_q, sealed=next_base is not None)
     tmp = path + ".tmp"
-    out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    out = fileio.open_create(tmp, os.O_WRONLY | os.O_TRUNC)
     try:
         fileio.pwrite_all(out, new, 0)
         fileio.fdatasync(out)
     finally:
         os.close(out)
     with open(path, "r+b") as old:
-        os.rename(tmp, path)
+        # The old index holds the old offsets: it goes in the same directory sync as the rename
+        # (an index is derived data; a missing one is rebuilt by the next read).
+        with contextlib.suppress(FileNotFoundError):
+            fileio.unlink(os.path.join(conv_dir, layout.index_name(base)))
+        fileio.rename(tmp, path)
         fileio.fsync_dir(conv_dir)
         # An engine with the old file open sees its size change, and reloads.
         fileio.truncate(old.fileno(), 0)
@@ -308,7 +313,7 @@ def _quarantine(root: str, site: str, cid: str, path: str, stretches: list[_Stre
     )
     fileio.makedirs_durable(qdir)
     name = os.path.basename(path)
-    shutil.copyfile(path, os.path.join(qdir, name))
+    fileio.copy_file(path, os.path.join(qdir, name))
     with _open_ro(os.path.join(qdir, name)) as qfd:
         fileio.fsync(qfd)
     info = {

@@ -96,8 +96,9 @@ class _ConvResult:
 class _ConvScanner:
     """Scans (and, holding the exclusive lock, repairs) one conversation."""
 
-    def __init__(self, root: str, site: str, cid: str, snap: _ConvSnapshot) -> None:
+    def __init__(self, root: str, site: str, cid: str, snap: _ConvSnapshot, lock_timeout: float = 30.0) -> None:
         self.root = root
+        self.lock_timeout = lock_timeout
         self.site = site
         self.cid = cid
         self.snap = snap
@@ -517,19 +518,28 @@ class _ConvScanner:
         fileio.fsync_dir(qdir)
         first_base = cut[0][0]
         keep_first = dmg.offset >= SEGMENT_HEADER_SIZE
-        for base, _size in reversed(cut):
-            seg = self._path(layout.segment_name(base))
-            with contextlib.suppress(FileNotFoundError):
-                fileio.unlink(self._path(layout.index_name(base)))
-            with _open_rw(seg) as fd:
+        # The listing only grows by itself: drop the conversation from it (marked for a rebuild
+        # from the logs at the next open) before its log shrinks; check writes the true listing after.
+        from ._manifest import _mark_manifest_incomplete  # here: _manifest imports this module
+
+        _mark_manifest_incomplete(self.root, self.site, {self.cid}, self.lock_timeout)
+        with contextlib.ExitStack() as stack:
+            held = []
+            for base, _size in reversed(cut):
+                seg = self._path(layout.segment_name(base))
+                with contextlib.suppress(FileNotFoundError):
+                    fileio.unlink(self._path(layout.index_name(base)))
+                fd = stack.enter_context(_open_rw(seg))
+                held.append(fd)
                 if base == first_base and keep_first:
                     _replace_with_prefix(seg, fd, dmg.offset)
                 else:
                     fileio.unlink(seg)
-                # Shrink the old file to nothing: an engine holding it open sees its size
-                # change, drops what it knew (including a remembered Corrupted) and reloads.
+            fileio.fsync_dir(self.snap.path)
+            # Only once the removals are durable, shrink the old files to nothing: an engine holding
+            # one open sees its size change, drops what it knew (a remembered Corrupted too) and reloads.
+            for fd in held:
                 fileio.truncate(fd, 0)
-        fileio.fsync_dir(self.snap.path)
         self.snap.segments = segs[: dmg.seg_i] + ([(first_base, dmg.offset)] if keep_first else [])
         if keep_first:
             self.rebuild_index.add(first_base)
@@ -602,7 +612,7 @@ def _check_conversation(
             snap = _snapshot(conv_dir)
             if snap is None:
                 return None
-            sc = _ConvScanner(root, site, cid, snap)
+            sc = _ConvScanner(root, site, cid, snap, lock_timeout)
             sc.scan()
             if sc.torn is not None:
                 sc.judge_tail(listing(cid) if listing is not None else None)

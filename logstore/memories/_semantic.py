@@ -42,7 +42,7 @@ class WordLlamaEmbedder:
     dim = 256
 
     def __init__(self) -> None:
-        import wordllama  # type: ignore[import-untyped]
+        import wordllama
         from wordllama import WordLlama
 
         shipped = Path(wordllama.__file__).parent

@@ -15,12 +15,12 @@ only unless ``include_deleted``, category, tags) are applied before fusion.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from .. import fileio
 from ._lexical import DEFAULT_WEIGHTS, LexicalIndex, query_terms
 from ._semantic import Embedder, SemanticIndex, default_embedder
 
@@ -114,7 +114,7 @@ class Retriever:
         embedder: Embedder | _Default | None = "default",
     ) -> None:
         self.index_dir = index_dir
-        os.makedirs(index_dir, exist_ok=True)
+        fileio.makedirs(index_dir)
         self._tuning = tuning or Tuning()
         self._embedder: Embedder | None = default_embedder() if embedder == "default" else embedder
         if self._embedder is None and self._tuning.semantic > 0:

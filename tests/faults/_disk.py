@@ -187,6 +187,8 @@ class SimDisk:
             self.ops.append(("rename", src, dst))
             return
         rel = self._rel(args[0])
+        if rel is None and kind == "dirsync" and os.path.abspath(args[0]) == self.root:
+            rel = "."  # the root's own entries (a quarantine/ made in the data directory)
         if rel is None:
             return
         if kind in ("unlink", "rmtree"):

@@ -20,8 +20,13 @@ Workloads: ordinary appends with segment rolls and the first append of new
 conversations; manifest compaction (by the engine and by a rebuild); sparse
 index writes (index groups, and indexes rebuilt by a read); ``fsck --repair``
 (``logstore.maintenance.check``) of a torn tail, a missing index and a lost
-commit; restores (``convmem import``'s ``Restorer``); and two writers on one
-directory. Two more tests keep the harness honest: every file operation of
+commit; ``fsck --repair``'s salvage of a damaged record into a loss record;
+restores (``convmem import``'s ``Restorer``), and the import of one damaged
+conversation (its log set aside to ``quarantine/``, then restored from an
+export); an online backup (its destination is absent, or complete and clean);
+and two writers on one directory. In the damage workloads the damaged seqs
+read as ItemsLost or Corrupted, never as data (or as the restored data), and
+every other acknowledged item byte for byte. Two more tests keep the harness honest: every file operation of
 the engine goes through ``fileio`` (else the simulation would not see it),
 and the simulated disk's models hold on a known sequence.
 
@@ -32,6 +37,7 @@ states); ``CONVMEM_SOAK=1`` adds many random variants per cut point.
 
 from __future__ import annotations
 
+import io
 import os
 import random
 import tempfile
@@ -43,8 +49,11 @@ from typing import Any
 
 import pytest
 
-from logstore import FileStore, fileio, layout, manifest
-from logstore.maintenance import Restorer, check
+from logstore import Corrupted, FileStore, ItemsLost, Range, fileio, frame, layout, manifest
+from logstore.maintenance import Restorer, backup, check, salvage
+from logstore.segment import iter_records
+from tools.export import write_items
+from tools.restore import import_conversation
 
 from ._common import SITE, STATS, Ack, check_listing_order, list_all, make_batch, make_payload, read_all, rounds
 from ._disk import Image, SimDisk
@@ -216,7 +225,10 @@ def _check_listing(store: FileStore, logs: dict[str, list[Any]]) -> None:
 # --------------------------------------------------------------- exploring
 
 
-def explore(rec: Recording, scenario: str, scratch: Path) -> dict[str, int]:
+Checker = Callable[[str, "Recording", list[Ack], int, "Counter[str]"], None]
+
+
+def explore(rec: Recording, scenario: str, scratch: Path, checker: Checker | None = None) -> dict[str, int]:
     """Check the states a power cut after each recorded operation could leave; return counts."""
     counts = {"cut points": 0, "strict": 0, "lenient": 0, "duplicates": 0}
     seen: set[tuple[str, int]] = set()
@@ -245,7 +257,7 @@ def explore(rec: Recording, scenario: str, scratch: Path) -> dict[str, int]:
             seen.add(key)
             image.write(state_dir)
             try:
-                check_state(state_dir, rec, acked, checked, held)
+                (checker or check_state)(state_dir, rec, acked, checked, held)
             except Exception as exc:
                 raise StateFailed(
                     f"{scenario}: power cut {rec.disk.describe(k)} of {n_ops}, {label} model, "
@@ -387,6 +399,251 @@ def test_power_cut_restore(shm_path: Path) -> None:
 
     rec = record(root, CONVS, _nothing, work)
     explore(rec, "restore", shm_path)
+
+
+# ------------------------------------------------ repairs of damaged records
+
+
+def read_tolerant(store: FileStore, conv: str) -> list[Any]:
+    """A conversation seq by seq: its item, or "lost" (ItemsLost) or "corrupt" (Corrupted) in its place."""
+    out: list[Any] = []
+    while True:
+        try:
+            page = store.read(SITE, conv, Range(len(out), 1))
+        except ItemsLost:
+            out.append("lost")
+            continue
+        except Corrupted:
+            out.append("corrupt")
+            continue
+        if not page:
+            return out
+        out.append(page[0])
+
+
+def check_damaged_state(
+    root: str,
+    rec: Recording,
+    acked: list[Ack],
+    nth: int,
+    held: Counter[str],
+    damaged: dict[str, range],
+    replaced: str | None = None,
+) -> None:
+    """A state of a repair of damaged records: ``damaged`` seqs read as lost or corrupt, the rest as acknowledged.
+
+    ``replaced`` names a conversation an import sets aside and restores whole: it may also hold any
+    prefix of whole acknowledged batches (its damaged seqs restored too), provided its original log is
+    then in ``quarantine/``.
+    """
+    booted = manifest.boot_id
+    manifest.boot_id = f"restarted-after-power-cut-{nth}"
+    store = FileStore(root, **OPTS)
+    try:
+        logs = {c: read_tolerant(store, c) for c in rec.convs}
+        held["opened"] += 1
+        if replaced is not None and len(logs[replaced]) < max(a.last + 1 for a in acked if a.conv == replaced):
+            # Being set aside (its log removed newest segment first) or restored: it holds a prefix,
+            # and its whole original log is in quarantine/.
+            qdir = Path(root, "quarantine")
+            assert qdir.is_dir() and any(qdir.rglob("*.seg")), (
+                f"{replaced}: holds {len(logs[replaced])} seqs, and its original log is not in quarantine/"
+            )
+            held["set aside, original quarantined"] += 1
+            acked = [a for a in acked if a.conv != replaced or a.last < len(logs[replaced])]
+        if replaced is not None and not any(isinstance(it, str) for it in logs[replaced]):
+            damaged = {c: r for c, r in damaged.items() if c != replaced}  # restored from the export
+        for conv, items in logs.items():
+            bad = damaged.get(conv, range(0))
+            for seq, it in enumerate(items):
+                if isinstance(it, str):
+                    assert seq in bad, f"{conv}: seq {seq} reads as {it}, outside the damaged seqs {bad}"
+                    held[f"damaged seqs read as {it}"] += 1
+                    continue
+                assert seq not in bad, f"{conv}: damaged seq {seq} reads as data {it.payload}"
+                p = it.payload
+                start = seq - p["i"]
+                for i in range(p["n"]):  # never part of a batch
+                    other = items[start + i] if 0 <= start + i < len(items) else None
+                    assert other is not None and not isinstance(other, str), (
+                        f"{conv}: seq {seq} is part of batch {p['w']}/{p['b']} whose seq {start + i} is missing"
+                    )
+                    assert other.payload == make_payload(p["w"], p["b"], i, p["n"], p["p"])
+        for a in acked:
+            items = logs[a.conv]
+            bad = damaged.get(a.conv, range(0))
+            for seq in range(a.first, a.last + 1):
+                assert seq < len(items), f"{a.conv}: acknowledged seq {seq} (batch {a.w}/{a.b}) is missing"
+                if seq in bad:
+                    continue
+                it = items[seq]
+                assert not isinstance(it, str), f"{a.conv}: acknowledged seq {seq} reads as {it}"
+                assert it.payload == make_payload(a.w, a.b, seq - a.first, a.n, a.pad), f"{a.conv}: seq {seq} differs"
+        held["acknowledged batches intact"] += len(acked)
+        listing = {s.conversation_id: s for s in list_all(store, SITE)}
+        for conv, items in logs.items():
+            if not items:
+                assert conv not in listing, f"the listing names {conv}, which holds nothing"
+                continue
+            assert conv in listing, f"{conv} holds {len(items)} seqs but is not listed"
+            if not isinstance(items[-1], str):
+                assert listing[conv].last_appended_at == items[-1].recorded_at, f"{conv}: last_appended_at"
+        held["listings agree"] += 1
+        conv = rec.convs[nth % len(rec.convs)]
+        r = store.append(SITE, conv, make_batch("after", nth, 1, 10))
+        assert r.first == len(logs[conv]), f"{conv}: the next append got seq {r.first}, expected {len(logs[conv])}"
+        held["appends continued"] += 1
+    finally:
+        store.close()
+        manifest.boot_id = booted
+
+
+def _damage_a_middle_record(root: Path, conv: str) -> range:
+    """Flip one byte in the body of a batch record that has an intact record after it; its seqs."""
+    cdir = Path(layout.conversation_dir(str(root), SITE, conv))
+    for seg in sorted(p for p in cdir.iterdir() if p.suffix == ".seg"):
+        fd = os.open(seg, os.O_RDONLY)
+        try:
+            header = frame.decode_segment_header(os.pread(fd, frame.SEGMENT_HEADER_SIZE, 0))
+            assert header is not None
+            recs = [
+                (off, h)
+                for off, h, _ in iter_records(fd, frame.SEGMENT_HEADER_SIZE, os.fstat(fd).st_size, header.salt)
+                if h.kind == frame.KIND_BATCH
+            ]
+        finally:
+            os.close(fd)
+        if len(recs) >= 2:
+            off, h = recs[0]
+            with open(seg, "r+b") as f:
+                f.seek(off + frame.RECORD_HEADER_SIZE + 3)
+                byte = f.read(1)
+                f.seek(off + frame.RECORD_HEADER_SIZE + 3)
+                f.write(bytes([byte[0] ^ 0x5A]))
+            return range(h.first_seq, h.end_seq)
+    raise AssertionError(f"{conv}: no segment holds two batch records")
+
+
+def test_power_cut_salvage(shm_path: Path) -> None:
+    """fsck --repair's salvage: a damaged record replaced by a loss record, the original quarantined."""
+    root = shm_path / "data"
+    damaged: dict[str, range] = {}
+
+    def setup(w: Writer) -> None:
+        _some_history(w)
+        w.store.close()
+        damaged[CONVS[0]] = _damage_a_middle_record(root, CONVS[0])
+
+    def work(w: Writer) -> None:
+        w.store.close()
+        report = salvage(str(root), SITE, CONVS[0], lock_timeout=5.0)
+        assert [(r.first_seq, r.last_seq + 1) for r in report.salvaged] == [
+            (damaged[CONVS[0]].start, damaged[CONVS[0]].stop)
+        ], report
+
+    rec = record(root, CONVS, setup, work)
+    assert any(op[0] == "rename" for op in rec.disk.ops), "salvage renamed nothing"
+
+    def checker(state: str, rec: Recording, acked: list[Ack], nth: int, held: Counter[str]) -> None:
+        check_damaged_state(state, rec, acked, nth, held, damaged)
+
+    explore(rec, "salvage (fsck --repair)", shm_path, checker)
+
+
+def test_power_cut_truncate_at_corruption(shm_path: Path) -> None:
+    """fsck --truncate-at-corruption: the log cut at a damaged record, the cut-off segments quarantined."""
+    root = shm_path / "data"
+    damaged: dict[str, range] = {}
+
+    def setup(w: Writer) -> None:
+        _some_history(w)
+        w.store.close()
+        damaged[CONVS[0]] = _damage_a_middle_record(root, CONVS[0])
+
+    def work(w: Writer) -> None:
+        w.store.close()
+        report = check(str(root), SITE, CONVS[0], repair=True, truncate_at_corruption=True, lock_timeout=5.0)
+        assert any(p.repaired and p.lost_seqs for p in report.problems), report.problems
+
+    rec = record(root, CONVS, setup, work)
+
+    def checker(state: str, rec: Recording, acked: list[Ack], nth: int, held: Counter[str]) -> None:
+        check_damaged_state(state, rec, acked, nth, held, damaged, replaced=CONVS[0])
+
+    explore(rec, "fsck --truncate-at-corruption", shm_path, checker)
+
+
+def test_power_cut_import_one(shm_path: Path) -> None:
+    """convmem import of one damaged conversation: its log set aside to quarantine/, then restored whole."""
+    root = shm_path / "data"
+    damaged: dict[str, range] = {}
+    export = bytearray()
+
+    def setup(w: Writer) -> None:
+        _some_history(w)
+        w.store.close()
+        buf = io.BytesIO()
+        write_items(buf, str(root), SITE, CONVS[0])
+        export.extend(buf.getvalue())
+        damaged[CONVS[0]] = _damage_a_middle_record(root, CONVS[0])
+
+    def work(w: Writer) -> None:
+        w.store.close()
+        done = import_conversation(io.BytesIO(bytes(export)), str(root), SITE, CONVS[0], replace_damaged=True)
+        assert done.set_aside is not None and done.imported > 0, done
+
+    rec = record(root, CONVS, setup, work)
+    assert any(op[0] == "unlink" for op in rec.disk.ops), "the damaged log was not set aside"
+
+    def checker(state: str, rec: Recording, acked: list[Ack], nth: int, held: Counter[str]) -> None:
+        check_damaged_state(state, rec, acked, nth, held, damaged, replaced=CONVS[0])
+
+    explore(rec, "import of one damaged conversation", shm_path, checker)
+
+
+def test_power_cut_backup(shm_path: Path) -> None:
+    """An online backup cut short: DEST is absent (a DEST.partial-* may be left) or a complete, clean copy."""
+    top = shm_path / "top"
+    root = top / "data"
+    store = FileStore(root, **OPTS)
+    w = Writer(None, store, "s")
+    try:
+        _some_history(w)
+    finally:
+        store.close()
+    acked = w.acked
+    disk = SimDisk(str(top))
+    fileio.recorder = disk
+    try:
+        backup(str(root), str(top / "copy"), lock_timeout=5.0)
+    finally:
+        fileio.recorder = None
+    rec = Recording(disk, CONVS, acked)
+    complete = Counter[str]()
+
+    def checker(state: str, rec: Recording, acked: list[Ack], nth: int, held: Counter[str]) -> None:
+        dest = os.path.join(state, "copy")
+        left = set(os.listdir(state)) - {"data", "copy"}
+        assert all(n.startswith("copy.partial-") for n in left), f"unexpected names beside DEST: {left}"
+        held["opened"] += 1
+        if not os.path.exists(dest):
+            complete["absent"] += 1
+            return
+        report = check(dest)
+        assert not report.problems, f"a published backup has problems: {report.problems}"
+        store = FileStore(dest, **OPTS)
+        try:
+            for a in acked:
+                items = read_all(store, SITE, a.conv)
+                for seq in range(a.first, a.last + 1):
+                    assert items[seq].payload == make_payload(a.w, a.b, seq - a.first, a.n, a.pad)
+        finally:
+            store.close()
+        held["acknowledged batches intact"] += len(acked)
+        complete["complete"] += 1
+
+    explore(rec, "backup", shm_path, checker)
+    assert complete["complete"] and complete["absent"], complete
 
 
 # ------------------------------------------------------------ the seam itself
