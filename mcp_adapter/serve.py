@@ -106,8 +106,9 @@ def _memory_dir(args: argparse.Namespace, choice: StoreChoice) -> str:
         return os.path.abspath(choice.target)
     if not args.data_dir:
         return ""
-    Path(args.data_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
-    return os.path.abspath(args.data_dir)
+    data_dir = str(args.data_dir)
+    Path(data_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+    return os.path.abspath(data_dir)
 
 
 def _health(store: MemoryStore) -> Any:

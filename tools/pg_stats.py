@@ -68,7 +68,8 @@ def collect(store: PgStore, site: str | None, top: int) -> list[dict[str, Any]]:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        with PgStore(args.data_dir, schema=args.pg_schema, pool_max=1) as store:
+        store = PgStore(args.data_dir, schema=args.pg_schema, pool_max=1)
+        with store:
             result = collect(store, args.site, args.top)
     except StoreError as exc:
         return fail(str(exc), EXIT_OPERATIONAL)
