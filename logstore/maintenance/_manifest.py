@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -42,6 +42,11 @@ class _ManifestState:
     log_ino: int = 0
     log_salt: int = 0
     log_done: int = 0
+    #: Conversations with an intent logged before this boot's first boot record: a power cut
+    #: since may have lost their commits, and the engine re-reads their logs at its first listing.
+    recover: set[str] = field(default_factory=set)
+    #: Reading records logged before this boot (no boot record of this boot seen yet).
+    before_boot: bool = True
 
 
 def _read_manifest(site_dir: str) -> _ManifestState:
@@ -130,8 +135,14 @@ def _apply_log(state: _ManifestState, lpath: str, data: bytes, base: int) -> Non
     for off, end, rec in _iter_log(data, state.log_salt):
         if rec is None:
             state.problems.append((MANIFEST_DAMAGED, lpath, base + off, "an activity log record fails its checksum"))
-        else:
-            apply(entries, rec)
+            continue
+        if state.before_boot and rec:
+            # As the engine's loader does: note who was written before this boot (see manifest._apply).
+            if rec[0] == manifest.BOOT and len(rec) > 1 and rec[1] == manifest.boot_id:
+                state.before_boot = False
+            elif rec[0] == manifest.INTENT and len(rec) > 1:
+                state.recover.add(rec[1])
+        apply(entries, rec)
         done = end
     state.log_done = base + done if done else state.log_done
     if state.log_done < base + len(data):
@@ -390,7 +401,7 @@ def _check_manifest(
         pending = entry.pending if entry is not None else None
         tips[conv] = truth
         verified[conv] = _Verified(truth, listed, pending)
-        problem = _judge_listing(site, conv, conv_dir, spath, listed, truth, pending)
+        problem = _judge_listing(site, conv, conv_dir, spath, listed, truth, pending, conv in now.recover)
         if problem is not None:
             out.append(problem)
     return out
@@ -404,8 +415,13 @@ def _judge_listing(
     listed: Tip | None,
     truth: Tip | None,
     pending: tuple[int, int, int] | None,
+    before_boot: bool = False,
 ) -> Problem | None:
-    """The problem (or note) for one conversation's listed extent against its log's, both verified under its lock."""
+    """The problem (or note) for one conversation's listed extent against its log's, both verified under its lock.
+
+    ``before_boot``: the conversation was written before this boot of the machine, so the
+    engine re-reads its log at its first listing (a power cut may have lost its commits).
+    """
     have = truth.next_seq if truth is not None else 0
     committed = listed.next_seq if listed is not None else 0
     action = "rewrite the manifest from the conversations (--repair)"
@@ -423,8 +439,15 @@ def _judge_listing(
             "--repair makes the listing agree with the log",
             lost_seqs=(have, last),
         )
-    if pending is not None and committed <= have <= pending[2]:
-        wrote = "its batch is in the log" if have == pending[2] else "its batch is not in the log"
+    if pending is not None and committed <= have:
+        # The engine probes every conversation with a pending intent at the next listing and
+        # records the log's extent, whatever it is (a compaction after a power cut also marks
+        # the conversations it could not check as pending, with an intent one past their entry).
+        wrote = (
+            "its batch is in the log"
+            if have == pending[2]
+            else "its batch is not in the log" if have < pending[2] else "the log holds more than it named"
+        )
         return Problem(
             site,
             conv,
@@ -435,6 +458,19 @@ def _judge_listing(
             f"which holds {_describe(truth)}",
             "none needed: the engine resolves it by reading the log at the site's next listing; "
             "--repair resolves it now",
+            resolves_itself=True,
+        )
+    if listed != truth and before_boot and have > committed:
+        return Problem(
+            site,
+            conv,
+            spath,
+            None,
+            MANIFEST_STALE,
+            f"the listing has {_describe(listed)}, the log holds {_describe(truth)}: commits logged before "
+            "this boot of the machine were lost (a power cut), the log itself is whole",
+            "none needed: the engine re-reads this conversation's log at the site's first listing after "
+            "the restart and logs its extent again; --repair does it now",
             resolves_itself=True,
         )
     if listed != truth:
