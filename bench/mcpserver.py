@@ -41,9 +41,17 @@ def _cmd(*args: str) -> list[str]:
 
 
 def add_site(data_dir: str) -> None:
-    """Create the bench site (idempotent enough: an existing site is fine)."""
-    subprocess.run(_cmd("site", "add", SITE, "--password-stdin", "--data-dir", data_dir), input=PASSWORD + "\n",
-                   capture_output=True, text=True, env=_env(), timeout=120)
+    """Create the bench site; one that already exists is fine, any other refusal is an error.
+
+    Call it before writing the site's data: ``site add`` refuses a name whose data is already
+    on disk without credentials (a removed site's leftovers must never reach a new owner).
+    """
+    done = subprocess.run(
+        _cmd("site", "add", SITE, "--password-stdin", "--data-dir", data_dir),
+        input=PASSWORD + "\n", capture_output=True, text=True, env=_env(), timeout=120,
+    )
+    if done.returncode != 0 and "already exists" not in done.stderr:
+        raise RuntimeError(f"convmem site add {SITE} failed: {done.stderr.strip()}")
 
 
 class Server:

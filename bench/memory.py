@@ -188,6 +188,7 @@ def _fill_site(data_dir: str, n: int) -> int:
     from logstore.memories import LongTermMemory  # type: ignore[attr-defined,unused-ignore]
 
     made = 0
+    mcpserver.add_site(data_dir)  # before the data: see add_site
     with engine_sync_disabled():
         store = open_store(data_dir)
         try:

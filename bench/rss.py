@@ -36,6 +36,7 @@ def _build(data_dir: str, items: int) -> int:
     """Write the conversation; returns the payload bytes (compact JSON of every item)."""
     text = "x" * (MAX_ITEM_BYTES - 64)
     total = 0
+    mcpserver.add_site(data_dir)  # before the data: see add_site
     store = open_store(data_dir)
     try:
         with engine_sync_disabled():
