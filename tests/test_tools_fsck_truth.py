@@ -452,7 +452,7 @@ def log_record_zeroed(root: Path) -> None:
 
 
 def log_tail_torn(root: Path) -> None:
-    path, _salt, recs = _current_log(root)
+    path, _salt, _recs = _current_log(root)
     with open(path, "ab") as f:
         f.write(b"\0" * 37)
 
