@@ -629,7 +629,9 @@ class Conversation:
         if header is None or header.base_seq != base:
             raise Corrupted(path, 0, "segment header is missing or invalid", base)
         idx = index.load(self._idx_path(base), base, header.salt, st.st_size)
-        if idx is None:
+        if idx is None or not idx.complete:
+            # Missing, not this segment's, or malformed entries (a power cut can zero them):
+            # rebuild it from the segment and save it, so the file is whole again.
             idx = self._build_index(fd, base, header.salt, st.st_size, save=True)
         if len(self._sealed_cache) >= 8:
             self._sealed_cache.pop(next(iter(self._sealed_cache)))

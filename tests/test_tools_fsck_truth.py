@@ -404,3 +404,110 @@ def test_index_short_is_noticed_and_rebuilt(pristine: Path, tmp_path: Path) -> N
     os.truncate(idx, len(original) - 8 * 5)
     assert fsck(root)[0] == 0
     assert conv_dir(root, CID).exists()
+
+
+# ------------------------------------------- what a power cut leaves (tests/faults/test_powercut.py)
+
+
+def _current_log(root: Path) -> tuple[Path, int, list[tuple[int, int]]]:
+    """The current activity log, its salt and its records' ``(offset, end)``."""
+    path = max(site_dir(root).glob("manifest-*.log"))
+    data = path.read_bytes()
+    _magic, _epoch, salt, _check = manifest.LOG_HEADER.unpack(data[: manifest.LOG_HEADER.size])
+    recs = [(o, e) for o, e, _r in manifest.iter_log_records(data, salt, manifest.LOG_HEADER.size)]
+    return path, salt, recs
+
+
+def _zero(path: Path, start: int, end: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(start)
+        f.write(b"\0" * (end - start))
+
+
+def sealed_index_missing(root: Path) -> None:
+    segs_of(root, "conv-0000")[0].with_suffix(".idx").unlink()
+
+
+def sealed_index_truncated(root: Path) -> None:
+    os.truncate(segs_of(root, "conv-0000")[0].with_suffix(".idx"), 0)
+
+
+def sealed_index_header_zeroed(root: Path) -> None:
+    _zero(segs_of(root, "conv-0000")[0].with_suffix(".idx"), 0, 32)
+
+
+def sealed_index_entries_zeroed(root: Path) -> None:
+    idx = segs_of(root, "conv-0000")[0].with_suffix(".idx")
+    _zero(idx, 32 + 8 * 3, idx.stat().st_size)
+
+
+def active_index_truncated(root: Path) -> None:
+    os.truncate(segs_of(root, "conv-0000")[-1].with_suffix(".idx"), 10)
+
+
+def log_record_zeroed(root: Path) -> None:
+    path, _salt, recs = _current_log(root)
+    assert len(recs) > 4
+    _zero(path, *recs[len(recs) // 2])  # whole records follow it
+
+
+def log_tail_torn(root: Path) -> None:
+    path, _salt, _recs = _current_log(root)
+    with open(path, "ab") as f:
+        f.write(b"\0" * 37)
+
+
+POWER_CUT_STATES: dict[str, tuple[Callable[[Path], None], str]] = {
+    "sealed-index-missing": (sealed_index_missing, "index-missing"),
+    "sealed-index-truncated": (sealed_index_truncated, "index-stale"),
+    "sealed-index-header-zeroed": (sealed_index_header_zeroed, "index-stale"),
+    "sealed-index-entries-zeroed": (sealed_index_entries_zeroed, "index-mismatch"),
+    "active-index-truncated": (active_index_truncated, "index-stale"),
+    "log-record-zeroed": (log_record_zeroed, "manifest-damaged"),
+    "log-tail-torn": (log_tail_torn, "manifest-damaged"),
+}
+
+
+@pytest.fixture(scope="module")
+def two_segments(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("sealed") / "data"
+    populate(root, conversations=1, batches=300, segment_bytes=32 * 1024)
+    assert len(segs_of(root, "conv-0000")) >= 2
+    return root
+
+
+@pytest.mark.parametrize("name", sorted(POWER_CUT_STATES))
+def test_power_cut_states_are_notes_the_engine_resolves(name: str, two_segments: Path, tmp_path: Path) -> None:
+    """A note is true: exit 0, and after the engine's own next read, append and listing fsck finds nothing."""
+    damage, kind = POWER_CUT_STATES[name]
+    for repair in (False, True):
+        (tmp_path / str(repair)).mkdir()
+        root = copy_of(two_segments, tmp_path / str(repair))
+        want = read_all(root, "conv-0000")
+        damage(root)
+        status, report = fsck(root)
+        assert status == 0 and kind in kinds(report), report["problems"]
+        assert all(p["resolves_itself"] and "none needed" in p["action"] for p in report["problems"]), report
+        if repair:
+            status, report = fsck(root, "--repair")
+            assert status == 1 and all(p["repaired"] for p in report["problems"]), report["problems"]
+        else:
+            # What the engine does by itself: a read of every segment, an append, a listing.
+            assert read_all(root, "conv-0000") == want
+            with FileStore(root, segment_bytes=32 * 1024) as store:
+                store.append(SITE, "conv-0000", [{"after": name}])
+                store.list_conversations(SITE, _all())
+        status, report = fsck(root)
+        assert status == 0 and report["problems"] == [], (repair, report["problems"])
+
+
+def test_damage_a_power_cut_cannot_leave_stays_a_problem(two_segments: Path, tmp_path: Path) -> None:
+    """A foreign, non-zero index header and an entry pointing inside its segment are not notes."""
+    root = copy_of(two_segments, tmp_path)
+    a, b = segs_of(root, "conv-0000")[:2]
+    a.with_suffix(".idx").write_bytes(b.with_suffix(".idx").read_bytes()[:32])  # another segment's header
+    status, report = fsck(root)
+    assert status == 4 and kinds(report) == ["index-stale"]
+    assert not report["problems"][0]["resolves_itself"]
+    assert "the engine ignores it" in report["problems"][0]["action"]
+    assert fsck(root, "--repair")[0] == 1 and fsck(root)[0] == 0

@@ -36,7 +36,9 @@ class _ManifestState:
     epoch: int | None
     complete: bool
     entries: dict[str, manifest._Entry]
-    problems: list[tuple[str, str, int | None, str]]  # kind, file, offset, detail
+    #: ``(kind, file, offset, detail, note)``; ``note`` is the action text of a state a crash
+    #: leaves that the engine resolves by itself (None for a problem).
+    problems: list[tuple[str, str, int | None, str, str | None]]
     #: Where reading the activity log can resume: its inode, salt and the end of
     #: the last whole record (0 when the log is unusable).
     log_ino: int = 0
@@ -47,6 +49,9 @@ class _ManifestState:
     recover: set[str] = field(default_factory=set)
     #: Reading records logged before this boot (no boot record of this boot seen yet).
     before_boot: bool = True
+    #: The engine will rebuild the whole listing from the conversations' logs at its next
+    #: listing (a damaged or incomplete activity log marks the listing incomplete).
+    rebuild_owed: bool = False
 
 
 def _read_manifest(site_dir: str) -> _ManifestState:
@@ -58,33 +63,69 @@ def _read_manifest(site_dir: str) -> _ManifestState:
             None,
             False,
             {},
-            [(MANIFEST_MISSING, os.path.join(site_dir, "manifest-*.snap"), None, "the site has no manifest snapshot")],
+            [
+                (
+                    MANIFEST_MISSING,
+                    os.path.join(site_dir, "manifest-*.snap"),
+                    None,
+                    "the site has no manifest snapshot",
+                    None,
+                )
+            ],
         )
     epoch = max(snaps)
     spath = manifest.snap_path(site_dir, epoch)
     try:
         entries, complete = manifest._decode_snapshot(manifest._read(spath), epoch)
     except manifest._Damaged:
-        return _ManifestState(epoch, False, {}, [(MANIFEST_DAMAGED, spath, 0, "the snapshot fails its checksums")])
+        return _ManifestState(
+            epoch, False, {}, [(MANIFEST_DAMAGED, spath, 0, "the snapshot fails its checksums", None)]
+        )
     state = _ManifestState(epoch, complete, {e.conversation_id: e for e in entries}, [])
     if not complete:
+        # Written so by the engine itself (a lost or damaged log, see manifest.SiteManifest) or by
+        # a repair that is cutting a log; a crash can stop either before the rebuild. The engine
+        # rebuilds an incomplete listing at its next listing.
+        state.rebuild_owed = True
         state.problems.append(
-            (MANIFEST_INCOMPLETE, spath, 16, "the snapshot is marked incomplete (a full rebuild is owed)")
+            (
+                MANIFEST_INCOMPLETE,
+                spath,
+                16,
+                "the snapshot is marked incomplete (a full rebuild is owed)",
+                "none needed: the engine rebuilds the whole listing from the conversations' logs at the site's "
+                "next listing; --repair rewrites the manifest now",
+            )
         )
     lpath = manifest.log_path(site_dir, epoch)
     try:
         with open(lpath, "rb") as f:
             data = f.read()
     except FileNotFoundError:
-        state.problems.append((MANIFEST_DAMAGED, lpath, None, "the current epoch has no activity log"))
+        # The snapshot and its log are each written durably (write_file_atomic), the log
+        # second: a crash between the two leaves this (manifest.SiteManifest._current_epoch_locked).
+        if any(e < epoch and "log" in kinds for e, kinds in epochs.items()):
+            note = (
+                "none needed: a crash came between writing this epoch's snapshot and its log, so the snapshot "
+                "holds the whole listing; the engine creates the empty log when it next opens the site's "
+                "listing; --repair rewrites the manifest now"
+            )
+        else:
+            note = (
+                "none needed: the engine starts a new epoch marked incomplete when it next opens the site's "
+                "listing, and rebuilds the listing from the conversations' logs; --repair rewrites it now"
+            )
+        state.problems.append((MANIFEST_DAMAGED, lpath, None, "the current epoch has no activity log", note))
         return state
     head = data[: manifest.LOG_HEADER.size]
     if len(head) < manifest.LOG_HEADER.size:
-        state.problems.append((MANIFEST_DAMAGED, lpath, 0, "the activity log's header is truncated"))
+        # Not a crash's work (the log is created whole and synced before it is used); the engine
+        # would start a new epoch and rebuild the listing, but the file was damaged: a problem.
+        state.problems.append((MANIFEST_DAMAGED, lpath, 0, "the activity log's header is truncated", None))
         return state
     magic, e, salt, check = manifest.LOG_HEADER.unpack(head)
     if magic != manifest.LOG_MAGIC or e != epoch or xxhash.xxh3_64_intdigest(head[:24]) != check:
-        state.problems.append((MANIFEST_DAMAGED, lpath, 0, "the activity log's header fails its checksum"))
+        state.problems.append((MANIFEST_DAMAGED, lpath, 0, "the activity log's header fails its checksum", None))
         return state
     state.log_salt, state.log_done = salt, manifest.LOG_HEADER.size
     state.log_ino = os.stat(lpath).st_ino
@@ -126,6 +167,12 @@ def _iter_log(data: bytes, salt: int) -> Iterator[tuple[int, int, list[Any] | No
 
 _MSGPACK = msgspec.msgpack.Decoder()
 
+#: What the engine does about a damaged activity log (see manifest.SiteManifest._tail and _refresh).
+_REBUILD_NOTE = (
+    "none needed: the engine marks its listing incomplete on reading this and rebuilds the whole listing "
+    "from the conversations' logs at the site's next listing; --repair rewrites the manifest now"
+)
+
 
 def _apply_log(state: _ManifestState, lpath: str, data: bytes, base: int) -> None:
     """Apply the log records in ``data`` (the log's bytes from offset ``base``) to ``state``."""
@@ -134,7 +181,16 @@ def _apply_log(state: _ManifestState, lpath: str, data: bytes, base: int) -> Non
     entries = state.entries
     for off, end, rec in _iter_log(data, state.log_salt):
         if rec is None:
-            state.problems.append((MANIFEST_DAMAGED, lpath, base + off, "an activity log record fails its checksum"))
+            # Commits are appended unsynced (an intent's sync covers the records before it), so
+            # a power cut can zero or tear a record and keep later ones: the power-cut simulator
+            # leaves both all-zero and half-written records with whole ones after them. Whatever
+            # the cause, the engine marks its listing incomplete at a damaged record and rebuilds
+            # it from the conversations' logs (the listing is derived from them): nothing is lost.
+            # So it is a note, wherever in the log it is.
+            state.rebuild_owed = True
+            state.problems.append(
+                (MANIFEST_DAMAGED, lpath, base + off, "an activity log record fails its checksum", _REBUILD_NOTE)
+            )
             continue
         if state.before_boot and rec:
             # As the engine's loader does: note who was written before this boot (see manifest._apply).
@@ -147,9 +203,18 @@ def _apply_log(state: _ManifestState, lpath: str, data: bytes, base: int) -> Non
     state.log_done = base + done if done else state.log_done
     if state.log_done < base + len(data):
         # Read under the manifest lock, so no writer is half way through a record.
+        # A torn or zeroed append. Under the manifest lock the engine marks the listing
+        # incomplete at bytes that are not a whole record and rebuilds it (manifest.SiteManifest._tail).
         extra = base + len(data) - state.log_done
+        state.rebuild_owed = True
         state.problems.append(
-            (MANIFEST_DAMAGED, lpath, state.log_done, f"{extra} bytes at the end of the activity log are not a record")
+            (
+                MANIFEST_DAMAGED,
+                lpath,
+                state.log_done,
+                f"{extra} bytes at the end of the activity log are not a record",
+                _REBUILD_NOTE,
+            )
         )
 
 
@@ -364,10 +429,12 @@ def _check_manifest(
     action = "rewrite the manifest from the conversations (--repair)"
     if only is None:
         has_data = any(t is not None for t in tips.values()) or bool(damaged)
-        for kind, file, offset, detail in state.problems:
+        for kind, file, offset, detail, note in state.problems:
             if kind == MANIFEST_MISSING and not has_data:
                 continue
-            out.append(Problem(site, None, file, offset, kind, detail, action))
+            out.append(
+                Problem(site, None, file, offset, kind, detail, note or action, resolves_itself=note is not None)
+            )
         if any(p.kind in (MANIFEST_MISSING, MANIFEST_DAMAGED) and p.offset in (None, 0) for p in out):
             return out  # nothing to compare against
     suspects = [c for c, t in tips.items() if c not in damaged and _committed(state.entries.get(c)) != t]
@@ -401,7 +468,9 @@ def _check_manifest(
         pending = entry.pending if entry is not None else None
         tips[conv] = truth
         verified[conv] = _Verified(truth, listed, pending)
-        problem = _judge_listing(site, conv, conv_dir, spath, listed, truth, pending, conv in now.recover)
+        problem = _judge_listing(
+            site, conv, conv_dir, spath, listed, truth, pending, conv in now.recover, now.rebuild_owed
+        )
         if problem is not None:
             out.append(problem)
     return out
@@ -416,11 +485,13 @@ def _judge_listing(
     truth: Tip | None,
     pending: tuple[int, int, int] | None,
     before_boot: bool = False,
+    rebuild_owed: bool = False,
 ) -> Problem | None:
     """The problem (or note) for one conversation's listed extent against its log's, both verified under its lock.
 
     ``before_boot``: the conversation was written before this boot of the machine, so the
     engine re-reads its log at its first listing (a power cut may have lost its commits).
+    ``rebuild_owed``: the engine rebuilds the whole listing from the logs at its next listing.
     """
     have = truth.next_seq if truth is not None else 0
     committed = listed.next_seq if listed is not None else 0
@@ -471,6 +542,18 @@ def _judge_listing(
             "this boot of the machine were lost (a power cut), the log itself is whole",
             "none needed: the engine re-reads this conversation's log at the site's first listing after "
             "the restart and logs its extent again; --repair does it now",
+            resolves_itself=True,
+        )
+    if listed != truth and rebuild_owed:
+        return Problem(
+            site,
+            conv,
+            spath,
+            None,
+            MANIFEST_STALE,
+            f"the listing has {_describe(listed)}, the log holds {_describe(truth)}; the activity log is "
+            "damaged (see above), which may be where its commit was",
+            _REBUILD_NOTE,
             resolves_itself=True,
         )
     if listed != truth:

@@ -280,6 +280,7 @@ class _ConvScanner:
             finally:
                 os.close(fd)
         self._check_names()
+        self._settle_index_notes()
 
     def _check_names(self) -> None:
         """Report files the engine would not have left in a conversation directory."""
@@ -351,22 +352,34 @@ class _ConvScanner:
         data = self.snap.indexes.get(base)
         if data is None:
             p = self._index_problem(base, INDEX_MISSING, None, "the segment has no index file")
-            if last_seg and p is not None:
-                # A writer killed between creating a segment and its index leaves this.
-                p.resolves_itself = True
-                p.action = (
-                    "none needed: the engine writes it when it next opens the conversation for an append; "
-                    "--repair rebuilds it now"
-                )
+            self._index_note(p, last_seg)  # a crash before the unsynced index reached the disk
             return {}
         if len(data) < index.INDEX_HEADER_SIZE:
-            self._index_problem(base, INDEX_STALE, 0, "index header is truncated")
+            p = self._index_problem(base, INDEX_STALE, 0, "index header is truncated")
+            self._index_note(p, last_seg)  # the file's name reached the disk, not (all of) its bytes
             return {}
         magic, version, _r, ibase, isalt = index.INDEX_HEADER.unpack_from(data)
         if magic != index.INDEX_MAGIC or version != 1 or ibase != base or isalt != salt:
-            self._index_problem(
-                base, INDEX_STALE, 0, "index header does not belong to this segment (wrong magic, base seq or salt)"
+            zeroed = not any(data[: index.INDEX_HEADER_SIZE])
+            p = self._index_problem(
+                base,
+                INDEX_STALE,
+                0,
+                "index header is all zeros (its bytes never reached the disk)"
+                if zeroed
+                else "index header does not belong to this segment (wrong magic, base seq or salt)",
             )
+            if zeroed:
+                self._index_note(p, last_seg)
+            elif p is not None:
+                # Not a power cut's work (it zeroes what it loses; it does not write another
+                # header): a file from elsewhere, an earlier segment of this name or a copy,
+                # is in the directory. The engine ignores it and rebuilds the index (see
+                # Conversation._sealed and _open_active), so nothing is lost, but how it got
+                # there is for the operator to find out: a problem, not a note.
+                p.action += (
+                    "; the engine ignores it and rebuilds the index from the segment, so no data is at risk"
+                )
             return {}
         out: dict[int, tuple[int, int]] = {}
         prev_seq, prev_off = -1, 0
@@ -374,16 +387,61 @@ class _ConvScanner:
         for n, (rel, off) in enumerate(index.ENTRY.iter_unpack(data[index.INDEX_HEADER_SIZE : whole])):
             seq = base + rel
             if seq <= prev_seq or off <= prev_off or off >= size:
-                self._index_problem(
+                at = index.INDEX_HEADER_SIZE + n * index.ENTRY_SIZE
+                p = self._index_problem(
                     base,
                     INDEX_MISMATCH,
-                    index.INDEX_HEADER_SIZE + n * index.ENTRY_SIZE,
+                    at,
                     f"entry {n} (seq {seq}, byte {off}) is out of order or past the segment's end",
                 )
+                # A power cut zeroes entries it lost (byte 0 is never an entry's offset), and
+                # can keep entries of the active segment's records whose bytes it lost. Other
+                # bad entries (pointing inside the segment, out of order) are not its work:
+                # they stay problems, though the engine drops them and rebuilds the index too.
+                if off == 0 or (last_seg and off >= size):
+                    self._index_note(p, last_seg)
                 return out
             out[off] = (seq, index.INDEX_HEADER_SIZE + n * index.ENTRY_SIZE)
             prev_seq, prev_off = seq, off
         return out
+
+    def _index_note(self, p: Problem | None, last_seg: bool) -> None:
+        """Mark an index problem a note: what a crash leaves, and what the engine rebuilds by itself.
+
+        An index is derived data: never synced, and each entry is verified against
+        its segment before use (``index.load`` drops malformed entries, a read whose
+        entry does not verify rebuilds the index). For the active segment the engine
+        writes the index afresh when it next opens the conversation for an append
+        (``Conversation._open_active``: a missing, foreign or malformed index is not
+        kept); for a sealed one, the first read that reaches the segment builds the
+        index from it and saves it (``Conversation._sealed``). Neither saves around
+        damage, so :meth:`_settle_index_notes` takes the note back from a damaged segment.
+        """
+        if p is None:
+            return
+        p.resolves_itself = True
+        p.action = (
+            "none needed: the engine ignores it and writes the index afresh from the segment when it next "
+            "opens the conversation for an append (reads meanwhile scan the segment); --repair rebuilds it now"
+            if last_seg
+            else "none needed: the engine ignores it, rebuilds the index from the segment and saves it the first "
+            "time a read reaches this segment; --repair rebuilds it now"
+        )
+
+    def _settle_index_notes(self) -> None:
+        """An index of a segment with damage in it is not rebuilt by the engine: a problem again."""
+        damaged = {
+            os.path.basename(p.file)[:20]
+            for p in self.problems
+            if p.kind in TRUNCATABLE_KINDS or p.kind in (RECORDED_AT_DECREASING, UNSEALED_SEGMENT)
+        }
+        for p in self.problems:
+            if p.kind in _INDEX_KINDS and p.resolves_itself and os.path.basename(p.file)[:20] in damaged:
+                p.resolves_itself = False
+                p.action = (
+                    "rebuild the index from its segment (--repair); the engine does not save an index "
+                    "of a segment with damage in it"
+                )
 
     def _index_problem(self, base: int, kind: str, offset: int | None, detail: str) -> Problem | None:
         if base in self.rebuild_index and kind == INDEX_MISMATCH:
