@@ -25,6 +25,7 @@ from typing import Any
 
 import msgspec
 
+from bench.sqlite_peer import SqliteConnections
 from logstore import ListCursor, ListSelector, Range, Tail, open_store
 
 _enc = msgspec.json.Encoder()
@@ -82,37 +83,17 @@ CREATE INDEX IF NOT EXISTS convs_by_last ON convs(site, last DESC, conv);
 """
 
 
-class Sqlite:
+class Sqlite(SqliteConnections):
     """The SQLite design a user would pick; one connection per thread."""
 
     name = "sqlite"
+    timeout = 30.0
 
     def __init__(self, path: str, synchronous: str = "FULL") -> None:
-        self.path = path
-        self.synchronous = synchronous
-        self._local = threading.local()
-        self._conns: list[sqlite3.Connection] = []
-        self._conns_lock = threading.Lock()
-        self.db.executescript(SCHEMA)
+        super().__init__(path, synchronous, SCHEMA)
 
-    @property
-    def db(self) -> sqlite3.Connection:
-        db = getattr(self._local, "db", None)
-        if db is None:
-            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute(f"PRAGMA synchronous={self.synchronous}")
-            self._local.db = db
-            with self._conns_lock:
-                self._conns.append(db)
-        return db
-
-    def set_synchronous(self, mode: str) -> None:
-        """Change durability for later transactions (bulk setup uses OFF)."""
-        self.synchronous = mode
-        with self._conns_lock:
-            for db in self._conns:
-                db.execute(f"PRAGMA synchronous={mode}")
+    def _configure(self, db: sqlite3.Connection) -> None:
+        db.execute("PRAGMA journal_mode=WAL")
 
     def append(self, site: str, conv: str, items: list[dict[str, Any]]) -> None:
         texts = [_enc.encode(p).decode() for p in items]
@@ -154,37 +135,6 @@ class Sqlite:
         ).fetchall()
         return [(s, r, _dec_obj.decode(p)) for s, r, p in rows]
 
-    def list_page(self, site: str, cursor: tuple[int, str] | None, limit: int) -> tuple[list[Any], Any]:
-        if cursor is None:
-            rows = self.db.execute(
-                "SELECT conv, created, last FROM convs WHERE site=? ORDER BY last DESC, conv LIMIT ?",
-                (site, limit + 1),
-            ).fetchall()
-        else:
-            last, conv = cursor
-            rows = self.db.execute(
-                "SELECT conv, created, last FROM convs WHERE site=? AND last<=? AND NOT (last=? AND conv<=?) "
-                "ORDER BY last DESC, conv LIMIT ?",
-                (site, last, last, conv, limit + 1),
-            ).fetchall()
-        more = len(rows) > limit
-        rows = rows[:limit]
-        return rows, ((rows[-1][2], rows[-1][0]) if more and rows else None)
-
-    def cursor_at(self, site: str, rank: int) -> tuple[int, str] | None:
-        if rank <= 0:
-            return None
-        row = self.db.execute(
-            "SELECT last, conv FROM convs WHERE site=? ORDER BY last DESC, conv LIMIT 1 OFFSET ?", (site, rank - 1)
-        ).fetchone()
-        return (row[0], row[1]) if row else None
-
-    def close(self) -> None:
-        with self._conns_lock:
-            for db in self._conns:
-                db.close()
-            self._conns.clear()
-        self._local = threading.local()
 
 
 class Floor:

@@ -63,26 +63,32 @@ _TAIL = "SELECT k, recorded_at, payload FROM items WHERE k>=? AND k<? ORDER BY k
 _RANGE = "SELECT k, recorded_at, payload FROM items WHERE k>=? AND k<? ORDER BY k LIMIT ?"
 
 
-class Sqlite:
-    """The tuned SQLite; ``synchronous="NORMAL"`` gives the labelled, non-durable reference."""
+class SqliteConnections:
+    """Per-thread connections to one SQLite file, plus the listing queries both SQLite schemas share.
 
-    def __init__(self, path: str, synchronous: str = "FULL", name: str = "sqlite") -> None:
+    Subclasses set the schema (run on the first connection) and ``_configure`` a new connection.
+    """
+
+    timeout = 60.0
+
+    def __init__(self, path: str, synchronous: str, schema: str) -> None:
         self.path = path
-        self.name = name
         self.synchronous = synchronous
         self._local = threading.local()
         self._conns: list[sqlite3.Connection] = []
         self._conns_lock = threading.Lock()
-        self.db.executescript(SCHEMA)
+        self.db.executescript(schema)
+
+    def _configure(self, db: sqlite3.Connection) -> None:
+        """Pragmas for a new connection (``synchronous`` is set after them)."""
 
     @property
     def db(self) -> sqlite3.Connection:
         db: sqlite3.Connection | None = getattr(self._local, "db", None)
         if db is None:
-            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=60,
+            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=self.timeout,
                                  cached_statements=64)
-            for k, v in PRAGMAS.items():
-                db.execute(f"PRAGMA {k}={v}")
+            self._configure(db)
             db.execute(f"PRAGMA synchronous={self.synchronous}")
             self._local.db = db
             with self._conns_lock:
@@ -95,6 +101,50 @@ class Sqlite:
         with self._conns_lock:
             for db in self._conns:
                 db.execute(f"PRAGMA synchronous={mode}")
+
+    def list_page(self, site: str, cursor: tuple[int, str] | None, limit: int) -> tuple[list[Any], Any]:
+        if cursor is None:
+            rows = self.db.execute(
+                "SELECT conv, created, last FROM convs WHERE site=? ORDER BY last DESC, conv LIMIT ?",
+                (site, limit + 1),
+            ).fetchall()
+        else:
+            last, conv = cursor
+            rows = self.db.execute(
+                "SELECT conv, created, last FROM convs WHERE site=? AND last<=? AND NOT (last=? AND conv<=?) "
+                "ORDER BY last DESC, conv LIMIT ?",
+                (site, last, last, conv, limit + 1),
+            ).fetchall()
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return rows, ((rows[-1][2], rows[-1][0]) if more and rows else None)
+
+    def cursor_at(self, site: str, rank: int) -> tuple[int, str] | None:
+        if rank <= 0:
+            return None
+        row = self.db.execute(
+            "SELECT last, conv FROM convs WHERE site=? ORDER BY last DESC, conv LIMIT 1 OFFSET ?", (site, rank - 1)
+        ).fetchone()
+        return (row[0], row[1]) if row else None
+
+    def close(self) -> None:
+        with self._conns_lock:
+            for db in self._conns:
+                db.close()
+            self._conns.clear()
+        self._local = threading.local()
+
+
+class Sqlite(SqliteConnections):
+    """The tuned SQLite; ``synchronous="NORMAL"`` gives the labelled, non-durable reference."""
+
+    def __init__(self, path: str, synchronous: str = "FULL", name: str = "sqlite") -> None:
+        self.name = name
+        super().__init__(path, synchronous, SCHEMA)
+
+    def _configure(self, db: sqlite3.Connection) -> None:
+        for k, v in PRAGMAS.items():
+            db.execute(f"PRAGMA {k}={v}")
 
     @staticmethod
     def write(db: sqlite3.Connection, site: str, conv: str, items: list[dict[str, Any]]) -> None:
@@ -143,37 +193,6 @@ class Sqlite:
         mask = (1 << SHIFT) - 1
         return [(k & mask, r, _dec_obj.decode(p)) for k, r, p in rows]
 
-    def list_page(self, site: str, cursor: tuple[int, str] | None, limit: int) -> tuple[list[Any], Any]:
-        if cursor is None:
-            rows = self.db.execute(
-                "SELECT conv, created, last FROM convs WHERE site=? ORDER BY last DESC, conv LIMIT ?",
-                (site, limit + 1),
-            ).fetchall()
-        else:
-            last, conv = cursor
-            rows = self.db.execute(
-                "SELECT conv, created, last FROM convs WHERE site=? AND last<=? AND NOT (last=? AND conv<=?) "
-                "ORDER BY last DESC, conv LIMIT ?",
-                (site, last, last, conv, limit + 1),
-            ).fetchall()
-        more = len(rows) > limit
-        rows = rows[:limit]
-        return rows, ((rows[-1][2], rows[-1][0]) if more and rows else None)
-
-    def cursor_at(self, site: str, rank: int) -> tuple[int, str] | None:
-        if rank <= 0:
-            return None
-        row = self.db.execute(
-            "SELECT last, conv FROM convs WHERE site=? ORDER BY last DESC, conv LIMIT 1 OFFSET ?", (site, rank - 1)
-        ).fetchone()
-        return (row[0], row[1]) if row else None
-
-    def close(self) -> None:
-        with self._conns_lock:
-            for db in self._conns:
-                db.close()
-            self._conns.clear()
-        self._local = threading.local()
 
 
 class SqliteGroupCommit:
