@@ -11,6 +11,7 @@ import contextlib
 import os
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -59,8 +60,10 @@ def basic(site: str, password: str) -> str:
 class ServerProcess:
     """A ``convmem serve`` child on 127.0.0.1 with a free port; read its URL from the banner."""
 
-    def __init__(self, data_dir: Path, *extra: str) -> None:
+    def __init__(self, data_dir: Path, *extra: str, verify: ssl.SSLContext | bool = True) -> None:
+        """``verify``: how ``/healthz`` checks an HTTPS server's certificate."""
         self.data_dir = data_dir
+        self.verify = verify
         self.log_path = data_dir.parent / f"server-{os.getpid()}-{time.monotonic_ns()}.log"
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
@@ -72,7 +75,7 @@ class ServerProcess:
             cwd=data_dir.parent,
         )
         self.banner = self._read_banner()
-        match = re.search(r"MCP endpoint \(streamable HTTP\): (http://\S+)", self.banner)
+        match = re.search(r"MCP endpoint \(streamable HTTP\): (https?://\S+)", self.banner)
         assert match, self.banner
         self.url = match.group(1)
         self.base = self.url.removesuffix("/mcp")
@@ -98,7 +101,7 @@ class ServerProcess:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             with contextlib.suppress(httpx2.TransportError):
-                if httpx2.get(self.base + "/healthz", timeout=2).status_code == 200:
+                if httpx2.get(self.base + "/healthz", timeout=2, verify=self.verify).status_code == 200:
                     return
             time.sleep(0.05)
         raise RuntimeError(f"server never became healthy\n{self.log_path.read_text()}")

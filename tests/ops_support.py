@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import re
-import signal
 import ssl
-import subprocess
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +11,7 @@ from typing import Any
 import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from mcp_helpers import convmem_cmd, run_convmem, subprocess_env
+from mcp_helpers import ServerProcess, run_convmem
 
 
 def add_site(data_dir: Path, site: str, password: str) -> None:
@@ -23,58 +19,8 @@ def add_site(data_dir: Path, site: str, password: str) -> None:
     assert res.returncode == 0, res.stderr
 
 
-class OpsServer:
-    """``convmem serve`` on 127.0.0.1, port 0, with extra options; stderr kept in a file."""
-
-    def __init__(self, data_dir: Path, *extra: str, verify: ssl.SSLContext | bool = True) -> None:
-        self.data_dir = data_dir
-        self.verify = verify
-        self.log_path = data_dir.parent / f"server-{time.monotonic_ns()}.log"
-        self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(
-            convmem_cmd("serve", "--data-dir", str(data_dir), "--host", "127.0.0.1", "--port", "0", *extra),
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            text=True,
-            env=subprocess_env(),
-            cwd=data_dir.parent,
-        )
-        assert self.proc.stdout is not None
-        lines: list[str] = []
-        while not (lines and lines[-1].startswith("Press Ctrl+C")):
-            line = self.proc.stdout.readline()
-            if not line:
-                self.stop()
-                raise RuntimeError(f"server did not start: {''.join(lines)}\n{self.log()}")
-            lines.append(line)
-        self.banner = "".join(lines)
-        match = re.search(r"MCP endpoint \(streamable HTTP\): (https?://\S+)", self.banner)
-        assert match, self.banner
-        self.url = match.group(1)
-        self.base = self.url.removesuffix("/mcp")
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx2.TransportError):
-                if httpx2.get(self.base + "/healthz", timeout=2, verify=verify).status_code == 200:
-                    return
-            time.sleep(0.05)
-        raise RuntimeError(f"server never became healthy\n{self.log()}")
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            rc = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc = self.proc.wait()
-        if self.proc.stdout:
-            self.proc.stdout.close()
-        self._log.close()
-        return rc
-
-    def log(self) -> str:
-        return self.log_path.read_text()
+#: ``convmem serve`` on 127.0.0.1, port 0, with extra options (HTTPS too: pass ``verify``).
+OpsServer = ServerProcess
 
 
 @contextlib.asynccontextmanager
