@@ -128,7 +128,7 @@ class SiteMemories:
                 yield
                 return
             if self._lock_fd is None:
-                self._lock_fd = os.open(os.path.join(self.dir, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+                self._lock_fd = fileio.open_create(os.path.join(self.dir, LOCK_NAME))
             fd = self._lock_fd
             started = time.monotonic()
             deadline = started + self.config.lock_timeout
@@ -259,7 +259,7 @@ class SiteMemories:
         for name in os.listdir(self.dir):
             if ".rewrite." in name:
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(self.dir, name))
+                    fileio.unlink(os.path.join(self.dir, name))
                     removed = True
         if removed:
             fileio.fsync_dir(self.dir)
