@@ -5,7 +5,8 @@ during the backup; credentials (``auth/``) and quarantined segments come
 along, and so does each site's long-term memory store (copied under its own
 lock) with the verify-token secret; indexes and manifests are rebuilt in the
 copy, which is then checked as ``convmem fsck`` would (memories included).
-DEST is created (it must not exist) and appears only when the copy is complete. To restore, stop the server and serve from
+DEST is created (it must not exist) and appears only when the copy is complete.
+To restore, stop the server and serve from
 DEST (or move it into place).
 
 Exit status: 0 the copy is clean; 4 the copy holds damage that was already in
