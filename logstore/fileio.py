@@ -60,7 +60,7 @@ fault_hook: Callable[[str], None] | None = None
 #: ``("create", path, fd)`` (a file opened with O_CREAT, possibly truncated),
 #: ``("write", fd, offset, data)``, ``("sync", fd)`` (fsync or fdatasync),
 #: ``("truncate", fd, size)``, ``("dirsync", path)``, ``("mkdir", path)``,
-#: ``("rename", src, dst)``, ``("unlink", path)``, ``("rmtree", path)``.
+#: ``("rename", src, dst)``, ``("link", src, dst)``, ``("unlink", path)``, ``("rmtree", path)``.
 #: None (the default) costs one global lookup per operation.
 recorder: Callable[..., None] | None = None
 
@@ -269,6 +269,17 @@ def rename(src: str, dst: str) -> None:
     os.replace(src, dst)
     if recorder is not None:
         recorder("rename", src, dst)
+
+
+def link(src: str, dst: str) -> None:
+    """Give the file ``src`` a second name ``dst`` (raises FileExistsError when ``dst`` exists).
+
+    Durable once the directory is synced. Publishing a synced temporary file
+    this way is an atomic create-if-absent: the name never shows a partial file.
+    """
+    os.link(src, dst)
+    if recorder is not None:
+        recorder("link", src, dst)
 
 
 def unlink(path: str) -> None:

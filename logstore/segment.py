@@ -167,7 +167,8 @@ def classify_failure(fd: int, bad_offset: int, file_size: int, salt: int) -> Ver
     It is damage to acknowledged data ("corrupt") when a valid record follows
     it anywhere in the file, or when the file ends with an intact record
     trailer that belongs to the failed record (it was written whole, then
-    damaged) and holds no run of zero bytes (see ``_ZERO_RUN``). Otherwise it
+    damaged) and holds no run of zero bytes (see ``_ZERO_RUN``) and no zeroed
+    first sector piece (see ``_SECTOR``). Otherwise it
     is a torn tail: a write that never completed, and so was never
     acknowledged.
     """
@@ -177,9 +178,17 @@ def classify_failure(fd: int, bad_offset: int, file_size: int, salt: int) -> Ver
         _check, body_len, magic = frame.TRAILER.unpack(os.pread(fd, frame.TRAILER_SIZE, file_size - frame.TRAILER_SIZE))
         if magic == frame.TRAILER_MAGIC and file_size - frame.RECORD_OVERHEAD - body_len == bad_offset:
             written = os.pread(fd, file_size - frame.TRAILER_SIZE - bad_offset, bad_offset)
-            if _ZERO_RUN not in written:
+            if _ZERO_RUN not in written and any(written[: _SECTOR - bad_offset % _SECTOR]):
                 return "corrupt"
     return "torn"
+
+
+#: The unit a disk writes atomically. A record rarely starts on a sector boundary: its
+#: first piece (up to the next boundary) may be a few bytes, too short for ``_ZERO_RUN``,
+#: and when that sector never reached the disk those bytes read as zeros. They hold the
+#: start of the record's checksum, so a record written whole has them all zero with
+#: odds of 2**-8 per byte; such a record is taken for a torn tail.
+_SECTOR = 512
 
 
 #: A power cut can persist an unsynced record's sectors in any order (its trailer

@@ -449,3 +449,26 @@ def test_the_sweeper_erases_expired_memories_of_untouched_sites(tmp_path: Path) 
         while files_holding(tmp_path, [b"swept-away-marmot-7"]) and time.monotonic() < deadline:
             time.sleep(0.05)
     assert files_holding(tmp_path, [b"swept-away-marmot-7"]) == []
+
+
+def test_memory_files_are_owner_only(tmp_path: Path) -> None:
+    """Every file the memory store creates is 0600 and every directory 0700 (sites are tenants)."""
+    import stat
+
+    from logstore import fileio
+
+    root = tmp_path / "data"
+    with LongTermMemory(root) as store:
+        m = create(store, fields(1))
+        store.get(SITE, m.memory_id)
+        store.site(SITE).flush_access()
+        update(store, m.memory_id, fields(2))
+        delete(store, m.memory_id, force=True)
+    seen = set()
+    for dirpath, dirs, names in os.walk(root):
+        for name in dirs:
+            assert stat.S_IMODE(os.stat(os.path.join(dirpath, name)).st_mode) == fileio.DIR_MODE, name
+        for name in names:
+            assert stat.S_IMODE(os.stat(os.path.join(dirpath, name)).st_mode) == fileio.FILE_MODE, name
+            seen.add(name)
+    assert {"memory-token.key", "used-tokens", "lock", "access.json", LOG_NAME} <= seen

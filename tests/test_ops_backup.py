@@ -189,3 +189,112 @@ def test_per_site_stores_are_copied_by_their_registered_copier(tmp_path: Path) -
     finally:
         SITE_EXTRAS.remove(copier)
     assert calls == [(layout.site_dir(str(root), SITE), layout.site_dir(str(dest) + f".partial-{os.getpid()}", SITE))]
+
+
+MEMORY_WRITER = """
+import json, os, random, sys
+from logstore.memories import LongTermMemory
+from logstore.memories.state import record_body
+root, stop, site, seed = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+rng = random.Random(seed)
+
+def snapshot(store):
+    return sorted(json.dumps(record_body(m), sort_keys=True) for m in store.all(site))
+
+with LongTermMemory(root, lock_timeout=30) as store:
+    print(json.dumps(snapshot(store)), flush=True)
+    n = 0
+    while not os.path.exists(stop):
+        live = [m for m in store.all(site) if m.active]
+        roll = rng.random()
+        if not live or roll < 0.45 or len(live) < 4:
+            raw = {"category": "fact", "subject": f"backup subject {n}", "summary": f"summary {n} pelican{n}",
+                   "details": "d" * (n % 50), "tags": [f"t{n % 3}"], "dedupe_key": f"bk-{n}"}
+            _, tok, _ = store.verify(site, "create", raw)
+            store.upsert(site, raw, tok)
+        elif roll < 0.75:
+            m = rng.choice(live)
+            raw = {**m.fields.to_json(), "summary": f"summary {n} updated"}
+            _, tok, _ = store.verify(site, "update", raw, m.memory_id)
+            store.upsert(site, raw, tok, memory_id=m.memory_id)
+        else:
+            m = rng.choice(live)
+            _, tok, _ = store.verify(site, "delete", None, m.memory_id)
+            store.delete(site, m.memory_id, tok, force=rng.random() < 0.5)
+        n += 1
+        print(json.dumps(snapshot(store)), flush=True)
+"""
+
+
+def test_backup_copies_memories_written_meanwhile(tmp_path: Path) -> None:
+    """Memories written by another process during the backup: the copy holds the store as it was at one moment."""
+    import pytest
+
+    from logstore.memories import LongTermMemory, VerifyRequired
+    from logstore.memories.state import record_body
+
+    seed = int(os.environ.get("CONVMEM_TEST_SEED", random.randrange(1 << 30)))
+    print(f"seed={seed} (rerun with CONVMEM_TEST_SEED={seed})")
+    root, stop, dest = tmp_path / "data", tmp_path / "stop", tmp_path / "backup"
+    with FileStore(str(root)) as store:
+        store.append(SITE, "mem-conv-1", [{"n": 1}])
+    raw_unused = {"category": "fact", "subject": "minted before the backup", "summary": "kept for later"}
+    raw_used = {"category": "fact", "subject": "written before the backup", "summary": "its token is spent"}
+    with LongTermMemory(root) as mem:
+        _, unused_token, _ = mem.verify(SITE, "create", raw_unused)
+        _, used_token, _ = mem.verify(SITE, "create", raw_used)
+        mem.upsert(SITE, raw_used, used_token)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", MEMORY_WRITER, str(root), str(stop), SITE, str(seed)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
+    states: list[list[str]] = []
+    lock = threading.Lock()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            with lock:
+                states.append(json.loads(line))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 60
+        while len(states) < 20:
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.02)
+        seen_before = len(states)
+        res = cli("backup", str(root), str(dest), timeout=120)
+        assert res.returncode == 0, res.stderr.decode()
+        with lock:
+            seen_during = len(states)
+    finally:
+        stop.touch()
+        proc.wait(timeout=60)
+        reader.join(timeout=10)
+    assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+    with LongTermMemory(dest) as mem:
+        copied = sorted(json.dumps(record_body(m), sort_keys=True) for m in mem.all(SITE))
+        # The writer's states include the memory written before it started (all() lists every memory).
+        # A state printed before the backup started was on disk then; the writer may run ahead of its prints.
+        candidates = states[seen_before - 1 :]
+        assert seen_during > seen_before  # the writer kept writing while the backup ran
+        assert copied in candidates, f"the copy's memories match no state the source held during the backup ({seed})"
+    fsck = cli("fsck", str(dest))
+    assert fsck.returncode == 0, fsck.stdout.decode() + fsck.stderr.decode()
+    assert b"memories: 1 site" in fsck.stdout, fsck.stdout.decode()
+    # The memory tools work on the copy: a token minted by the source is accepted, a used one stays used.
+    with LongTermMemory(dest) as mem:
+        with pytest.raises(VerifyRequired):
+            mem.upsert(SITE, raw_used, used_token)
+        fresh = mem.upsert(SITE, raw_unused, unused_token)
+        assert mem.get(SITE, fresh.memory_id).fields.subject == "minted before the backup"
+        hits = mem.search(SITE, "minted before the backup", limit=3)
+        assert hits and hits[0][0].memory_id == fresh.memory_id
+        _, tok, _ = mem.verify(SITE, "delete", None, fresh.memory_id)
+        assert mem.delete(SITE, fresh.memory_id, tok, force=True) is None
+    assert cli("fsck", str(dest)).returncode == 0

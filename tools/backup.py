@@ -2,9 +2,11 @@
 
 Each conversation in DEST is a prefix of whole batches it held at some moment
 during the backup; credentials (``auth/``) and quarantined segments come
-along; indexes and manifests are rebuilt in the copy, which is then checked
-as ``convmem fsck`` would. DEST is created (it must not exist) and appears
-only when the copy is complete. To restore, stop the server and serve from
+along, and so does each site's long-term memory store (copied under its own
+lock) with the verify-token secret; indexes and manifests are rebuilt in the
+copy, which is then checked as ``convmem fsck`` would (memories included).
+DEST is created (it must not exist) and appears only when the copy is complete.
+To restore, stop the server and serve from
 DEST (or move it into place).
 
 Exit status: 0 the copy is clean; 4 the copy holds damage that was already in
@@ -18,6 +20,7 @@ import sys
 
 from logstore import StoreError
 from logstore.maintenance import MaintenanceError, backup
+from logstore.memories.check import check as memory_check
 from tools.common import (
     EXIT_CLEAN,
     EXIT_OPERATIONAL,
@@ -59,11 +62,18 @@ def run(args: argparse.Namespace) -> int:
         f"backed up {plural(report.sites, 'site')}, {plural(report.conversations, 'conversation')} "
         f"({plural(report.segments, 'segment')}, {human_bytes(report.bytes_copied)}) to {report.dest}\n"
     )
-    left = report.check.unrepaired
+    left: list[tuple[str, str, int | None, str]] = [
+        (p.kind, p.file, p.offset, p.detail) for p in report.check.unrepaired
+    ]
+    try:
+        memory_report = memory_check(report.dest, lock_timeout=args.lock_timeout)
+    except (StoreError, OSError) as exc:
+        return fail(f"checking the copy's memories failed: {exc}", EXIT_OPERATIONAL)
+    left += [(p.kind, p.file, p.offset, p.detail) for p in memory_report.unrepaired]
     if left:
-        for p in left:
-            where = f" at byte {p.offset}" if p.offset is not None else ""
-            sys.stderr.write(f"  {p.kind}: {p.file}{where}: {p.detail}\n")
+        for kind, file, offset, detail in left:
+            where = f" at byte {offset}" if offset is not None else ""
+            sys.stderr.write(f"  {kind}: {file}{where}: {detail}\n")
         return fail(
             f"the copy holds {plural(len(left), 'problem')} found in the source's data; "
             "run `convmem fsck` on the source",

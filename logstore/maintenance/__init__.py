@@ -29,6 +29,7 @@ The private submodules hold one concern each; only the names below are public.
 from __future__ import annotations
 
 from ._backup import (
+    ROOT_EXTRAS,
     SITE_EXTRAS,
     BackupReport,
     backup,
@@ -133,6 +134,7 @@ __all__ = [
     "QUARANTINE_DIR",
     "RECORDED_AT_DECREASING",
     "RECORD_AFTER_SEAL",
+    "ROOT_EXTRAS",
     "SEQ_GAP",
     "SEQ_MISMATCH",
     "SITE_EXTRAS",

@@ -24,7 +24,10 @@ How (the engine's own rules, FORMAT.md sections 6 and 7):
 4. ``logstore.json``, ``auth/`` (the site credentials) and ``quarantine/``
    are copied as files. Per-site data stores beside the conversations (for
    example a site's ``memories/`` directory) are copied by
-   :data:`SITE_EXTRAS` handlers.
+   :data:`SITE_EXTRAS` handlers, and files such a store keeps at the top of
+   the data directory by :data:`ROOT_EXTRAS` handlers (run after all sites).
+   The long-term memory store registers both when imported; :func:`backup`
+   imports it, so a library caller cannot leave memories out by accident.
 
 The copy is built in ``DEST.partial-<pid>`` next to ``DEST``, synced, checked,
 and only then renamed to ``DEST``: a ``DEST`` that exists is complete.
@@ -33,6 +36,7 @@ and only then renamed to ``DEST``: a ``DEST`` that exists is complete.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,6 +54,12 @@ AUTH_DIR = "auth"
 #: ``sites/<site-hex>/`` outside ``c/`` registers one here, and must make the
 #: copy consistent by its own locking rules.
 SITE_EXTRAS: list[Callable[[str, str, float], None]] = []
+#: Copiers for files such stores keep at the top of the data directory: ``(source
+#: data dir, destination data dir, lock_timeout)``, called after every site was copied.
+ROOT_EXTRAS: list[Callable[[str, str, float], None]] = []
+#: Modules that register copiers when imported; imported by :func:`backup` (not at
+#: import time: they import this package, which would be a cycle).
+EXTRA_MODULES = ("logstore.memories.backup",)
 
 
 @dataclass
@@ -174,6 +184,8 @@ def backup(
     parent = os.path.dirname(target)
     if not os.path.isdir(parent):
         raise MaintenanceError(f"{parent} does not exist")
+    for module in EXTRA_MODULES:
+        importlib.import_module(module)
     work = f"{target}.partial-{os.getpid()}"
     report = BackupReport(dest=target)
     fileio.mkdir(work)
@@ -198,6 +210,8 @@ def backup(
                     progress(report.conversations)
             for copy_extra in SITE_EXTRAS:
                 copy_extra(layout.site_dir(root, site), dst_site, lock_timeout)
+        for copy_root_extra in ROOT_EXTRAS:
+            copy_root_extra(root, work, lock_timeout)
         _fsync_dirs(work)
         repaired = check(work, repair=True, lock_timeout=lock_timeout)
         report.repaired = sum(1 for p in repaired.problems if p.repaired)

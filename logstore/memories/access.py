@@ -16,6 +16,8 @@ import os
 
 import msgspec
 
+from logstore import fileio
+
 ACCESS_FILE = "access.json"
 #: Seconds between two writes of the side file by one process.
 FLUSH_INTERVAL_S = 5.0
@@ -40,9 +42,8 @@ def write_access(directory: str, times: dict[str, int], keep: set[str]) -> None:
     path = os.path.join(directory, ACCESS_FILE)
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
-        with open(tmp, "wb") as f:
-            f.write(msgspec.json.encode(merged))
-        os.replace(tmp, path)
+        fileio.write_file(tmp, msgspec.json.encode(merged))
+        fileio.rename(tmp, path)
     except OSError:
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
+            fileio.unlink(tmp)

@@ -92,7 +92,7 @@ def memory_sites(root: str) -> list[str]:
 
 @contextlib.contextmanager
 def site_lock(directory: str, exclusive: bool, timeout: float) -> Iterator[None]:
-    fd = os.open(os.path.join(directory, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+    fd = fileio.open_create(os.path.join(directory, LOCK_NAME))
     try:
         started = time.monotonic()
         while not fileio.try_lock(fd, exclusive):
@@ -193,7 +193,7 @@ def _check_site(root: str, site: str, directory: str, repair: bool, drop: bool, 
         full = os.path.join(directory, name)
         if ".rewrite." in name or ".tmp." in name:
             if repair:
-                os.unlink(full)
+                fileio.unlink(full)
                 fileio.fsync_dir(directory)
             problem(
                 "memory-stray-file",

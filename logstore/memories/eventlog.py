@@ -199,18 +199,18 @@ def rewrite_file(path: str, events: Iterable[tuple[int, dict[str, Any]]]) -> Non
         parts.append(frame.encode_record(salt, KIND_BATCH, seq, 1, at_us, encode_event(body)))
     tmp = f"{path}.rewrite.{os.getpid()}"
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = fileio.open_create(tmp, os.O_WRONLY | os.O_TRUNC)
         try:
             fileio.pwrite_all(fd, b"".join(parts), 0)
             fileio.fsync(fd)
         finally:
             os.close(fd)
         fileio.crashpoint("memory-rewrite-written")
-        os.replace(tmp, path)
+        fileio.rename(tmp, path)
         fileio.crashpoint("memory-rewrite-renamed")
     except BaseException:
         try:
-            os.unlink(tmp)
+            fileio.unlink(tmp)
         except OSError:
             pass
         raise

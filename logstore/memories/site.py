@@ -128,7 +128,7 @@ class SiteMemories:
                 yield
                 return
             if self._lock_fd is None:
-                self._lock_fd = os.open(os.path.join(self.dir, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+                self._lock_fd = fileio.open_create(os.path.join(self.dir, LOCK_NAME))
             fd = self._lock_fd
             started = time.monotonic()
             deadline = started + self.config.lock_timeout
@@ -251,15 +251,16 @@ class SiteMemories:
         return oldest is not None and oldest <= self._now() - self.config.retention_us
 
     def _remove_stale_temps(self) -> None:
-        """Delete rewrite temp files a crashed process left (exclusive lock held).
+        """Delete temp files a crashed process (or a power cut) left behind (exclusive lock held).
 
-        They hold other memories' content, which a later erasure must be able to reach.
+        Rewrite temps hold other memories' content, which a later erasure must
+        be able to reach; the others would stay behind as clutter fsck reports.
         """
         removed = False
         for name in os.listdir(self.dir):
-            if ".rewrite." in name:
+            if _stale_temp(name):
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(self.dir, name))
+                    fileio.unlink(os.path.join(self.dir, name))
                     removed = True
         if removed:
             fileio.fsync_dir(self.dir)
@@ -550,6 +551,39 @@ class SiteMemories:
             if self._lock_fd is not None:
                 os.close(self._lock_fd)
                 self._lock_fd = None
+
+
+def _stale_temp(name: str) -> bool:
+    """True for a temp file of the memories directory that no live write can be using (exclusive lock held).
+
+    Rewrite and used-token temps are written under the exclusive lock, so any
+    found now is abandoned. Access-time temps are written without the file
+    lock: one is abandoned when the process its name gives is gone, or is this
+    process (whose writes of it hold the site's mutex, as this call does; after
+    a reboot a new process may well get the crashed one's id). The one case
+    missed, a second store object on the same directory in this process mid-flush,
+    only loses that flush's access times (a hint) when its temp is removed.
+    """
+    if ".rewrite." in name or name.startswith(tokens.USED_FILE + ".tmp."):
+        return True
+    prefix = access.ACCESS_FILE + ".tmp."
+    if not name.startswith(prefix):
+        return False
+    try:
+        pid = int(name[len(prefix) :])
+    except ValueError:
+        return False
+    return pid == os.getpid() or not _process_alive(pid)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, under another user
+    return True
 
 
 def layout_header_size() -> int:

@@ -59,18 +59,18 @@ def load_secret(root: str) -> bytes:
     except FileNotFoundError:
         pass
     tmp = f"{path}.tmp.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = fileio.open_create(tmp, os.O_WRONLY | os.O_TRUNC)
     try:
         fileio.pwrite_all(fd, os.urandom(_SECRET_BYTES), 0)
         fileio.fsync(fd)
     finally:
         os.close(fd)
     try:
-        os.link(tmp, path)  # fails if another process created it first; then theirs is the secret
+        fileio.link(tmp, path)  # fails if another process created it first; then theirs is the secret
     except FileExistsError:
         pass
     finally:
-        os.unlink(tmp)
+        fileio.unlink(tmp)
     fileio.fsync_dir(root)
     with open(path, "rb") as f:
         return f.read()
@@ -183,7 +183,7 @@ def consume(site_dir: str, nonce: str, now_us: int) -> None:
     if size > 64 * 1024:
         fileio.write_file_atomic(path, b"".join(f"{n} {now_us}\n".encode("ascii") for n in sorted(live)) + line)
         return
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = fileio.open_create(path, os.O_WRONLY)
     try:
         fileio.pwrite_all(fd, line, size)
         fileio.fdatasync(fd)

@@ -3,7 +3,7 @@
 Installed as ``logstore.fileio.recorder``, a :class:`SimDisk` logs every
 durability-relevant operation the engine performs under a data directory
 (creates, writes, syncs, truncates, directory syncs, mkdirs, renames,
-unlinks, tree removals), against a model of that directory taken when it was
+hard links, unlinks, tree removals), against a model of that directory taken when it was
 installed (everything in it then counts as durable). Replaying the log up to
 any operation, it produces what a disk could hold if power were lost right
 there, under two models:
@@ -186,6 +186,13 @@ class SimDisk:
                 self._names[dst + name[len(src) :]] = self._names.pop(name)
             self.ops.append(("rename", src, dst))
             return
+        if kind == "link":
+            src, dst = (self._rel(p) for p in args)
+            if src is None or dst is None or src not in self._names:
+                return
+            self._names[dst] = self._names[src]
+            self.ops.append(("link", src, dst))
+            return
         rel = self._rel(args[0])
         if rel is None and kind == "dirsync" and os.path.abspath(args[0]) == self.root:
             rel = "."  # the root's own entries (a quarantine/ made in the data directory)
@@ -283,6 +290,11 @@ class _Model:
             dp, dn = self._parent(op[2])
             node = dp.current[dn] = sp.current.pop(sn)
             self.uncovered.append((op, [sp, dp], node))
+        elif kind == "link":
+            sp, sn = self._parent(op[1])
+            dp, dn = self._parent(op[2])
+            node = dp.current[dn] = sp.current[sn]  # the same file under a second name
+            self.uncovered.append((op, [dp], node))
         elif kind in ("unlink", "rmtree"):
             parent, name = self._parent(op[1])
             del parent.current[name]
@@ -405,5 +417,9 @@ def _replay(view: dict[str, Any], op: Op, node: _File | _Dir | None) -> None:
             q, dst = parent(op[2])
             if q is not None:
                 q[dst] = p.pop(name)
+    elif kind == "link":
+        q, dst = parent(op[2])
+        if q is not None:
+            q[dst] = node
     else:
         p.pop(name, None)
