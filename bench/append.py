@@ -1,7 +1,8 @@
 """Workload ``append``: durable appends of 1, 10 and 100 items of about 1 KiB each, op by op.
 
-Each backend appends to one conversation of its own, created before the
-clock starts; the pre-zeroed floor reserves (zero-fills and syncs) the space
+Each backend appends to a conversation of its own, created before the
+clock starts (a run longer than one conversation can hold moves on to a second
+one, also created beforehand, so every timed append is an ordinary one); the pre-zeroed floor reserves (zero-fills and syncs) the space
 the run will use beforehand. The backends take turns batch by batch, and
 every batch's wall time is kept: p50, p99, p99.9 and throughput per backend.
 Besides the peers the table has three labelled rows: ``sqlite-text-schema``
@@ -13,8 +14,11 @@ every sync, so each ``fdatasync`` also commits the file system's journal).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
+
+from logstore import MAX_CONVERSATION_ITEMS
 
 from .context import SITE, Ctx
 from .floor_peer import Floor
@@ -25,8 +29,10 @@ def steps(ctx: Ctx) -> int:
     return len(ctx.sizes.append_batches)
 
 
-def _append(b: Any, conv: str, items: list[dict[str, Any]]) -> Callable[[], None]:
-    return lambda: b.append(SITE, conv, items)
+def _append(b: Any, convs: list[str], per_conv: int, items: list[dict[str, Any]]) -> Callable[[], None]:
+    """One timed append: the first ``per_conv`` go to ``convs[0]``, the next ones to ``convs[1]``, ..."""
+    count = itertools.count()
+    return lambda: b.append(SITE, convs[next(count) // per_conv], items)
 
 
 def run(ctx: Ctx) -> list[Row]:
@@ -36,13 +42,16 @@ def run(ctx: Ctx) -> list[Row]:
         items = payloads(batch, ctx.sizes.item_bytes)
         label = f"append {batch}-item batches"
         ctx.progress.step(label)
-        conv = f"append-{batch:04d}"
+        # Timed appends one conversation takes after its untimed first batch, within the item limit.
+        per_conv = MAX_CONVERSATION_ITEMS // batch - 1
+        convs = [f"append-{batch:04d}-{k}" for k in range(-(-n // per_conv))]
         fns: dict[str, Callable[[], None]] = {}
         for b in ctx.append_backends():
-            b.append(SITE, conv, items)  # creation is not what is timed
-            if isinstance(b, Floor):
-                b.reserve(SITE, conv, (n + 1) * batch * (ctx.sizes.item_bytes + 64))
-            fns[b.name] = _append(b, conv, items)
+            for conv in convs:
+                b.append(SITE, conv, items)  # creation is not what is timed
+                if isinstance(b, Floor):
+                    b.reserve(SITE, conv, (min(n, per_conv) + 1) * batch * (ctx.sizes.item_bytes + 64))
+            fns[b.name] = _append(b, convs, per_conv, items)
         samples = interleaved_ops(n, fns, progress=ctx.progress, label=label)
         rows.append(Row("append", f"{label}, one conversation", "ms/batch", higher_better=False, per_op=True,
                         samples=samples, extra={"batch": batch}))
