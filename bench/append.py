@@ -2,8 +2,9 @@
 
 Each backend appends to a conversation of its own, created before the
 clock starts (a run longer than one conversation can hold moves on to a second
-one, also created beforehand, so every timed append is an ordinary one); the pre-zeroed floor reserves (zero-fills and syncs) the space
-the run will use beforehand. The backends take turns batch by batch, and
+one, also created beforehand, so every timed append is an ordinary one); the
+pre-zeroed floor reserves (zero-fills and syncs) the space the run will use
+beforehand. The backends take turns batch by batch, and
 every batch's wall time is kept: p50, p99, p99.9 and throughput per backend.
 Besides the peers the table has three labelled rows: ``sqlite-text-schema``
 (the text-keyed schema this bench used before), ``sqlite-normal``
