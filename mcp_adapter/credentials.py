@@ -127,7 +127,41 @@ def _write_private(path: Path, data: bytes) -> None:
         os.close(dir_fd)
 
 
-class CredentialFile:
+class PasswordChecks:
+    """Password checks shared by every credential source: ``load()`` gives the hashes, ``rehash()`` upgrades one.
+
+    An unknown site costs the same KDF run as a wrong password, so a caller cannot
+    tell the two apart by timing.
+    """
+
+    def load(self) -> dict[str, PasswordHash]:
+        raise NotImplementedError
+
+    def rehash(self, site: str, password: str, old: PasswordHash) -> bool:
+        raise NotImplementedError
+
+    def verify(self, site: str, password: str) -> bool:
+        """True when ``site`` exists and ``password`` is its password."""
+        entry = self.load().get(site)
+        if entry is None:
+            DUMMY_HASH.verify(password)
+            return False
+        return entry.verify(password)
+
+    def login(self, site: str, password: str) -> bool:
+        """:meth:`verify`, and on success replace a hash made with weaker parameters than today's."""
+        entry = self.load().get(site)
+        if entry is None:
+            DUMMY_HASH.verify(password)
+            return False
+        if not entry.verify(password):
+            return False
+        if entry.needs_rehash():
+            self.rehash(site, password, entry)  # best effort: the login stands either way
+        return True
+
+
+class CredentialFile(PasswordChecks):
     """Read and change the site credentials under ``data_dir/auth``."""
 
     def __init__(self, data_dir: str | os.PathLike[str]) -> None:
@@ -165,26 +199,6 @@ class CredentialFile:
     def sites(self) -> list[str]:
         """Site names, sorted."""
         return sorted(self._load_doc()["sites"])
-
-    def verify(self, site: str, password: str) -> bool:
-        """True when ``site`` exists and ``password`` is its password."""
-        entry = self.load().get(site)
-        if entry is None:
-            DUMMY_HASH.verify(password)
-            return False
-        return entry.verify(password)
-
-    def login(self, site: str, password: str) -> bool:
-        """:meth:`verify`, and on success replace a hash made with weaker parameters than today's."""
-        entry = self.load().get(site)
-        if entry is None:
-            DUMMY_HASH.verify(password)
-            return False
-        if not entry.verify(password):
-            return False
-        if entry.needs_rehash():
-            self.rehash(site, password, entry)
-        return True
 
     # -- writing -----------------------------------------------------------
 

@@ -18,12 +18,12 @@ from typing import Any
 from logstore import SiteName
 from logstore.postgres import PgStore
 
-from .credentials import CredentialError, PasswordHash
+from .credentials import CredentialError, PasswordChecks, PasswordHash
 
 _DEMO_KEY = "demo-site.password"
 
 
-class PgCredentials:
+class PgCredentials(PasswordChecks):
     """Read and change site credentials stored in the database of ``store``."""
 
     def __init__(self, store: PgStore) -> None:
@@ -57,29 +57,6 @@ class PgCredentials:
 
     def sites(self) -> list[str]:
         return [str(r[0]) for r in self._rows(f"SELECT site FROM {self._t} ORDER BY site")]
-
-    def verify(self, site: str, password: str) -> bool:
-        from .credentials import DUMMY_HASH
-
-        entry = self.load().get(site)
-        if entry is None:
-            DUMMY_HASH.verify(password)
-            return False
-        return entry.verify(password)
-
-    def login(self, site: str, password: str) -> bool:
-        """:meth:`verify`, and on success replace a hash made with weaker parameters than today's."""
-        from .credentials import DUMMY_HASH
-
-        entry = self.load().get(site)
-        if entry is None:
-            DUMMY_HASH.verify(password)
-            return False
-        if not entry.verify(password):
-            return False
-        if entry.needs_rehash():
-            self.rehash(site, password, entry)
-        return True
 
     # -- writing -----------------------------------------------------------
 
