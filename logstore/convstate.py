@@ -1,0 +1,158 @@
+"""The state one :class:`~logstore.conversation.Conversation` keeps in memory, its files and its locks.
+
+What is kept (active segment, committed end, next seq, last ``recorded_at``,
+the active segment's sparse index) is only ever a cache of the files: it is
+re-derived (:mod:`logstore.recovery`) whenever another process may have
+changed them. The writer (:mod:`logstore.writer`) and the reader
+(:mod:`logstore.reader`) both build on it.
+
+Locking: ``mutex`` serializes threads of this process; the ``lock`` file in
+the directory serializes processes (exclusive for writers, shared for a
+reader that must re-read the tail). Lock order is always conversation, then
+site manifest.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from . import fileio, index, layout, observe
+from .errors import Corrupted, Timeout
+
+
+@dataclass(frozen=True)
+class Options:
+    """Tuning of the engine; the defaults suit production."""
+
+    #: Seconds to wait for a conversation's lock before raising Timeout.
+    lock_timeout: float = 5.0
+    #: A segment is sealed and a new one started past this many bytes.
+    segment_bytes: int = 16 * 1024 * 1024
+    #: Roughly one index entry per this many bytes of segment.
+    index_interval: int = 4096
+
+
+@dataclass(frozen=True)
+class Tip:
+    """What a conversation holds, as seen by the listing."""
+
+    created_us: int
+    last_us: int
+    next_seq: int
+
+
+class ManifestHook:
+    """Where a conversation reports its appends (implemented by the site manifest)."""
+
+    def intent(self, conversation_id: str, tip: Tip, *, new: bool) -> None:
+        raise NotImplementedError
+
+    def commit(self, conversation_id: str, tip: Tip) -> None:
+        raise NotImplementedError
+
+
+def _lock_wait(acquire: Callable[[], bool], deadline: float, started: float) -> None:
+    if acquire():
+        return
+    with observe.timed("lock_wait"):
+        delay = 0.0005
+        while not acquire():
+            now = time.monotonic()
+            if now >= deadline:
+                raise Timeout(now - started)
+            time.sleep(min(delay, max(deadline - now, 0.0)))
+            delay = min(delay * 2, 0.02)
+
+
+
+class ConversationState:
+    """Paths, descriptors, locks and the cached tail of one conversation."""
+
+    def __init__(self, path: str, conversation_id: str, options: Options, manifest: ManifestHook) -> None:
+        self.path = path
+        self.conversation_id = conversation_id
+        self.options = options
+        self.manifest = manifest
+        self.mutex = threading.Lock()
+        self.closed = False
+        self._lock_fd: int | None = None
+        self._loaded = False
+        self._fd: int | None = None  # active segment, read-write
+        self._idx_fd: int | None = None
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        self._loaded = False
+        self._segments: list[int] = []  # base seqs, ascending
+        self._salt = 0
+        self._end = 0  # committed end of the active segment
+        self._sealed_active = False  # the active segment ends with a seal record
+        self._next_seq = 0
+        self._last_us = 0
+        self._created_us: int | None = None
+        self._idx = index.SparseIndex(0, 0)
+        # Entries of our own appends not yet in the index file (see _note_index_entry).
+        self._idx_unwritten: list[bytes] = []
+        self._damage: Corrupted | None = None
+        self._pending_end: int | None = None
+        # base seq -> ((inode, size), (salt, end, index)) of sealed segments read lately.
+        self._sealed_cache: dict[int, tuple[tuple[int, int], tuple[int, int, index.SparseIndex]]] = {}
+
+    def _close_files(self) -> None:
+        for fd in (self._fd, self._idx_fd):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._fd = self._idx_fd = None
+        self._reset_state()
+
+    def _seg_path(self, base: int) -> str:
+        return os.path.join(self.path, layout.segment_name(base))
+
+    def _idx_path(self, base: int) -> str:
+        return os.path.join(self.path, layout.index_name(base))
+
+    def _lock(self, exclusive: bool, deadline: float, started: float) -> None:
+        if self._lock_fd is None:
+            self._lock_fd = fileio.open_create(os.path.join(self.path, layout.LOCK_FILE))
+        fd = self._lock_fd
+        _lock_wait(lambda: fileio.try_lock(fd, exclusive), deadline, started)
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            fileio.unlock(self._lock_fd)
+
+    def _close_active(self) -> None:
+        for fd in (self._fd, self._idx_fd):
+            if fd is not None:
+                os.close(fd)
+        self._fd = self._idx_fd = None
+
+    def _list_segments(self) -> list[int]:
+        try:
+            names = os.listdir(self.path)
+        except FileNotFoundError:
+            return []
+        return sorted(b for b in map(layout.parse_segment_name, names) if b is not None)
+
+
+class ReadOnlyFile:
+    """A read-only descriptor as a context manager."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.fd = -1
+
+    def __enter__(self) -> int:
+        self.fd = os.open(self.path, os.O_RDONLY)
+        return self.fd
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.fd)
+

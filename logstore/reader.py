@@ -1,0 +1,262 @@
+"""The read path: verified items of a seq range, wherever damage lies.
+
+Reads find the segment holding a seq by the segment names (base seqs), the
+record by the segment's sparse index, and walk records from there, verifying
+each. Damage that holds a seq of the range raises Corrupted (with its file
+and offset); seqs a repair recorded as lost raise ItemsLost; every other
+range reads normally.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import time
+from itertools import repeat
+from typing import Any, NoReturn
+
+import msgspec
+
+from . import index
+from .codec import decode_batch
+from .convstate import ReadOnlyFile, Tip
+from .errors import Corrupted, ItemsLost, Loss
+from .frame import KIND_LOSS, KIND_SEAL, SEGMENT_HEADER_SIZE
+from .model import MemoryItem
+from .recovery import Recovery
+from .segment import BadRecord, Gap, gap_at, iter_records
+from .timefmt import format_us
+
+
+class Reader(Recovery):
+    """Reads items and the conversation's extent."""
+
+    def tip(self, deadline: float | None = None) -> Tip | None:
+        """The conversation's current extent (refreshing from disk), or None when empty.
+
+        Raises Timeout if another process holds the conversation past ``deadline``.
+        """
+        self._refresh_for_read(deadline)
+        if self._damage is not None:
+            raise self._damage
+        if self._next_seq == 0 or self._created_us is None:
+            return None
+        return Tip(self._created_us, self._last_us, self._next_seq)
+
+    def _refresh_for_read(self, deadline: float | None = None) -> None:
+        if not os.path.isdir(self.path):
+            self._close_files()
+            self._loaded = True
+            return
+        if not self._stale():
+            return
+        started = time.monotonic()
+        self._lock(False, started + self.options.lock_timeout if deadline is None else deadline, started)
+        try:
+            self._refresh(False)
+        finally:
+            self._unlock()
+
+    def read(self, start: int | None, limit: int) -> list[MemoryItem]:
+        """Up to ``limit`` items from seq ``start`` (None: the last ``limit``). Caller holds ``mutex``.
+
+        Raises Corrupted when the range covers a damaged record, and ItemsLost
+        when it covers seqs a repair recorded as lost; every other range reads
+        normally, wherever the damage lies.
+        """
+        self._refresh_for_read()
+        if limit == 0:
+            return []
+        if self._damage is not None:
+            if start is None or start + limit > self._next_seq:
+                raise self._damage
+        end_seq = self._next_seq
+        if start is None:
+            start = max(0, end_seq - limit)
+        if start >= end_seq:
+            return []
+        stop = min(end_seq, start + limit)
+        out: list[MemoryItem] = []
+        lost: list[Loss] = []
+        segments = self._segments
+        seg_i = max(bisect.bisect_right(segments, start) - 1, 0)
+        while start < stop and seg_i < len(segments):
+            base = segments[seg_i]
+            seg_end = segments[seg_i + 1] if seg_i + 1 < len(segments) else end_seq
+            if seg_end > start:
+                self._read_segment(base, start, min(stop, seg_end), seg_end, out, lost)
+                start = seg_end
+            seg_i += 1
+        if lost:
+            raise ItemsLost(lost)
+        return out
+
+    def _read_segment(
+        self, base: int, start: int, stop: int, seg_end: int, out: list[MemoryItem], lost: list[Loss]
+    ) -> None:
+        path = self._seg_path(base)
+        if base == self._segments[-1]:
+            assert self._fd is not None
+            self._read_records(
+                self._fd, path, self._salt, self._end, self._idx, base, (start, stop, seg_end), out, lost
+            )
+        else:
+            with ReadOnlyFile(path) as fd:
+                try:
+                    salt, end, idx = self._sealed(base, fd)
+                except Corrupted as exc:
+                    raise Corrupted(path, 0, exc.why, base, seg_end - 1) from None
+                self._read_records(fd, path, salt, end, idx, base, (start, stop, seg_end), out, lost)
+
+    def _read_records(
+        self,
+        fd: int,
+        path: str,
+        salt: int,
+        end: int,
+        idx: index.SparseIndex,
+        base: int,
+        span: tuple[int, int, int],
+        out: list[MemoryItem],
+        lost: list[Loss],
+    ) -> None:
+        active = base == self._segments[-1]
+        n_out, n_lost = len(out), len(lost)
+        try:
+            self._collect(fd, path, idx.floor(span[0]), base, end, salt, span, out, lost)
+            return
+        except _StaleEntry:
+            del out[n_out:]
+            del lost[n_lost:]
+        # An index entry did not verify: the index is what is wrong. Rebuild it from the
+        # segment (past any damage) and read again. The active segment's index file is
+        # left to its writer; a sealed one's is rewritten (derived data, nobody appends).
+        fresh = self._build_index(fd, base, salt, end, save=not active)
+        if active:
+            self._idx = fresh
+            self._idx_unwritten.clear()
+        else:
+            st = os.fstat(fd)
+            self._sealed_cache[base] = ((st.st_ino, st.st_size), (salt, end, fresh))
+        try:
+            self._collect(fd, path, fresh.floor(span[0]), base, end, salt, span, out, lost)
+        except _StaleEntry as stale:
+            raise Corrupted(path, stale.offset, "the record an index entry points at changed under the read") from None
+
+    def _collect(
+        self,
+        fd: int,
+        path: str,
+        entry: tuple[int, int] | None,
+        base: int,
+        end: int,
+        salt: int,
+        span: tuple[int, int, int],
+        out: list[MemoryItem],
+        lost: list[Loss],
+    ) -> None:
+        """Walk records from ``entry`` (or the segment's start), collecting seqs ``[start, stop)``.
+
+        Damage whose seqs all lie before ``start`` is walked over (the next
+        valid record says where the log goes on); damage that holds any seq
+        of the range raises Corrupted. Raises _StaleEntry when ``entry`` does
+        not point at a valid record carrying its seq.
+        """
+        start, stop, seg_end = span
+        pos, seq = (entry[1], entry[0]) if entry else (SEGMENT_HEADER_SIZE, base)
+        check_entry = entry is not None
+        while True:
+            try:
+                # The hot loop of every read: plain iter_records, damage handled below.
+                for roff, h, body in iter_records(fd, pos, end, salt):
+                    first, count = h.first_seq, h.count
+                    if check_entry:
+                        if first != seq:
+                            raise _StaleEntry(roff)
+                        check_entry = False
+                    if first != seq:
+                        if seq < first <= start:
+                            seq = first  # a gap in seqs, wholly before the range
+                        else:
+                            raise Corrupted(
+                                path,
+                                roff,
+                                f"expected seq {seq}, record starts at {first}",
+                                seq,
+                                first - 1 if first > seq else None,
+                            )
+                    kind = h.kind
+                    if kind == KIND_SEAL:
+                        return
+                    seq = first + count
+                    if seq <= start:
+                        continue
+                    if kind == KIND_LOSS:
+                        lost.append(_loss(path, roff, first, count, body))
+                    else:
+                        try:
+                            items: list[dict[str, Any]] = decode_batch(body)
+                        except Exception as exc:
+                            why = f"batch body is not a JSON array of objects: {exc}"
+                            raise Corrupted(path, roff, why, first, seq - 1) from None
+                        if len(items) != count:
+                            why = f"batch holds {len(items)} items, header says {count}"
+                            raise Corrupted(path, roff, why, first, seq - 1)
+                        lo = max(start - first, 0)
+                        hi = min(stop - first, count)
+                        if lo or hi < count:
+                            items = items[lo:hi]
+                        # map() builds the items in C: per item this is most of a replay's overhead.
+                        stamp = format_us(h.recorded_at_us)
+                        out.extend(map(MemoryItem, range(first + lo, first + hi), repeat(stamp), items))
+                    if seq >= stop:
+                        return
+                return
+            except BadRecord as bad:
+                gap = gap_at(fd, bad, end, salt)
+            if check_entry:
+                raise _StaleEntry(gap.offset)
+            resume = gap.resume
+            if resume is None or resume[1].first_seq <= seq:
+                self._damage_without_resume(path, gap, seq, seg_end, base)
+            if resume[1].first_seq > start:
+                raise Corrupted(path, gap.offset, gap.why, seq, resume[1].first_seq - 1)
+            pos, seq = resume[0], resume[1].first_seq  # the damage lies wholly before the range
+
+    def _damage_without_resume(self, path: str, gap: Gap, seq: int, seg_end: int, base: int) -> NoReturn:
+        """Raise Corrupted for damage that no valid record follows in its segment.
+
+        The damaged stretch ends with the segment, at ``seg_end``. In the
+        active segment that makes it the record the next append would follow:
+        it is remembered, so that appends refuse it (as they would after a
+        restart) and the tail is verified again on the next call.
+        """
+        last: int | None = seg_end - 1 if seg_end > seq else None
+        exc = Corrupted(path, gap.offset, gap.why, seq, last)
+        if base == self._segments[-1]:
+            self._damage = exc
+        raise exc
+
+
+class _StaleEntry(Exception):
+    """An index entry did not point at a valid record carrying its seq."""
+
+    def __init__(self, offset: int) -> None:
+        super().__init__(offset)
+        self.offset = offset
+
+
+def _loss(path: str, offset: int, first: int, count: int, body: memoryview | bytes) -> Loss:
+    """The :class:`Loss` a loss record stands for (its body names where the damaged bytes went)."""
+    quarantine: str | None = None
+    try:
+        info = _LOSS_BODY.decode(body)
+        q = info.get("quarantine")
+        quarantine = q if isinstance(q, str) else None
+    except msgspec.DecodeError:
+        pass
+    return Loss(first, first + count - 1, path, offset, quarantine)
+
+
+_LOSS_BODY = msgspec.json.Decoder(type=dict[str, Any])
+

@@ -1,0 +1,313 @@
+"""Recovery on open: find where a conversation's log ends, and what of it can be trusted.
+
+The active segment's committed end is found from its sparse index (the
+newest entry that points at a valid record of the right seq) and a forward
+walk over the records after it. A record that fails verification at the end
+is a torn tail (cut away by a writer) or damage (remembered and reported as
+Corrupted), as :func:`logstore.segment.classify_failure` decides; damage
+followed by a valid record is walked over. Sealed segments' indexes are
+loaded, or rebuilt from their records, here too.
+"""
+
+from __future__ import annotations
+
+import os
+
+from . import fileio, frame, index
+from .convstate import ConversationState, ReadOnlyFile
+from .errors import Corrupted
+from .frame import KIND_BATCH, KIND_SEAL, SEGMENT_HEADER_SIZE
+from .segment import BadRecord, Gap, classify_failure, find_next_record, iter_records, walk
+
+
+class Recovery(ConversationState):
+    """Brings the cached state of :class:`ConversationState` in line with the files."""
+
+    def _load(self, writable: bool) -> None:
+        """Open the active segment and verify its tail (under the file lock)."""
+        self._close_files()
+        self._segments = self._list_segments()
+        self._loaded = True
+        if not self._segments:
+            return
+        try:
+            self._open_active(self._segments[-1], writable)
+            if self._next_seq > 0:
+                self._created_us = self._first_record_time(self._segments[0])
+        except BaseException:
+            # Never keep a half-loaded state (e.g. a damaged segment header): the
+            # next call must load again and report the damage again.
+            self._close_files()
+            raise
+
+    def _first_record_time(self, base: int) -> int | None:
+        """recorded_at of the conversation's first batch, or None.
+
+        When the first record is damaged its time cannot be verified: the
+        first intact record's is used instead (the closest later bound), so
+        damage there never stops the conversation from loading.
+        """
+        path = self._seg_path(base)
+        try:
+            with ReadOnlyFile(path) as fd:
+                header = frame.decode_segment_header(os.pread(fd, SEGMENT_HEADER_SIZE, 0))
+                if header is None:
+                    return None
+                for rec in walk(fd, SEGMENT_HEADER_SIZE, os.fstat(fd).st_size, header.salt):
+                    if not isinstance(rec, Gap) and rec[1].kind != KIND_SEAL:
+                        return rec[1].recorded_at_us
+        except FileNotFoundError:
+            return None
+        return None
+
+    def _open_active(self, base: int, writable: bool) -> None:
+        path = self._seg_path(base)
+        fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+        self._fd = fd
+        header = frame.decode_segment_header(os.pread(fd, SEGMENT_HEADER_SIZE, 0))
+        if header is None or header.base_seq != base:
+            # Without its salt no record of the segment can be verified: the log is
+            # readable up to the segment's base seq (its name), and appends refuse.
+            self._damage = Corrupted(path, 0, "segment header is missing or invalid", base)
+            self._next_seq = base
+            self._end = 0
+            return
+        self._salt = header.salt
+        size = os.fstat(fd).st_size
+        idx = index.load(self._idx_path(base), base, header.salt, size)
+        start, seq = SEGMENT_HEADER_SIZE, base
+        index_ok = idx is not None and idx.complete
+        if idx is None:
+            idx = index.SparseIndex(base, header.salt)
+        # Trust the newest index entry that points at a valid record of the right seq.
+        while idx.seqs:
+            s, off = idx.seqs[-1], idx.offsets[-1]
+            try:
+                _, h, _ = next(iter_records(fd, off, size, header.salt))
+                if h.first_seq == s:
+                    start, seq = off, s
+                    break
+            except (BadRecord, StopIteration):
+                pass
+            idx.drop_from(len(idx.seqs) - 1)
+            index_ok = False
+        self._idx = idx
+        self._end = start
+        self._next_seq = seq
+        self._sealed_active = False
+        entries = len(idx.seqs)
+        self._scan_forward(writable, size)
+        if writable:
+            if index_ok and len(self._idx.seqs) == entries:
+                # The file already says exactly this: keep it, so other writers' descriptors stay valid.
+                self._idx_fd = os.open(self._idx_path(base), os.O_WRONLY | os.O_APPEND)
+            else:
+                self._idx_fd = index.open_for_append(self._idx_path(base), self._idx)
+
+    def _scan_forward(self, writable: bool, size: int | None = None) -> None:
+        """Walk records from the committed end to EOF, adopting whole ones.
+
+        A torn tail is cut away when ``writable`` (we hold the exclusive lock).
+        Damage with a valid record after it is walked over: the log goes on at
+        that record, and only reads that cover the damage report it. Damage to
+        the last record (nothing valid follows) is recorded and raised as
+        Corrupted by appends and by reads that reach it.
+        """
+        fd = self._fd
+        assert fd is not None
+        if size is None:
+            size = os.fstat(fd).st_size
+        path = self._seg_path(self._idx.base_seq)
+        last_indexed = self._idx.last_offset()
+        # Records we did not write may follow ours: our unwritten entries would now land
+        # after theirs, out of order, so they stay in memory only.
+        self._idx_unwritten.clear()
+        pos = self._end
+        while True:
+            try:
+                for off, h, _body in iter_records(fd, pos, size, self._salt):
+                    if self._sealed_active:
+                        raise BadRecord(off, "record after the segment's seal")
+                    if h.first_seq != self._next_seq:
+                        raise BadRecord(off, f"expected seq {self._next_seq}, record starts at {h.first_seq}")
+                    if h.kind == KIND_SEAL:
+                        self._sealed_active = True
+                    else:
+                        if (
+                            h.kind == KIND_BATCH
+                            and off - last_indexed >= self.options.index_interval
+                            and off > SEGMENT_HEADER_SIZE
+                        ):
+                            # In memory only: the process that wrote the record wrote its entry.
+                            self._idx.add(h.first_seq, off)
+                            last_indexed = off
+                        self._last_us = h.recorded_at_us
+                        self._next_seq = h.end_seq
+                    self._end = off + h.size
+                break
+            except BadRecord as bad:
+                after_seal = "after the segment's seal" in bad.why
+                seq_problem = after_seal or bad.why.startswith("expected seq")
+                if not seq_problem and classify_failure(fd, bad.offset, size, self._salt) == "torn":
+                    if writable:
+                        # Never acknowledged: cut it away, and the stale index entries with it.
+                        fileio.truncate(fd, bad.offset)
+                        self._idx.truncate_before_offset(bad.offset)
+                        if self._idx_fd is not None:
+                            os.close(self._idx_fd)
+                            self._idx_fd = index.open_for_append(self._idx_path(self._idx.base_seq), self._idx)
+                    break
+                nxt = None if after_seal else find_next_record(fd, bad.offset, size, self._salt, self._next_seq + 1)
+                if nxt is None:
+                    self._damage = self._tail_damage(fd, path, bad)
+                    break
+                # Damage in the middle: the log goes on at the next valid record.
+                pos, self._next_seq = nxt[0], nxt[1].first_seq
+                self._end = pos
+        if self._last_us == 0 and self._next_seq > 0:
+            self._last_us = self._last_record_time()
+
+    def _tail_damage(self, fd: int, path: str, bad: BadRecord) -> Corrupted:
+        """Corrupted for damage at the end of the active segment: every seq from it on is unreadable."""
+        why = bad.why
+        raw = os.pread(fd, frame.RECORD_HEADER_SIZE, bad.offset)
+        if len(raw) == frame.RECORD_HEADER_SIZE and not why.startswith("expected seq"):
+            h = frame.decode_record_header(raw)
+            if frame.plausible(h) and h.first_seq == self._next_seq and h.count > 0:
+                # Only a hint: nothing after the record can confirm its count.
+                why += f"; its header, unverified, says it holds seqs {h.first_seq}..{h.end_seq - 1}"
+        return Corrupted(path, bad.offset, why, self._next_seq)
+
+    def _last_record_time(self) -> int:
+        """recorded_at of the last intact record at or before the end (0 when none can be read).
+
+        Read from the active segment (from its last index entry), else from the
+        previous segment's seal, which carries its last batch's time, else from
+        that segment's last intact record.
+        """
+        assert self._fd is not None
+        last = 0
+        start = self._idx.last_offset() or SEGMENT_HEADER_SIZE
+        for rec in walk(self._fd, start, self._end, self._salt):
+            if not isinstance(rec, Gap) and rec[1].kind != KIND_SEAL:
+                last = rec[1].recorded_at_us
+        if last == 0 and len(self._segments) > 1:
+            # The active segment holds only its header (or a seal): ask the previous one.
+            prev = self._segments[-2]
+            try:
+                with ReadOnlyFile(self._seg_path(prev)) as fd:
+                    salt, end, idx = self._sealed(prev, fd)
+                    seal = _record_ending_at(fd, end, salt)
+                    if seal is not None:
+                        return seal.recorded_at_us
+                    for rec in walk(fd, idx.last_offset() or SEGMENT_HEADER_SIZE, end, salt):
+                        if not isinstance(rec, Gap):
+                            last = rec[1].recorded_at_us
+            except (Corrupted, FileNotFoundError):
+                pass  # nothing readable there: the clock alone stamps the next batch
+        return last
+
+    def _refresh(self, writable: bool) -> None:
+        """Bring the in-memory state up to date with the files (file lock held)."""
+        if not self._loaded or self._fd is None:
+            self._load(writable)
+            return
+        if (writable and self._idx_fd is None) or self._damage is not None:
+            self._load(writable)
+            return
+        size = os.fstat(self._fd).st_size
+        if size < self._end:
+            self._load(writable)
+            return
+        if size > self._end:
+            self._scan_forward(writable, size)
+        if self._sealed_active:
+            nxt = self._list_segments()
+            if nxt and nxt[-1] > self._idx.base_seq:
+                self._segments = nxt
+                self._sealed_cache.clear()
+                self._close_active()
+                try:
+                    self._open_active(nxt[-1], writable)
+                except BaseException:
+                    self._close_files()
+                    raise
+
+    def _stale(self) -> bool:
+        """True when another process may have changed the files since we looked."""
+        if not self._loaded or self._fd is None or self._damage is not None:
+            return True  # known damage is re-checked each time: an operator may have repaired it
+        return os.fstat(self._fd).st_size != self._end or self._sealed_active
+
+    def _sealed(self, base: int, fd: int) -> tuple[int, int, index.SparseIndex]:
+        """``(salt, end, index)`` of the sealed segment open as ``fd``, building its index if needed.
+
+        The cache is keyed by the file's identity and size, so a segment that a
+        repair replaced is read afresh.
+        """
+        st = os.fstat(fd)
+        cached = self._sealed_cache.get(base)
+        if cached is not None and cached[0] == (st.st_ino, st.st_size):
+            return cached[1]
+        path = self._seg_path(base)
+        header = frame.decode_segment_header(os.pread(fd, SEGMENT_HEADER_SIZE, 0))
+        if header is None or header.base_seq != base:
+            raise Corrupted(path, 0, "segment header is missing or invalid", base)
+        idx = index.load(self._idx_path(base), base, header.salt, st.st_size)
+        if idx is None or not idx.complete:
+            # Missing, not this segment's, or malformed entries (a power cut can zero them):
+            # rebuild it from the segment and save it, so the file is whole again.
+            idx = self._build_index(fd, base, header.salt, st.st_size, save=True)
+        if len(self._sealed_cache) >= 8:
+            self._sealed_cache.pop(next(iter(self._sealed_cache)))
+        result = (header.salt, st.st_size, idx)
+        self._sealed_cache[base] = ((st.st_ino, st.st_size), result)
+        return result
+
+    def _build_index(self, fd: int, base: int, salt: int, size: int, *, save: bool) -> index.SparseIndex:
+        """A segment's index from its records, past any damage; saved (best effort) when ``save``.
+
+        Damage is walked over to the next valid record, so the index never
+        stops short of it. A segment with damage keeps its index file as it
+        is (it is only ever used after verification): derived data is never
+        rewritten around damage.
+        """
+        idx = index.SparseIndex(base, salt)
+        last = 0
+        interval = self.options.index_interval
+        damaged = False
+        for rec in walk(fd, SEGMENT_HEADER_SIZE, size, salt):
+            if isinstance(rec, Gap):
+                damaged = True
+                continue
+            off, h, _ = rec
+            if h.kind == KIND_BATCH and off - last >= interval and off > SEGMENT_HEADER_SIZE:
+                if idx.seqs and h.first_seq <= idx.seqs[-1]:
+                    damaged = True  # out of order: only damaged data can say so; never index it
+                    continue
+                idx.add(h.first_seq, off)
+                last = off
+        if save and not damaged:
+            try:
+                index.write(self._idx_path(base), idx)
+            except OSError:
+                pass
+        return idx
+
+
+def _record_ending_at(fd: int, end: int, salt: int) -> frame.RecordHeader | None:
+    """The valid record whose trailer ends at byte ``end``, if there is one."""
+    if end < SEGMENT_HEADER_SIZE + frame.RECORD_OVERHEAD:
+        return None
+    found = frame.trailer_at_end(os.pread(fd, frame.TRAILER_SIZE, end - frame.TRAILER_SIZE), frame.TRAILER_SIZE)
+    if found is None:
+        return None
+    start = end - frame.RECORD_OVERHEAD - found[1]
+    if start < SEGMENT_HEADER_SIZE:
+        return None
+    data = os.pread(fd, end - start, start)
+    h = frame.decode_record_header(data)
+    if not frame.plausible(h) or h.size != len(data) or not frame.checksum_ok(data, 0, h, salt):
+        return None
+    return h
+
