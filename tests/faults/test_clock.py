@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from logstore import FileStore, conversation, fileio, frame
+from logstore import FileStore, fileio, frame, writer
 from logstore.timefmt import parse_rfc3339
 
 from ._common import (
@@ -53,7 +53,7 @@ class Clock:
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     c = Clock(T0)
     fake: Callable[[], int] = c
-    monkeypatch.setattr(conversation, "now_us", fake)
+    monkeypatch.setattr(writer, "now_us", fake)
     return c
 
 
