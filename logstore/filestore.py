@@ -9,8 +9,8 @@ import stat
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -27,6 +27,7 @@ from .model import (
     ListSelector,
     MemoryItem,
     Range,
+    RawMemoryItem,
     ReadSelector,
     SeqRange,
     Tail,
@@ -34,6 +35,8 @@ from .model import (
 from .quota import SiteQuota, UsageTracker
 from .store import MemoryStore
 from .timefmt import format_us, parse_rfc3339
+
+_Item = TypeVar("_Item", MemoryItem, RawMemoryItem)
 
 FORMAT_NAME = "convmem-logstore"
 FORMAT_VERSION = 1
@@ -269,6 +272,19 @@ class FileStore(MemoryStore):
         return first, last
 
     def read(self, site: str, conversation_id: str, selector: ReadSelector) -> list[MemoryItem]:
+        return self._read(site, conversation_id, selector, Conversation.read)
+
+    def read_raw(self, site: str, conversation_id: str, selector: ReadSelector) -> list[RawMemoryItem]:
+        # The payloads are the bytes of the verified records: nothing is decoded or re-encoded.
+        return self._read(site, conversation_id, selector, Conversation.read_raw)
+
+    def _read(
+        self,
+        site: str,
+        conversation_id: str,
+        selector: ReadSelector,
+        method: Callable[[Conversation, int | None, int], list[_Item]],
+    ) -> list[_Item]:
         self._check_open()
         site = SiteName(site)
         conversation_id = ConversationId(conversation_id)
@@ -288,7 +304,7 @@ class FileStore(MemoryStore):
             started = time.monotonic()
             conv = self._acquire(site, conversation_id, started + self.options.lock_timeout, started)
             try:
-                return conv.read(start, limit)
+                return method(conv, start, limit)
             finally:
                 conv.mutex.release()
         except StoreError:

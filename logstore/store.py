@@ -13,7 +13,11 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from .model import ConversationListing, ListSelector, MemoryItem, ReadSelector, SeqRange
+import msgspec
+
+from .model import ConversationListing, ListSelector, MemoryItem, RawMemoryItem, ReadSelector, SeqRange
+
+_encoder = msgspec.json.Encoder()
 
 
 class MemoryStore(abc.ABC):
@@ -41,6 +45,19 @@ class MemoryStore(abc.ABC):
         An unknown conversation, or a start past the end, reads as ``[]``.
         Every returned item's record has had its checksum verified.
         """
+
+    def read_raw(self, site: str, conversation_id: str, selector: ReadSelector) -> list[RawMemoryItem]:
+        """:meth:`read`, with each payload as the compact JSON bytes of its object instead of a dict.
+
+        For callers that only pass items on (the MCP server writes them into
+        its response): a backend that keeps payloads as JSON can skip
+        decoding them. The same items, checks and errors as :meth:`read`;
+        this default encodes what :meth:`read` returns.
+        """
+        return [
+            RawMemoryItem(i.seq, i.recorded_at, msgspec.Raw(_encoder.encode(i.payload)))
+            for i in self.read(site, conversation_id, selector)
+        ]
 
     @abc.abstractmethod
     def list_conversations(self, site: str, selector: ListSelector) -> ConversationListing:
