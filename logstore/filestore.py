@@ -42,6 +42,15 @@ FORMAT_NAME = "convmem-logstore"
 FORMAT_VERSION = 1
 
 
+def _bounds(selector: ReadSelector) -> tuple[int | None, int]:
+    """``(start, limit)`` of a selector; start None for a tail."""
+    if isinstance(selector, Tail):
+        return None, selector.count
+    if isinstance(selector, Range):
+        return selector.start, selector.limit
+    raise TypeError(f"selector must be Tail or Range, not {type(selector).__name__}")
+
+
 def _io(exc: OSError, what: str) -> Io:
     return Io(f"{what}: {os.strerror(exc.errno) if exc.errno else exc}", exc.errno)
 
@@ -278,6 +287,36 @@ class FileStore(MemoryStore):
         # The payloads are the bytes of the verified records: nothing is decoded or re-encoded.
         return self._read(site, conversation_id, selector, Conversation.read_raw)
 
+    def try_read_raw(
+        self, site: str, conversation_id: str, selector: ReadSelector, max_bytes: int
+    ) -> list[RawMemoryItem] | None:
+        # Only a conversation already open, whose mutex is free, whose file lock is free
+        # or not needed, and whose range lies in the active segment within max_bytes.
+        self._check_open()
+        site = SiteName(site)
+        conversation_id = ConversationId(conversation_id)
+        start, limit = _bounds(selector)
+        key = (site, conversation_id)
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            conv = self._convs.get(key)
+            if conv is None or conv.closed:
+                return None
+            self._convs.move_to_end(key)
+        finally:
+            self._lock.release()
+        if not conv.mutex.acquire(blocking=False):
+            return None
+        try:
+            return None if conv.closed else conv.try_read_raw(start, limit, max_bytes)
+        except StoreError:
+            raise
+        except OSError as exc:
+            raise _io(exc, "read failed") from exc
+        finally:
+            conv.mutex.release()
+
     def _read(
         self,
         site: str,
@@ -288,12 +327,7 @@ class FileStore(MemoryStore):
         self._check_open()
         site = SiteName(site)
         conversation_id = ConversationId(conversation_id)
-        if isinstance(selector, Tail):
-            start, limit = None, selector.count
-        elif isinstance(selector, Range):
-            start, limit = selector.start, selector.limit
-        else:
-            raise TypeError(f"selector must be Tail or Range, not {type(selector).__name__}")
+        start, limit = _bounds(selector)
         try:
             # An open conversation re-checks its directory itself (Conversation.read);
             # only an unknown one is looked up here, so it is never created by a read.

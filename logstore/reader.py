@@ -20,7 +20,7 @@ import msgspec
 from . import index
 from .codec import BadBatchBody, decode_batch, split_batch
 from .convstate import ReadOnlyFile, Tip
-from .errors import Corrupted, ItemsLost, Loss
+from .errors import Corrupted, ItemsLost, Loss, Timeout
 from .frame import KIND_LOSS, KIND_SEAL, SEGMENT_HEADER_SIZE
 from .model import MemoryItem, RawMemoryItem
 from .recovery import Recovery
@@ -79,8 +79,36 @@ class Reader(Recovery):
         self._read(start, limit, True, out)
         return out
 
-    def _read(self, start: int | None, limit: int, raw: bool, out: list[Any]) -> None:
-        self._refresh_for_read()
+    def try_read_raw(self, start: int | None, limit: int, max_bytes: int) -> list[RawMemoryItem] | None:
+        """:meth:`read_raw` if it needs no waiting and little reading, else None. Caller holds ``mutex``.
+
+        None when the file lock is taken by another process (the cached tail
+        could not be refreshed without waiting), when known damage must be
+        re-checked, when the range starts before the active segment, or when
+        the records from the range's index entry to the end of the segment
+        exceed ``max_bytes``. For callers that must not block (an event loop)
+        and fall back to a thread on None.
+        """
+        try:
+            self._refresh_for_read(time.monotonic())  # tries the lock once, never sleeps
+        except Timeout:
+            return None
+        if self._fd is None or self._damage is not None or not self._segments:
+            return None
+        first = max(0, self._next_seq - limit) if start is None else start
+        if first < self._next_seq:
+            if first < self._segments[-1]:
+                return None
+            entry = self._idx.floor(first)
+            if self._end - (entry[1] if entry else SEGMENT_HEADER_SIZE) > max_bytes:
+                return None
+        out: list[RawMemoryItem] = []
+        self._read(start, limit, True, out, refreshed=True)
+        return out
+
+    def _read(self, start: int | None, limit: int, raw: bool, out: list[Any], refreshed: bool = False) -> None:
+        if not refreshed:
+            self._refresh_for_read()
         if limit == 0:
             return
         if self._damage is not None:

@@ -59,6 +59,18 @@ class MemoryStore(abc.ABC):
             for i in self.read(site, conversation_id, selector)
         ]
 
+    def try_read_raw(
+        self, site: str, conversation_id: str, selector: ReadSelector, max_bytes: int
+    ) -> list[RawMemoryItem] | None:
+        """:meth:`read_raw` when it can be answered at once, without waiting; else None.
+
+        For a caller on an event loop: None (this default, always) means "call
+        :meth:`read_raw` in a thread". An implementation answers only when it
+        needs no lock another holder could keep and reads about ``max_bytes``
+        or less; its answers and errors are those of :meth:`read_raw`.
+        """
+        return None
+
     @abc.abstractmethod
     def list_conversations(self, site: str, selector: ListSelector) -> ConversationListing:
         """One page of the site's conversations, most recently appended first.
