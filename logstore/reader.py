@@ -32,6 +32,14 @@ from .timefmt import format_us
 _Span = tuple[int, int, int, bool]
 
 
+#: Bound of each of the two caches below (cleared whole when full; entries are tiny).
+_CACHE_MAX = 4096
+#: ``recorded_at`` text by microseconds: a record read again formats nothing.
+_STAMPS: dict[int, str] = {}
+#: Segment file paths by (conversation directory, base seq), named in errors only.
+_SEG_PATHS: dict[tuple[str, int], str] = {}
+
+
 class Reader(Recovery):
     """Reads items and the conversation's extent."""
 
@@ -48,6 +56,11 @@ class Reader(Recovery):
         return Tip(self._created_us, self._last_us, self._next_seq)
 
     def _refresh_for_read(self, deadline: float | None = None) -> None:
+        fd = self._fd
+        if fd is not None and not self._stale() and os.fstat(fd).st_nlink:
+            # The common case without a path lookup: nothing changed since we looked, and the
+            # active segment is still linked (its directory was not removed).
+            return
         if not os.path.isdir(self.path):
             self._close_files()
             self._loaded = True
@@ -134,7 +147,11 @@ class Reader(Recovery):
             raise ItemsLost(lost)
 
     def _read_segment(self, base: int, span: _Span, out: list[Any], lost: list[Loss]) -> None:
-        path = self._seg_path(base)
+        path = _SEG_PATHS.get((self.path, base))
+        if path is None:
+            if len(_SEG_PATHS) >= _CACHE_MAX:
+                _SEG_PATHS.clear()
+            path = _SEG_PATHS[(self.path, base)] = self._seg_path(base)
         if base == self._segments[-1]:
             assert self._fd is not None
             self._read_records(self._fd, path, self._salt, self._end, self._idx, base, span, out, lost)
@@ -253,7 +270,12 @@ class Reader(Recovery):
                             why = f"batch body is not a JSON array of objects: {exc}"
                             raise Corrupted(path, roff, why, first, seq - 1) from None
                         # map() builds the items in C: per item this is most of a replay's overhead.
-                        stamp = format_us(h.recorded_at_us)
+                        us = h.recorded_at_us
+                        stamp = _STAMPS.get(us)
+                        if stamp is None:
+                            if len(_STAMPS) >= _CACHE_MAX:
+                                _STAMPS.clear()
+                            stamp = _STAMPS[us] = format_us(us)
                         make = RawMemoryItem if raw else MemoryItem
                         out.extend(map(make, range(first + lo, first + hi), repeat(stamp), items))
                     if seq >= stop:
