@@ -17,7 +17,7 @@ import msgspec
 import pytest
 from logstore_helpers import segment_files
 
-from logstore import Corrupted, FileStore, Range, Tail, frame
+from logstore import Corrupted, FileStore, Range, Tail, frame, reader
 from logstore.frame import SEGMENT_HEADER_SIZE
 from logstore.segment import BadRecord, iter_records
 
@@ -140,3 +140,36 @@ def test_a_bad_body_with_a_valid_checksum_is_corrupted_for_every_read_of_it(tmp_
                 with pytest.raises(Corrupted) as info:
                     read(SITE, "conv-reads-3", selector)
                 assert info.value.offset == offset, (case, selector)
+
+
+def test_a_large_batch_read_in_part_is_kept_split_until_its_record_changes(tmp_path: Path) -> None:
+    big = [{"n": i, "t": "é" * 2000} for i in range(40)]  # one ~160 KB batch: kept split once read in part
+    with FileStore(str(tmp_path)) as store:
+        store.append(SITE, "conv-reads-4", [{"n": -1}])
+        store.append(SITE, "conv-reads-4", big)  # seqs 1-40
+        for _ in range(3):  # the first read splits and keeps it; the others are served from the split
+            assert [i.payload for i in store.read(SITE, "conv-reads-4", Tail(5))] == big[-5:]
+            assert [i.payload for i in store.read(SITE, "conv-reads-4", Range(3, 4))] == big[2:6]
+            _same(store, "conv-reads-4", Range(10, 7))
+            _same(store, "conv-reads-4", Tail(41))
+    (seg,) = segment_files(str(tmp_path))
+    assert any(path == seg for path, _ in reader._SPLITS._entries)  # the later reads were served split
+    fd = os.open(seg, os.O_RDWR)
+    try:
+        salt = frame.decode_segment_header(os.pread(fd, SEGMENT_HEADER_SIZE, 0)).salt  # type: ignore[union-attr]
+        offset, h, body = next(
+            (o, h, bytes(b)) for o, h, b in iter_records(fd, SEGMENT_HEADER_SIZE, 1 << 30, salt) if h.count == 40
+        )
+        forged = body.replace(b'{"n":39', b'["n",39', 1)  # same length, valid checksum, not an object
+        os.pwrite(fd, frame.encode_record(salt, h.kind, h.first_seq, h.count, h.recorded_at_us, forged), offset)
+    finally:
+        os.close(fd)
+    # The split of the old record is still cached in this process: the header on disk no longer
+    # matches it, so the record is read again, and found bad, by every read that returns part of it.
+    with FileStore(str(tmp_path)) as again:
+        for selector in (Tail(5), Range(3, 4), Tail(41)):
+            for name in ("read", "read_raw"):
+                with pytest.raises(Corrupted) as info:
+                    getattr(again, name)(SITE, "conv-reads-4", selector)
+                assert info.value.offset == offset
+        assert [i.payload for i in again.read(SITE, "conv-reads-4", Range(0, 1))] == [{"n": -1}]
