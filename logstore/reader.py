@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 import msgspec
 
 from . import index
-from .codec import BadBatchBody, decode_batch, decode_items, split_batch
+from .codec import BadBatchBody, batch_decoder, decode_batch, decode_items, split_batch
 from .convstate import ReadOnlyFile, Tip
 from .errors import Corrupted, ItemsLost, Loss, Timeout
 from .frame import KIND_LOSS, KIND_SEAL, RECORD_HEADER, RECORD_HEADER_SIZE, SEGMENT_HEADER_SIZE, RecordHeader
@@ -275,6 +275,9 @@ class Reader(Recovery):
         """
         start, stop, seg_end, raw = span
         make: Callable[..., Any] = RawMemoryItem if raw else MemoryItem
+        decode = batch_decoder.decode
+        stamps = _STAMPS
+        items: list[Any]
         pos, seq = (entry[1], entry[0]) if entry else (SEGMENT_HEADER_SIZE, base)
         check_entry = entry is not None
         if check_entry and (cached := self._cached_split(fd, path, pos, end, seq)) is not None:
@@ -286,7 +289,7 @@ class Reader(Recovery):
             if seq > start:
                 lo, hi = max(start - first, 0), min(stop - first, count)
                 try:
-                    items: list[Any] = parts[lo:hi] if raw else decode_items(parts[lo:hi])
+                    items = parts[lo:hi] if raw else decode_items(parts[lo:hi])
                 except Exception as exc:
                     why = f"batch body is not a JSON array of objects: {exc}"
                     raise Corrupted(path, pos - h.size, why, first, seq - 1) from None
@@ -297,7 +300,7 @@ class Reader(Recovery):
             try:
                 # The hot loop of every read: plain iter_records, damage handled below.
                 for roff, h, body in iter_records(fd, pos, end, salt):
-                    first, count = h.first_seq, h.count
+                    _, _, count, kind, first, us = h
                     if check_entry:
                         if first != seq:
                             raise _StaleEntry(roff)
@@ -313,7 +316,6 @@ class Reader(Recovery):
                                 seq,
                                 first - 1 if first > seq else None,
                             )
-                    kind = h.kind
                     if kind == KIND_SEAL:
                         return
                     seq = first + count
@@ -322,31 +324,25 @@ class Reader(Recovery):
                     if kind == KIND_LOSS:
                         lost.append(_loss(path, roff, first, count, body))
                     else:
-                        lo = max(start - first, 0)
-                        hi = min(stop - first, count)
-                        try:
-                            if raw or ((lo or hi < count) and h.body_len >= _SPLIT_MIN):
-                                # Passed on undecoded, or part of a large batch: the split checks
-                                # the whole body's shape; a large one is kept for the next read.
-                                parts = split_batch(body, count)
-                                if h.body_len >= _SPLIT_MIN and (lo or hi < count):
-                                    _SPLITS.put(path, roff, h, parts)
-                                items = parts[lo:hi] if raw else decode_items(parts[lo:hi])
-                            else:
-                                # Decoding the whole body is what checks it, and msgspec decodes
-                                # as fast as it can merely split one: measured, no gain in less.
-                                items = decode_batch(body)
-                                if len(items) != count:
-                                    raise BadBatchBody(f"batch holds {len(items)} items, header says {count}")
-                                if lo or hi < count:
-                                    items = items[lo:hi]
-                        except BadBatchBody as exc:
-                            raise Corrupted(path, roff, str(exc), first, seq - 1) from None
-                        except Exception as exc:
-                            why = f"batch body is not a JSON array of objects: {exc}"
-                            raise Corrupted(path, roff, why, first, seq - 1) from None
+                        lo = start - first if start > first else 0
+                        hi = stop - first if stop < seq else count
+                        if raw or lo or hi < count:
+                            items = self._part(path, roff, h, body, lo, hi, raw)
+                        else:
+                            # The whole batch: decoding it is what checks it, in one pass.
+                            try:
+                                items = decode(body)
+                            except Exception as exc:
+                                why = f"batch body is not a JSON array of objects: {exc}"
+                                raise Corrupted(path, roff, why, first, seq - 1) from None
+                            if len(items) != count:
+                                why = f"batch holds {len(items)} items, header says {count}"
+                                raise Corrupted(path, roff, why, first, seq - 1)
+                        stamp = stamps.get(us)
+                        if stamp is None:
+                            stamp = _stamp(h)
                         # map() builds the items in C: per item this is most of a replay's overhead.
-                        out.extend(map(make, range(first + lo, first + hi), repeat(_stamp(h)), items))
+                        out.extend(map(make, range(first + lo, first + hi), repeat(stamp), items))
                     if seq >= stop:
                         return
                 return
@@ -360,6 +356,32 @@ class Reader(Recovery):
             if resume[1].first_seq > start:
                 raise Corrupted(path, gap.offset, gap.why, seq, resume[1].first_seq - 1)
             pos, seq = resume[0], resume[1].first_seq  # the damage lies wholly before the range
+
+    def _part(
+        self, path: str, offset: int, h: RecordHeader, body: memoryview, lo: int, hi: int, raw: bool
+    ) -> list[Any]:
+        """Items ``[lo, hi)`` of a verified batch record, raw or decoded, after checking the whole body's shape.
+
+        A large batch read in part is kept split for the next read (:class:`_SplitCache`).
+        Decoding a whole body is what checks it, and msgspec decodes as fast as it can
+        merely split one (measured), so a small batch is decoded whole and sliced.
+        """
+        first, count = h.first_seq, h.count
+        try:
+            if raw or h.body_len >= _SPLIT_MIN:
+                parts = split_batch(body, count)
+                if h.body_len >= _SPLIT_MIN and (lo or hi < count):
+                    _SPLITS.put(path, offset, h, parts)
+                return parts[lo:hi] if raw else decode_items(parts[lo:hi])
+            items = decode_batch(body)
+            if len(items) != count:
+                raise BadBatchBody(f"batch holds {len(items)} items, header says {count}")
+            return items[lo:hi]
+        except BadBatchBody as exc:
+            raise Corrupted(path, offset, str(exc), first, first + count - 1) from None
+        except Exception as exc:
+            why = f"batch body is not a JSON array of objects: {exc}"
+            raise Corrupted(path, offset, why, first, first + count - 1) from None
 
     def _cached_split(
         self, fd: int, path: str, pos: int, end: int, seq: int
