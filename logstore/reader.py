@@ -71,6 +71,9 @@ class _SplitCache:
         self._bytes = 0
         self._lock = threading.Lock()
 
+    def __bool__(self) -> bool:
+        return bool(self._entries)
+
     def get(self, path: str, offset: int) -> tuple[RecordHeader, list[msgspec.Raw]] | None:
         key = (path, offset)
         with self._lock:
@@ -368,9 +371,11 @@ class Reader(Recovery):
         """
         first, count = h.first_seq, h.count
         try:
-            if raw or h.body_len >= _SPLIT_MIN:
-                parts = split_batch(body, count)
-                if h.body_len >= _SPLIT_MIN and (lo or hi < count):
+            keep = h.body_len >= _SPLIT_MIN and (lo or hi < count)
+            if raw or keep:
+                # A kept split gets its own copy of the body: the read buffer may hold more records.
+                parts = split_batch(bytes(body) if keep else body, count)
+                if keep:
                     _SPLITS.put(path, offset, h, parts)
                 return parts[lo:hi] if raw else decode_items(parts[lo:hi])
             items = decode_batch(body)
@@ -387,14 +392,15 @@ class Reader(Recovery):
         self, fd: int, path: str, pos: int, end: int, seq: int
     ) -> tuple[RecordHeader, list[msgspec.Raw]] | None:
         """The verified split of the batch record at ``pos`` carrying ``seq``, if cached and still on disk."""
-        cached = _SPLITS.get(path, pos)
+        cached = _SPLITS.get(path, pos) if _SPLITS else None
         if cached is None:
             return None
         h = cached[0]
         if h.first_seq != seq or pos + h.size > end:
             return None
         # The header on disk must still be the one verified: same checksum, length, seqs and time.
-        if RECORD_HEADER.unpack(os.pread(fd, RECORD_HEADER_SIZE, pos)) != tuple(h):
+        data = os.pread(fd, RECORD_HEADER_SIZE, pos)
+        if len(data) != RECORD_HEADER_SIZE or RECORD_HEADER.unpack(data) != tuple(h):
             return None
         return cached
 

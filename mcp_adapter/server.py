@@ -169,7 +169,8 @@ def _read_items(store: MemoryStore, site: str, conversation_id: str, selector: R
     The escaping of the text block is done here too, off the event loop; the
     items' buffers are released when this returns, before the result is sent.
     """
-    return _prepare(store.read_raw(site, conversation_id, selector))
+    doc = _encode_items(store.read_raw(site, conversation_id, selector))  # the items (1x the page) are freed here
+    return Prepared.from_json(doc)
 
 
 #: A read of at most this many bytes of records, answerable without waiting for a lock,
@@ -180,15 +181,15 @@ def _read_items(store: MemoryStore, site: str, conversation_id: str, selector: R
 INLINE_READ_BYTES = 128 * 1024
 
 
-def _prepare(items: list[RawMemoryItem]) -> Prepared:
-    return Prepared.from_json(_result_encoder.encode(_ItemsResult(items)))
+def _encode_items(items: list[RawMemoryItem]) -> bytes:
+    return _result_encoder.encode(_ItemsResult(items))
 
 
 async def _read(backend: Backend, site: str, conversation_id: str, selector: ReadSelector) -> Prepared:
     """A read's prepared result: at once when the store can answer without waiting, else in a worker thread."""
     items = backend.store.try_read_raw(site, conversation_id, selector, INLINE_READ_BYTES)
     if items is not None:
-        return _prepare(items)
+        return Prepared.from_json(_encode_items(items))
     return await backend.run(_read_items, backend.store, site, conversation_id, selector)
 
 
