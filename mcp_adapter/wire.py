@@ -111,13 +111,20 @@ class Prepared:
 class Splice:
     """One request's prepared results, by placeholder nonce, until its response is written."""
 
-    __slots__ = ("pending",)
+    __slots__ = ("open", "pending")
 
     def __init__(self) -> None:
         self.pending: dict[str, Prepared] = {}
+        #: False once the response has begun without being held (a stream): too late to splice.
+        self.open = True
 
     def result(self, prepared: Prepared) -> types.CallToolResult:
-        """The placeholder result standing for ``prepared`` in this request's response."""
+        """The placeholder result standing for ``prepared`` in this request's response.
+
+        The ordinary result when the response is already under way (nothing could replace the placeholders).
+        """
+        if not self.open:
+            return prepared.decoded()
         nonce = secrets.token_hex(16)
         self.pending[nonce] = prepared
         return types.CallToolResult(
@@ -170,6 +177,7 @@ class ResultSplice:
         async def splicing_send(message: Message) -> None:
             nonlocal start
             if not splice.pending and start is None:
+                splice.open = False  # this response passes through as it is
                 await send(message)
                 return
             if message["type"] == "http.response.start":

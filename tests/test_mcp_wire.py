@@ -141,3 +141,10 @@ def test_read_results_over_http_decode_to_what_the_store_holds(tmp_path: Path) -
         assert section.startswith("Relevant memories")
     finally:
         assert server.stop() == 0, server.log()
+
+
+def test_a_response_already_under_way_gets_the_ordinary_result() -> None:
+    splice = wire.Splice()
+    splice.open = False  # the middleware passed a response start through: nothing could be replaced
+    result = splice.result(wire.Prepared.from_json(b'{"items":[]}'))
+    assert result.structured_content == {"items": []} and not splice.pending
