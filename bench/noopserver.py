@@ -7,6 +7,9 @@ name, which the product's tool list never shows. ``bench_noop`` authenticates
 the call like any tool, then returns the structured result stored in
 ``PAYLOAD_FILE`` (read once, on the first call) without touching the store:
 the baseline that a ``recall_memory`` returning the same bytes is compared with.
+It shapes its result the way ``recall_memory`` does (``mcp_adapter.wire``:
+the stored JSON, escaped for the text block each call, spliced into the HTTP
+response), so the two differ only by the store's read and its encoding.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ NOOP = "bench_noop"
 
 
 def _install(payload_file: str) -> None:
-    from mcp_adapter import server
+    from mcp_adapter import server, wire
 
     original = server.call_tool
     cache: dict[str, Any] = {}
@@ -31,8 +34,8 @@ def _install(payload_file: str) -> None:
         await server._resolve_site(backend, ctx)
         if "payload" not in cache:
             with open(payload_file, "rb") as f:
-                cache["payload"] = msgspec.json.decode(f.read())
-        return server._success(cache["payload"])
+                cache["payload"] = msgspec.json.encode(msgspec.json.decode(f.read()))  # compact, as served
+        return server._finish(wire.Prepared.from_json(cache["payload"]), wire.splice_of(ctx.request))
 
     server.call_tool = call_tool  # type: ignore[assignment]
 

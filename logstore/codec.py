@@ -19,6 +19,10 @@ from .limits import MAX_BATCH_BYTES, MAX_BATCH_ITEMS, MAX_ITEM_BYTES
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(type=list[dict[str, Any]])
+#: The decoder of :func:`decode_batch`, for a hot loop that calls it directly.
+batch_decoder = _decoder
+_splitter = msgspec.json.Decoder(type=list[msgspec.Raw])
+_OPEN_BRACE = 0x7B
 
 
 def _has_non_finite(value: object) -> bool:
@@ -113,3 +117,38 @@ def _reject_non_finite(payloads: Sequence[Mapping[str, Any]], parts: list[bytes]
 def decode_batch(body: bytes | memoryview) -> list[dict[str, Any]]:
     """Decode a stored batch body back to its items (raises msgspec.DecodeError)."""
     return _decoder.decode(body)
+
+
+class BadBatchBody(ValueError):
+    """A stored batch body that is not a JSON array of ``count`` objects (the reader reports it as Corrupted)."""
+
+
+def split_batch(body: bytes | memoryview, count: int) -> list[msgspec.Raw]:
+    """A stored batch's items as undecoded JSON, after checking the whole body's shape.
+
+    Every check :func:`decode_batch` makes of the body's shape, without
+    building its items: the body is one JSON array (the whole of it is
+    parsed), of exactly ``count`` elements, each a JSON object, and it is
+    valid UTF-8. Raises :class:`BadBatchBody` saying which check failed.
+    The items keep ``body`` alive; decode the ones wanted with
+    :func:`decode_items`, or pass them on as they are.
+    """
+    try:
+        items = _splitter.decode(body)
+    except msgspec.DecodeError as exc:
+        raise BadBatchBody(f"batch body is not a JSON array of objects: {exc}") from None
+    if len(items) != count:
+        raise BadBatchBody(f"batch holds {len(items)} items, header says {count}")
+    for i, item in enumerate(items):
+        if memoryview(item)[0] != _OPEN_BRACE:  # the parser skips whitespace: an element starts with its value
+            raise BadBatchBody(f"batch body is not a JSON array of objects: item {i} is not a JSON object")
+    try:
+        str(body, "utf-8")  # the parse above checks the syntax, not the encoding of strings
+    except UnicodeDecodeError as exc:
+        raise BadBatchBody(f"batch body is not a JSON array of objects: not UTF-8 at byte {exc.start}") from None
+    return items
+
+
+def decode_items(items: list[msgspec.Raw]) -> list[dict[str, Any]]:
+    """Decode items returned by :func:`split_batch` (each one is known to be a JSON object)."""
+    return _decoder.decode(b"[" + b",".join(items) + b"]")

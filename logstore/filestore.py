@@ -9,8 +9,8 @@ import stat
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -27,6 +27,7 @@ from .model import (
     ListSelector,
     MemoryItem,
     Range,
+    RawMemoryItem,
     ReadSelector,
     SeqRange,
     Tail,
@@ -35,8 +36,19 @@ from .quota import SiteQuota, UsageTracker
 from .store import MemoryStore
 from .timefmt import format_us, parse_rfc3339
 
+_Item = TypeVar("_Item", MemoryItem, RawMemoryItem)
+
 FORMAT_NAME = "convmem-logstore"
 FORMAT_VERSION = 1
+
+
+def _bounds(selector: ReadSelector) -> tuple[int | None, int]:
+    """``(start, limit)`` of a selector; start None for a tail."""
+    if isinstance(selector, Tail):
+        return None, selector.count
+    if isinstance(selector, Range):
+        return selector.start, selector.limit
+    raise TypeError(f"selector must be Tail or Range, not {type(selector).__name__}")
 
 
 def _io(exc: OSError, what: str) -> Io:
@@ -269,15 +281,53 @@ class FileStore(MemoryStore):
         return first, last
 
     def read(self, site: str, conversation_id: str, selector: ReadSelector) -> list[MemoryItem]:
+        return self._read(site, conversation_id, selector, Conversation.read)
+
+    def read_raw(self, site: str, conversation_id: str, selector: ReadSelector) -> list[RawMemoryItem]:
+        # The payloads are the bytes of the verified records: nothing is decoded or re-encoded.
+        return self._read(site, conversation_id, selector, Conversation.read_raw)
+
+    def try_read_raw(
+        self, site: str, conversation_id: str, selector: ReadSelector, max_bytes: int
+    ) -> list[RawMemoryItem] | None:
+        # Only a conversation already open, whose mutex is free, whose file lock is free
+        # or not needed, and whose range lies in the active segment within max_bytes.
         self._check_open()
         site = SiteName(site)
         conversation_id = ConversationId(conversation_id)
-        if isinstance(selector, Tail):
-            start, limit = None, selector.count
-        elif isinstance(selector, Range):
-            start, limit = selector.start, selector.limit
-        else:
-            raise TypeError(f"selector must be Tail or Range, not {type(selector).__name__}")
+        start, limit = _bounds(selector)
+        key = (site, conversation_id)
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            conv = self._convs.get(key)
+            if conv is None or conv.closed:
+                return None
+            self._convs.move_to_end(key)
+        finally:
+            self._lock.release()
+        if not conv.mutex.acquire(blocking=False):
+            return None
+        try:
+            return None if conv.closed else conv.try_read_raw(start, limit, max_bytes)
+        except StoreError:
+            raise
+        except OSError as exc:
+            raise _io(exc, "read failed") from exc
+        finally:
+            conv.mutex.release()
+
+    def _read(
+        self,
+        site: str,
+        conversation_id: str,
+        selector: ReadSelector,
+        method: Callable[[Conversation, int | None, int], list[_Item]],
+    ) -> list[_Item]:
+        self._check_open()
+        site = SiteName(site)
+        conversation_id = ConversationId(conversation_id)
+        start, limit = _bounds(selector)
         try:
             # An open conversation re-checks its directory itself (Conversation.read);
             # only an unknown one is looked up here, so it is never created by a read.
@@ -288,7 +338,7 @@ class FileStore(MemoryStore):
             started = time.monotonic()
             conv = self._acquire(site, conversation_id, started + self.options.lock_timeout, started)
             try:
-                return conv.read(start, limit)
+                return method(conv, start, limit)
             finally:
                 conv.mutex.release()
         except StoreError:

@@ -27,6 +27,21 @@ class MemoryItem(msgspec.Struct, frozen=True):
     payload: dict[str, Any]
 
 
+class RawMemoryItem(msgspec.Struct, frozen=True):
+    """A :class:`MemoryItem` whose payload is left as the JSON object's bytes, as stored.
+
+    What a reader that only passes items on (the MCP server) asks for: the
+    payload is checked (its record's checksum, the batch's shape, UTF-8) but
+    never decoded. ``msgspec.json.encode`` writes ``payload`` verbatim, so an
+    item encodes as ``{"seq":..,"recorded_at":"..","payload":{..}}``;
+    ``bytes(memoryview(item.payload))`` gives the bytes themselves.
+    """
+
+    seq: int
+    recorded_at: str
+    payload: msgspec.Raw
+
+
 class SeqRange(msgspec.Struct, frozen=True):
     """The inclusive, non-empty range ``[first, last]`` a committed batch occupies."""
 

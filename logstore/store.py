@@ -13,7 +13,11 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from .model import ConversationListing, ListSelector, MemoryItem, ReadSelector, SeqRange
+import msgspec
+
+from .model import ConversationListing, ListSelector, MemoryItem, RawMemoryItem, ReadSelector, SeqRange
+
+_encoder = msgspec.json.Encoder()
 
 
 class MemoryStore(abc.ABC):
@@ -41,6 +45,31 @@ class MemoryStore(abc.ABC):
         An unknown conversation, or a start past the end, reads as ``[]``.
         Every returned item's record has had its checksum verified.
         """
+
+    def read_raw(self, site: str, conversation_id: str, selector: ReadSelector) -> list[RawMemoryItem]:
+        """:meth:`read`, with each payload as the compact JSON bytes of its object instead of a dict.
+
+        For callers that only pass items on (the MCP server writes them into
+        its response): a backend that keeps payloads as JSON can skip
+        decoding them. The same items, checks and errors as :meth:`read`;
+        this default encodes what :meth:`read` returns.
+        """
+        return [
+            RawMemoryItem(i.seq, i.recorded_at, msgspec.Raw(_encoder.encode(i.payload)))
+            for i in self.read(site, conversation_id, selector)
+        ]
+
+    def try_read_raw(
+        self, site: str, conversation_id: str, selector: ReadSelector, max_bytes: int
+    ) -> list[RawMemoryItem] | None:
+        """:meth:`read_raw` when it can be answered at once, without waiting; else None.
+
+        For a caller on an event loop: None (this default, always) means "call
+        :meth:`read_raw` in a thread". An implementation answers only when it
+        needs no lock another holder could keep and reads about ``max_bytes``
+        or less; its answers and errors are those of :meth:`read_raw`.
+        """
+        return None
 
     @abc.abstractmethod
     def list_conversations(self, site: str, selector: ListSelector) -> ConversationListing:

@@ -52,6 +52,7 @@ from .auth import Authenticator
 from .errors import ToolFailure, unauthenticated
 from .requestlog import RequestLog
 from .server import Backend
+from .wire import ResultSplice
 
 MCP_PATH = "/mcp"
 HEALTH_PATH = "/healthz"
@@ -289,6 +290,7 @@ def build_app(
             Route(metrics.METRICS_PATH, metrics.endpoint(metrics_token), methods=["GET"]),  # ops
         ],
     )
+    app.add_middleware(ResultSplice)  # innermost: writes read results into the SDK's response (see .wire)
     app.add_middleware(RequestAdmission, authenticator=backend.authenticator, body_timeout=body_timeout)
     app.add_middleware(NoEventStream)
     app.add_middleware(RequestLog)  # ops: request ids and the request log line; keep it the outermost
