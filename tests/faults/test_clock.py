@@ -9,7 +9,6 @@ timestamps that match the items.
 
 from __future__ import annotations
 
-import os
 import random
 import subprocess
 import time
@@ -18,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from logstore import FileStore, conversation, fileio, frame
+from logstore import FileStore, fileio, frame, writer
 from logstore.timefmt import parse_rfc3339
+from tests.logstore_helpers import data_size
 
 from ._common import (
     SITE,
@@ -53,7 +53,7 @@ class Clock:
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     c = Clock(T0)
     fake: Callable[[], int] = c
-    monkeypatch.setattr(conversation, "now_us", fake)
+    monkeypatch.setattr(writer, "now_us", fake)
     return c
 
 
@@ -116,7 +116,7 @@ def test_clock_back_right_after_a_segment_roll(tmp_path: Path, clock: Clock) -> 
     )
     assert proc.returncode == fileio.CRASH_EXIT_STATUS, proc.stderr.decode()
     last = segments(str(root), SITE, conv)[-1]
-    assert os.path.getsize(last) == frame.SEGMENT_HEADER_SIZE, "the crash did not leave an empty active segment"
+    assert data_size(last) == frame.SEGMENT_HEADER_SIZE, "the crash did not leave an empty active segment"
     clock.now = time.time_ns() // 1000
     for back in (1, 1_000_000, 86_400_000_000):
         clock.step(-back)
