@@ -152,7 +152,9 @@ class Writer(Recovery):
     @contextlib.contextmanager
     def _exclusive(self, deadline: float, started: float) -> Iterator[None]:
         """Hold the conversation for writing, its tail verified and undamaged. Caller holds ``mutex``."""
-        fileio.makedirs_durable(self.path)
+        if self._fd is None or fileio._unsynced_dirs:
+            # Not open yet (the directory may not exist), or a directory sync failed before.
+            fileio.makedirs_durable(self.path)
         self._lock(True, deadline, started)
         try:
             try:
