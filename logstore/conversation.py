@@ -28,11 +28,14 @@ class Conversation(Writer, Reader):
 
     def close(self) -> None:
         """Release every descriptor, writing our pending index entries if still in order. Caller holds ``mutex``."""
+        while self._inflight or self._queue:
+            self._cond.wait()  # a group commit is writing, or batches wait for one: let them finish
         if self._idx_unwritten and self._fd is not None and self._lock_fd is not None:
             try:
                 if fileio.try_lock(self._lock_fd, True):
                     try:
-                        if os.fstat(self._fd).st_size == self._end:  # nobody appended after us
+                        # Only when nobody appended after us:
+                        if os.fstat(self._fd).st_size == self._alloc and not self._moved_on():
                             self._write_index_entries()
                     finally:
                         fileio.unlock(self._lock_fd)

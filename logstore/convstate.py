@@ -14,11 +14,13 @@ site manifest.
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from . import fileio, index, layout, observe
 from .errors import Corrupted, Timeout
@@ -78,6 +80,11 @@ class ConversationState:
         self.options = options
         self.manifest = manifest
         self.mutex = threading.Lock()
+        # The writer queue (logstore.writer): batches waiting, and a group being written
+        # with ``mutex`` released.
+        self._cond = threading.Condition(self.mutex)
+        self._queue: collections.deque[Any] = collections.deque()
+        self._inflight = False
         self.closed = False
         self._lock_fd: int | None = None
         self._loaded = False
@@ -90,6 +97,9 @@ class ConversationState:
         self._segments: list[int] = []  # base seqs, ascending
         self._salt = 0
         self._end = 0  # committed end of the active segment
+        # Size of the active segment file as last seen or set by us: [_end, _alloc) is
+        # preallocated space, all zero (FORMAT.md, "Preallocated space").
+        self._alloc = 0
         self._sealed_active = False  # the active segment ends with a seal record
         self._next_seq = 0
         self._last_us = 0

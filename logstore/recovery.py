@@ -3,9 +3,10 @@
 The active segment's committed end is found from its sparse index (the
 newest entry that points at a valid record of the right seq) and a forward
 walk over the records after it. A record that fails verification at the end
-is a torn tail (cut away by a writer) or damage (remembered and reported as
-Corrupted), as :func:`logstore.segment.classify_failure` decides; damage
-followed by a valid record is walked over. Sealed segments' indexes are
+is the clean end when only zeros follow (preallocated space), else a torn
+tail (cut away by a writer) or damage (remembered and reported as Corrupted),
+as :func:`logstore.segment.classify_tail` decides; damage followed by a valid
+record is walked over. Sealed segments' indexes are
 loaded, or rebuilt from their records, here too.
 """
 
@@ -17,7 +18,9 @@ from . import fileio, frame, index
 from .convstate import ConversationState, ReadOnlyFile
 from .errors import Corrupted
 from .frame import KIND_BATCH, KIND_SEAL, SEGMENT_HEADER_SIZE
-from .segment import BadRecord, Gap, classify_failure, find_next_record, iter_records, walk
+from .segment import BadRecord, Gap, classify_tail, data_end, find_next_record, iter_records, walk
+
+_ZERO16 = bytes(16)
 
 
 class Recovery(ConversationState):
@@ -53,7 +56,8 @@ class Recovery(ConversationState):
                 header = frame.decode_segment_header(os.pread(fd, SEGMENT_HEADER_SIZE, 0))
                 if header is None:
                     return None
-                for rec in walk(fd, SEGMENT_HEADER_SIZE, os.fstat(fd).st_size, header.salt):
+                end = data_end(fd, SEGMENT_HEADER_SIZE, os.fstat(fd).st_size)
+                for rec in walk(fd, SEGMENT_HEADER_SIZE, end, header.salt):
                     if not isinstance(rec, Gap) and rec[1].kind != KIND_SEAL:
                         return rec[1].recorded_at_us
         except FileNotFoundError:
@@ -95,6 +99,7 @@ class Recovery(ConversationState):
         self._end = start
         self._next_seq = seq
         self._sealed_active = False
+        self._alloc = size
         entries = len(idx.seqs)
         self._scan_forward(writable, size)
         if writable:
@@ -117,6 +122,7 @@ class Recovery(ConversationState):
         assert fd is not None
         if size is None:
             size = os.fstat(fd).st_size
+        self._alloc = size
         path = self._seg_path(self._idx.base_seq)
         last_indexed = self._idx.last_offset()
         # Records we did not write may follow ours: our unwritten entries would now land
@@ -148,10 +154,16 @@ class Recovery(ConversationState):
             except BadRecord as bad:
                 after_seal = "after the segment's seal" in bad.why
                 seq_problem = after_seal or bad.why.startswith("expected seq")
-                if not seq_problem and classify_failure(fd, bad.offset, size, self._salt) == "torn":
+                verdict = None if seq_problem else classify_tail(fd, bad.offset, size, self._salt)
+                if verdict == "end":
+                    # Only zeros follow: preallocated space, the clean end of the log.
+                    break
+                if verdict == "torn":
                     if writable:
-                        # Never acknowledged: cut it away, and the stale index entries with it.
+                        # Never acknowledged: cut it away (with the space after it), and the
+                        # stale index entries with it. The next append extends the file again.
                         fileio.truncate(fd, bad.offset)
+                        self._alloc = bad.offset
                         self._idx.truncate_before_offset(bad.offset)
                         if self._idx_fd is not None:
                             os.close(self._idx_fd)
@@ -219,7 +231,7 @@ class Recovery(ConversationState):
         if size < self._end:
             self._load(writable)
             return
-        if size > self._end:
+        if size != self._alloc or (size > self._end and self._moved_on()):
             self._scan_forward(writable, size)
         if self._sealed_active:
             nxt = self._list_segments()
@@ -234,10 +246,29 @@ class Recovery(ConversationState):
                     raise
 
     def _stale(self) -> bool:
-        """True when another process may have changed the files since we looked."""
+        """True when another process may have changed the files since we looked.
+
+        False while this object's writer has a group in flight (``mutex``
+        released, the exclusive file lock held): nobody else can write, and the
+        state describes what is acknowledged.
+        """
+        if self._inflight:
+            return False
         if not self._loaded or self._fd is None or self._damage is not None:
             return True  # known damage is re-checked each time: an operator may have repaired it
-        return os.fstat(self._fd).st_size != self._end or self._sealed_active
+        if self._sealed_active:
+            return True
+        size = os.fstat(self._fd).st_size
+        return size != self._alloc or (size > self._end and self._moved_on())
+
+    def _moved_on(self) -> bool:
+        """True when the bytes at the committed end are no longer zero: another process wrote there.
+
+        Appends into preallocated space change no file size. A record header is
+        never all zero (its kind field is not), so its first 16 bytes tell.
+        """
+        assert self._fd is not None
+        return os.pread(self._fd, 16, self._end) != _ZERO16
 
     def _sealed(self, base: int, fd: int) -> tuple[int, int, index.SparseIndex]:
         """``(salt, end, index)`` of the sealed segment open as ``fd``, building its index if needed.

@@ -18,8 +18,10 @@ from . import frame
 from .frame import RECORD_HEADER_SIZE, RecordHeader
 from .limits import MAX_BATCH_ITEMS
 
-#: Bytes read ahead in one pread while walking records.
+#: Bytes read ahead in one pread while walking records ...
 CHUNK = 256 * 1024
+#: ... after a first, smaller read.
+FIRST_READ = 16 * 1024
 
 
 class BadRecord(Exception):
@@ -48,11 +50,15 @@ def iter_records(fd: int, start: int, end: int, salt: int) -> Iterator[tuple[int
     buf: bytes = b""
     view = memoryview(buf)
     buf_off = start
+    # The first read is small: the walk often ends soon (a few new records, then the
+    # preallocated zeros of the active segment); later reads take CHUNK at a time.
+    ahead = FIRST_READ
     while pos < end:
         if pos + RECORD_HEADER_SIZE > end:
             raise BadRecord(pos, "incomplete record header")
         if pos + RECORD_HEADER_SIZE > buf_off + len(buf):
-            buf = os.pread(fd, min(max(CHUNK, RECORD_HEADER_SIZE), end - pos), pos)
+            buf = os.pread(fd, min(max(ahead, RECORD_HEADER_SIZE), end - pos), pos)
+            ahead = CHUNK
             view = memoryview(buf)
             buf_off = pos
             if len(buf) < RECORD_HEADER_SIZE:
@@ -71,7 +77,8 @@ def iter_records(fd: int, start: int, end: int, salt: int) -> Iterator[tuple[int
         if rend > end:
             raise BadRecord(pos, f"record length {body_len} runs past the end of the data")
         if rend > buf_off + len(buf):
-            buf = os.pread(fd, max(CHUNK, rend - pos), pos)
+            buf = os.pread(fd, max(ahead, rend - pos), pos)
+            ahead = CHUNK
             view = memoryview(buf)
             buf_off = pos
             if len(buf) < rend - pos:
@@ -159,6 +166,66 @@ def walk(fd: int, start: int, end: int, salt: int) -> Iterator[tuple[int, Record
 
 
 Verdict = Literal["torn", "corrupt"]
+
+#: Zero bytes compared against while checking preallocated space.
+_ZEROS = bytes(64 * 1024)
+
+
+def data_end(fd: int, start: int, size: int) -> int:
+    """Just after the last non-zero byte of ``[start, size)`` of the file, or ``start`` when all of it is zero.
+
+    The active segment is extended in zero-filled chunks ahead of its records
+    (FORMAT.md, "Preallocated space"): its data ends here, and the bytes after
+    are unused space. Reads backwards from ``size``, so it reads the trailing
+    zeros and a little more.
+    """
+    pos, step = size, 4096
+    while pos > start:
+        n = min(step, pos - start)
+        buf = os.pread(fd, n, pos - n)
+        if len(buf) < n:
+            # The file is shorter than ``size`` (cut meanwhile): look at what is there.
+            pos = pos - n + len(buf)
+            if not buf:
+                continue
+        kept = len(buf.rstrip(b"\x00"))
+        if kept:
+            return pos - len(buf) + kept
+        pos -= len(buf)
+        step = min(step * 4, 1 << 20)
+    return start
+
+
+def zero_from(fd: int, offset: int, size: int) -> bool:
+    """True when every byte of ``[offset, size)`` is zero; reads a little first, then more."""
+    pos, n = offset, 4096
+    while pos < size:
+        want = min(n, size - pos, len(_ZEROS))
+        buf = os.pread(fd, want, pos)
+        if not buf:
+            return True
+        if buf != _ZEROS[: len(buf)]:
+            return False
+        pos += len(buf)
+        n *= 4
+    return True
+
+
+TailVerdict = Literal["end", "torn", "corrupt"]
+
+
+def classify_tail(fd: int, bad_offset: int, file_size: int, salt: int) -> TailVerdict:
+    """What a failed record at ``bad_offset`` of the last segment of a conversation is.
+
+    ``"end"`` when every byte from it to the end of the file is zero: the
+    clean end of the log, in preallocated space. Otherwise
+    :func:`classify_failure` decides, with the data end (just after the last
+    non-zero byte, see :func:`data_end`) in place of the file size.
+    """
+    end = data_end(fd, bad_offset, file_size)
+    if end == bad_offset:
+        return "end"
+    return classify_failure(fd, bad_offset, end, salt)
 
 
 def classify_failure(fd: int, bad_offset: int, file_size: int, salt: int) -> Verdict:

@@ -26,3 +26,19 @@ def segment_files(root: str) -> list[str]:
     for dirpath, _dirs, files in os.walk(root):
         found.extend(os.path.join(dirpath, f) for f in files if f.endswith(".seg"))
     return sorted(found)
+
+
+def data_size(path: str) -> int:
+    """Bytes of a segment file up to its data end: the preallocated zeros after its records left out."""
+    with open(path, "rb") as f:
+        data = f.read()
+    return max(len(data.rstrip(b"\x00")), 40)  # never inside the 40-byte segment header
+
+
+def write_at_data_end(path: str | os.PathLike[str], data: bytes) -> int:
+    """Write ``data`` where a segment's records end (over its preallocated zeros, or past its end); its offset."""
+    offset = data_size(os.fspath(path))
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+    return offset

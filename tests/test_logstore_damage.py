@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 from logstore import Corrupted, FileStore, ListSelector, Range, StoreError, Tail, frame
 from logstore.maintenance import scan_segment
-from tests.logstore_helpers import segment_files
+from tests.logstore_helpers import data_size, segment_files
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SITE = "site-damage"
@@ -329,7 +329,7 @@ def test_roll_cut_short_with_a_damaged_last_record_in_the_sealed_segment(tmp_pat
     )
     assert res.returncode == 86, res.stderr
     segs = segment_files(str(root))
-    assert os.path.getsize(segs[-1]) == frame.SEGMENT_HEADER_SIZE
+    assert data_size(segs[-1]) == frame.SEGMENT_HEADER_SIZE
     recs = records(root)
     bad = recs[-1]
     assert bad.path == segs[-2]

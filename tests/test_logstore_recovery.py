@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from logstore import Corrupted, FileStore, Range, Tail
-from tests.logstore_helpers import segment_files
+from tests.logstore_helpers import data_size, segment_files
 
 SITE = "site-recover"
 CONV = "conv-recover"
@@ -40,9 +40,9 @@ def build(root: Path, segment_bytes: int = 1 << 20) -> tuple[list[int], list[tup
     try:
         for batch in BATCHES:
             segs = segment_files(str(root))
-            start = os.path.getsize(segs[-1]) if segs else HEADER
+            start = data_size(segs[-1]) if segs else HEADER
             store.append(SITE, CONV, batch)
-            bounds.append((start, os.path.getsize(segment_files(str(root))[-1])))
+            bounds.append((start, data_size(segment_files(str(root))[-1])))
     finally:
         store.close()
     counts = [len(b) for b in BATCHES]
@@ -197,7 +197,7 @@ def test_flipped_byte_at_every_offset_is_corrupted_at_its_record(pristine, tmp_p
         with open(seg, "rb") as f:
             now = f.read(size)
         with open(str(src / os.path.relpath(seg, tmp_path / "d")), "rb") as f:
-            orig = f.read()
+            orig = f.read(size)
         assert len(now) == size and sum(a != b for a, b in zip(now, orig, strict=True)) == 1
 
 
@@ -286,3 +286,93 @@ def test_deleted_indexes_and_manifest_are_rebuilt(tmp_path) -> None:
         assert store.list_conversations(SITE, __import__("logstore").ListSelector(None, 10)) == before_list
     finally:
         store.close()
+
+
+# ------------------------------------------------------- preallocated space
+
+
+def test_pristine_log_lies_in_preallocated_space(pristine) -> None:
+    """The fixture's records sit in zero-filled space the segment was created with (FORMAT.md section 2)."""
+    src, _counts, bounds = pristine
+    [seg] = segment_files(str(src))
+    data = open(seg, "rb").read()
+    assert len(data) == 4096 and bounds[-1][1] < len(data)
+    assert data[bounds[-1][1] :] == bytes(len(data) - bounds[-1][1])
+
+
+def test_zeros_after_the_log_are_its_clean_end(pristine, tmp_path) -> None:
+    """Preallocated zeros (more of them, or none) never change what is read, and nothing is cut."""
+    src, _counts, bounds = pristine
+    for extra in (0, 1, 4096, 3 << 20):
+        seg = damaged_copy(src, tmp_path / "d")
+        os.truncate(seg, bounds[-1][1] + extra)
+        store = FileStore(tmp_path / "d")
+        try:
+            assert [i.payload for i in store.read(SITE, CONV, Range(0, 100))] == all_payloads()
+            assert os.path.getsize(seg) == bounds[-1][1] + extra, "a read cut the file"
+            assert store.append(SITE, CONV, [{"x": extra}]).first == len(all_payloads())
+        finally:
+            store.close()
+        assert data_size(seg) > bounds[-1][1]
+
+
+def test_a_valid_record_after_zeros_makes_the_zeros_damage(pristine, tmp_path) -> None:
+    """Zeros are the end of the log only when nothing but zeros follows: a valid record after them is kept."""
+    src, counts, bounds = pristine
+    seg = damaged_copy(src, tmp_path / "d")
+    last_start, last_end = bounds[-1]
+    data = bytearray(open(seg, "rb").read())
+    record = bytes(data[last_start:last_end])
+    data[last_start:last_end] = bytes(last_end - last_start)  # the last record zeroed ...
+    # ... and a copy of it (valid: same salt and seq) written further on, after zeros.
+    data[last_end + 200 : last_end + 200 + len(record)] = record
+    open(seg, "wb").write(bytes(data))
+    store = FileStore(tmp_path / "d")
+    try:
+        with pytest.raises(Corrupted) as info:
+            store.read(SITE, CONV, Range(0, 100))
+        assert info.value.offset == last_start
+        before = sum(counts[:-1])
+        assert [i.payload for i in store.read(SITE, CONV, Range(0, before))] == all_payloads()[:before]
+        with pytest.raises(Corrupted):
+            store.append(SITE, CONV, [{"x": 1}])
+    finally:
+        store.close()
+    assert open(seg, "rb").read() == bytes(data), "damage was cut away"
+
+
+def test_garbage_in_preallocated_space_is_a_torn_tail(pristine, tmp_path) -> None:
+    """Non-zero bytes after the zeros that follow the log: an unfinished write, cut by the next append."""
+    src, _counts, bounds = pristine
+    for at in (0, 1, 500, 4000):
+        seg = damaged_copy(src, tmp_path / "d")
+        with open(seg, "r+b") as f:
+            f.seek(bounds[-1][1] + at)
+            f.write(b"\x17")
+        store = FileStore(tmp_path / "d")
+        try:
+            assert [i.payload for i in store.read(SITE, CONV, Range(0, 100))] == all_payloads()
+            assert store.append(SITE, CONV, [{"x": at}]).first == len(all_payloads())
+        finally:
+            store.close()
+        data = open(seg, "rb").read()
+        assert b"\x17" not in data[bounds[-1][1] :], f"the stray byte at +{at} is still there"
+
+
+def test_another_store_sees_appends_into_preallocated_space(tmp_path) -> None:
+    """An append that changes no file size is still seen by another open store (its staleness check)."""
+    a = FileStore(tmp_path / "d")
+    b = FileStore(tmp_path / "d")
+    try:
+        a.append(SITE, CONV, [{"n": 0}])
+        assert [i.payload for i in b.read(SITE, CONV, Range(0, 10))] == [{"n": 0}]
+        [seg] = segment_files(str(tmp_path / "d"))
+        size = os.path.getsize(seg)
+        for n in range(1, 6):
+            (a if n % 2 else b).append(SITE, CONV, [{"n": n}])
+            for s in (a, b):
+                assert [i.payload["n"] for i in s.read(SITE, CONV, Range(0, 10))] == list(range(n + 1))
+        assert os.path.getsize(seg) == size, "the appends were expected to fit the preallocated space"
+    finally:
+        a.close()
+        b.close()

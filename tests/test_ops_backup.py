@@ -23,6 +23,7 @@ from typing import Any
 from logstore import FileStore, Range
 from logstore.maintenance import check
 from mcp_adapter.credentials import CredentialFile
+from tests.logstore_helpers import write_at_data_end
 from tests.tools_support import REPO, cli
 
 SITE = "site-backup"
@@ -142,14 +143,13 @@ def test_torn_tail_is_cut_from_the_copy_not_the_source(tmp_path: Path) -> None:
         for n in range(5):
             store.append(SITE, "torn-conv-1", [{"n": n}])
     (seg,) = (root / "sites").rglob("*.seg")
-    with open(seg, "ab") as f:  # a crashed writer's partial record
-        f.write(b"\x17" * 30)
+    records_end = write_at_data_end(seg, b"\x17" * 30)  # a crashed writer's partial record
     size = seg.stat().st_size
     res = cli("backup", str(root), str(dest))
     assert res.returncode == 0, res.stderr.decode()
     assert seg.stat().st_size == size  # the source is never changed
     (copied,) = dest.rglob("*.seg")
-    assert copied.stat().st_size == size - 30
+    assert copied.stat().st_size == records_end
     assert cli("fsck", str(dest)).returncode == 0
     with FileStore(str(dest)) as store:
         assert [i.payload for i in store.read(SITE, "torn-conv-1", Range(0, 10))] == [{"n": n} for n in range(5)]

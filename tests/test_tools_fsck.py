@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from logstore import Corrupted, FileStore, ItemsLost, ListSelector, Range, Tail, frame
+from tests.logstore_helpers import data_size, write_at_data_end
 from tests.tools_support import (
     SITE,
     cli,
@@ -51,10 +52,9 @@ def test_clean_data_exits_0(data: Path) -> None:
 
 def test_torn_tail_is_truncated_by_repair(data: Path) -> None:
     last = segments(data, CID)[-1]
-    size = last.stat().st_size
+    size = data_size(str(last))
     record = frame.encode_record(salt_of(last), frame.KIND_BATCH, 80, 1, 1, b'[{"a":1}]')
-    with open(last, "ab") as f:
-        f.write(record[: len(record) // 2])  # a write cut short by a crash
+    write_at_data_end(last, record[: len(record) // 2])  # a write cut short by a crash
     status, report = fsck(data)
     assert status == 0  # never acknowledged: the engine cuts it at the next append, so it is a note
     p = only(report, "torn-tail")
@@ -67,7 +67,7 @@ def test_torn_tail_is_truncated_by_repair(data: Path) -> None:
         True,
     )
     assert "never acknowledged" in p["detail"] and "next append" in p["action"]
-    assert last.stat().st_size > size  # a check alone writes nothing
+    assert data_size(str(last)) > size  # a check alone writes nothing
     proc = cli("fsck", str(data))
     assert proc.returncode == 0 and "NOTE: none needed" in proc.stdout.decode()
 
@@ -79,12 +79,21 @@ def test_torn_tail_is_truncated_by_repair(data: Path) -> None:
     assert len(read_all(data, CID)) == 80
 
 
-def test_zero_filled_tail_is_torn(data: Path) -> None:
+def test_zero_filled_tail_is_preallocated_space_not_a_problem(data: Path) -> None:
     last = segments(data, CID)[-1]
     with open(last, "ab") as f:
         f.write(b"\0" * 300)
+    size = last.stat().st_size
     status, report = fsck(data, "--repair")
-    assert status == 1 and kinds(report) == ["torn-tail"]
+    assert status == 0 and report["problems"] == []
+    assert last.stat().st_size == size  # nothing cut
+    # Bytes after the zeros are not: a torn write there is cut, with the zeros before it.
+    end = data_size(str(last))
+    with open(last, "ab") as f:
+        f.write(b"\x17" * 30)
+    status, report = fsck(data, "--repair")
+    assert status == 1 and kinds(report) == ["torn-tail"] and only(report, "torn-tail")["offset"] == end
+    assert last.stat().st_size == end
     assert fsck(data)[0] == 0
 
 
@@ -137,7 +146,7 @@ def test_damaged_last_record_is_not_mistaken_for_a_torn_tail(data: Path) -> None
     assert status == 4
     p = only(report, "corrupt-record")
     assert p["offset"] == offset and not p["repaired"]
-    assert last.stat().st_size == offset + size  # not truncated
+    assert data_size(str(last)) == offset + size  # not truncated
     # --repair keeps its seqs (78, 79) as a loss record: nothing is cut, appends go on after it.
     status, report = fsck(data, "--repair")
     assert status == 1 and only(report, "corrupt-record")["repaired"]
@@ -271,10 +280,8 @@ def test_gap_from_a_deleted_segment(data: Path) -> None:
 
 
 def _append_record(seg: Path, first_seq: int, count: int, recorded_at_us: int, body: bytes) -> int:
-    offset = seg.stat().st_size
-    with open(seg, "ab") as f:
-        f.write(frame.encode_record(salt_of(seg), frame.KIND_BATCH, first_seq, count, recorded_at_us, body))
-    return offset
+    record = frame.encode_record(salt_of(seg), frame.KIND_BATCH, first_seq, count, recorded_at_us, body)
+    return write_at_data_end(seg, record)
 
 
 def test_records_that_checksum_but_break_the_rules(tmp_path: Path) -> None:

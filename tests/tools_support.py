@@ -36,10 +36,10 @@ def segments(root: Path, cid: str, site: str = SITE) -> list[Path]:
 
 
 def record_offsets(seg: Path) -> list[tuple[int, int, int]]:
-    """``(offset, size, kind)`` of each record of a (valid) segment."""
+    """``(offset, size, kind)`` of each record of a (valid) segment, up to its preallocated zeros."""
     data = seg.read_bytes()
     pos, out = frame.SEGMENT_HEADER_SIZE, []
-    while pos < len(data):
+    while pos + frame.RECORD_HEADER_SIZE <= len(data) and any(data[pos : pos + frame.RECORD_HEADER_SIZE]):
         h = frame.decode_record_header(data, pos)
         out.append((pos, h.size, h.kind))
         pos += h.size

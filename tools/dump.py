@@ -141,6 +141,11 @@ def run(args: argparse.Namespace) -> int:
             else "INVALID HEADER (convmem dump reads segment (.seg) and index (.idx) files)"
         )
         sys.stdout.write(f"{info.path}: {info.size} bytes, {header}\n")
+        if info.header_ok and info.data_end < info.size:
+            sys.stdout.write(
+                f"records end at byte {info.data_end}; the {info.size - info.data_end} bytes after are "
+                "zero-filled space preallocated for appends\n"
+            )
         for r in records:
             sys.stdout.write(format_record(r, not args.no_payloads) + "\n")
         sys.stdout.write(f"{len(records)} records, {bad} damaged\n")

@@ -12,7 +12,9 @@ import msgspec
 
 from .. import fileio, layout, manifest
 from ..errors import StoreError, Timeout
+from ..frame import SEGMENT_HEADER_SIZE
 from ..ids import CONVERSATION_ID_RULE, SITE_NAME_RULE, ConversationId, SiteName
+from ..segment import data_end
 from ._types import (
     MISPLACED_CONVERSATION,
     STRAY_FILE,
@@ -74,7 +76,9 @@ class _ConvSnapshot:
 
     path: str
     names: list[str]
-    segments: list[tuple[int, int]]  # (base seq, size), ascending
+    #: (base seq, size), ascending. The last segment's size is its data end: the
+    #: preallocated zeros after its records are not part of the log (FORMAT.md).
+    segments: list[tuple[int, int]]
     indexes: dict[int, bytes]  # base seq -> index file bytes
 
 
@@ -95,6 +99,13 @@ def _snapshot(path: str) -> _ConvSnapshot | None:
                     indexes[int(name[:20])] = f.read()
         except FileNotFoundError:
             continue
+    if segments:
+        base, size = segments[-1]
+        try:
+            with _open_ro(os.path.join(path, layout.segment_name(base))) as fd:
+                segments[-1] = (base, data_end(fd, min(size, SEGMENT_HEADER_SIZE), size))
+        except FileNotFoundError:
+            pass
     return _ConvSnapshot(path, names, segments, indexes)
 
 

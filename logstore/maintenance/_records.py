@@ -12,6 +12,7 @@ import xxhash
 
 from .. import frame, index
 from ..frame import KIND_BATCH, KIND_LOSS, KIND_SEAL, RECORD_HEADER_SIZE, SEGMENT_HEADER_SIZE, RecordHeader
+from ..segment import data_end
 from ._files import (
     _open_ro,
     _pread_range,
@@ -149,27 +150,33 @@ class SegmentInfo:
     header_ok: bool
     base_seq: int | None
     salt: int | None
+    #: Where the records end: just after the last non-zero byte. The bytes from
+    #: there to ``size`` are zero, preallocated space of an active segment (FORMAT.md).
+    data_end: int = 0
 
 
 def scan_segment(path: str | os.PathLike[str], *, payloads: bool = True) -> tuple[SegmentInfo, list[RecordInfo]]:
     """Read every record of one segment file, verifying each (no locks; read-only).
 
     A segment whose header is invalid yields one damaged span covering the
-    file. Raises OSError when the file cannot be read.
+    file. Zero bytes at the end of the file (preallocated space) are not
+    records: they are left out, and ``SegmentInfo.data_end`` says where they
+    start. Raises OSError when the file cannot be read.
     """
     path = os.fspath(path)
     with _open_ro(path) as fd:
         size = os.fstat(fd).st_size
         header = frame.decode_segment_header(os.pread(fd, SEGMENT_HEADER_SIZE, 0))
         if header is None:
-            info = SegmentInfo(path, size, False, None, None)
+            info = SegmentInfo(path, size, False, None, None, size)
             damaged = RecordInfo(0, size, "damaged", "segment header is missing or invalid", None, None, None, None)
             return info, [damaged]
-        info = SegmentInfo(path, size, True, header.base_seq, header.salt)
+        end = data_end(fd, SEGMENT_HEADER_SIZE, size)
+        info = SegmentInfo(path, size, True, header.base_seq, header.salt, end)
         out: list[RecordInfo] = []
-        for rec in _walk(fd, SEGMENT_HEADER_SIZE, size, header.salt):
+        for rec in _walk(fd, SEGMENT_HEADER_SIZE, end, header.salt):
             if isinstance(rec, _Bad):
-                stop = rec.resume if rec.resume is not None else size
+                stop = rec.resume if rec.resume is not None else end
                 h = rec.header
                 out.append(
                     RecordInfo(

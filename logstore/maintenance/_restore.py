@@ -39,7 +39,7 @@ class _RestoringConversation(Conversation):
 
     def restore(self, body: bytes, count: int, first_seq: int, stamp: int, deadline: float, started: float) -> None:
         """Append one encoded batch at ``first_seq`` stamped ``stamp``, durably, as ``append`` does."""
-        with self._exclusive(deadline, started):
+        with self.mutex, self._exclusive(deadline, started):
             if first_seq != self._next_seq:
                 raise RestoreConflict(f"batch starts at seq {first_seq}, the conversation holds {self._next_seq}")
             if stamp < self._last_us:

@@ -40,7 +40,7 @@ import msgspec
 from .. import fileio, frame, index, layout
 from ..frame import KIND_BATCH, KIND_LOSS, KIND_SEAL, SEGMENT_HEADER_SIZE, RecordHeader
 from ..ids import ConversationId, SiteName
-from ..segment import Gap, classify_failure, walk
+from ..segment import Gap, classify_failure, data_end, walk
 from ..timefmt import format_us
 from ._files import _flocked, _open_ro, _pread_range, _require_data_dir
 from ._records import _batch_problem
@@ -139,6 +139,9 @@ def _salvage_segment(
     path = os.path.join(conv_dir, layout.segment_name(base))
     with _open_ro(path) as fd:
         size = os.fstat(fd).st_size
+        if next_base is None:
+            # The active segment: the zeros preallocated after its records are not part of the log.
+            size = data_end(fd, min(size, SEGMENT_HEADER_SIZE), size)
         header = frame.decode_segment_header(os.pread(fd, SEGMENT_HEADER_SIZE, 0))
         if header is None or header.base_seq != base:
             report.refused.append(
@@ -343,7 +346,7 @@ def _write_index(conv_dir: str, base: int, salt: int, path: str) -> None:
     idx = index.SparseIndex(base, salt)
     last = 0
     with _open_ro(path) as fd:
-        for rec in walk(fd, SEGMENT_HEADER_SIZE, os.fstat(fd).st_size, salt):
+        for rec in walk(fd, SEGMENT_HEADER_SIZE, data_end(fd, SEGMENT_HEADER_SIZE, os.fstat(fd).st_size), salt):
             if isinstance(rec, Gap):
                 break
             off, h, _ = rec

@@ -152,12 +152,14 @@ class _ConvScanner:
         for i, (base, size) in enumerate(segs):
             last_seg = i == len(segs) - 1
             path = self._path(layout.segment_name(base))
-            self.bytes += size
             try:
                 fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError:
                 continue  # removed under us: only possible for a dropped site
             try:
+                # Bytes read from disk, the preallocated zeros of the last segment included
+                # (``size`` stops at its data end: the records are walked up to there).
+                self.bytes += max(size, os.fstat(fd).st_size)
                 header = frame.decode_segment_header(os.pread(fd, SEGMENT_HEADER_SIZE, 0))
                 if header is None or header.base_seq != base:
                     self.damaged(path, i, 0, expected, BAD_SEGMENT_HEADER, "segment header is missing or invalid")

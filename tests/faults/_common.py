@@ -337,14 +337,14 @@ def segments(root: str, site: str, conv: str) -> list[str]:
 
 
 def record_spans(path: str) -> list[tuple[int, int, int]]:
-    """``(start, end, kind)`` of each record of a healthy segment file."""
+    """``(start, end, kind)`` of each record of a healthy segment file (up to its preallocated zeros)."""
     from logstore import frame
 
     with open(path, "rb") as f:
         data = f.read()
     pos = frame.SEGMENT_HEADER_SIZE
     out = []
-    while pos < len(data):
+    while pos + frame.RECORD_HEADER_SIZE <= len(data) and any(data[pos : pos + frame.RECORD_HEADER_SIZE]):
         h = frame.decode_record_header(data, pos)
         out.append((pos, pos + h.size, h.kind))
         pos += h.size

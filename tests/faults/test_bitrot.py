@@ -106,6 +106,10 @@ def _damaged_record(s: Store, rel: str, offset: int) -> int | None:
         if start <= offset < end:
             # A seal holds no items: the next segment's base seq says where the log goes on.
             return None if offset >= end - frame.TRAILER_SIZE or kind == frame.KIND_SEAL else start
+    if s.spans[rel] and offset >= s.spans[rel][-1][1] and not any(s.image[rel][s.spans[rel][-1][1] :]):
+        # The zero-filled space preallocated after the last records (FORMAT.md section 2): a
+        # non-zero byte there reads as an unfinished write, never acknowledged; nothing is lost.
+        return None
     raise AssertionError(f"offset {offset} lies outside every record of {rel}")
 
 
@@ -128,7 +132,8 @@ def _check_segment_flip(s: Store, rel: str, offset: int) -> None:
                 assert read_all(store, SITE, other) == s.logs[other]
         want = s.logs[conv]
         if bad is None:
-            # A flipped trailer or seal byte: every item reads, nothing changes, appends carry on.
+            # A flipped trailer or seal byte, or a byte of preallocated space: every item reads,
+            # nothing changes, appends carry on.
             _check_reads_exact(s, store, conv)
             r = store.append(SITE, conv, make_batch("rot", 0, 1, 1))
             assert r.first == len(want)

@@ -9,7 +9,6 @@ timestamps that match the items.
 
 from __future__ import annotations
 
-import os
 import random
 import subprocess
 import time
@@ -20,6 +19,7 @@ import pytest
 
 from logstore import FileStore, fileio, frame, writer
 from logstore.timefmt import parse_rfc3339
+from tests.logstore_helpers import data_size
 
 from ._common import (
     SITE,
@@ -116,7 +116,7 @@ def test_clock_back_right_after_a_segment_roll(tmp_path: Path, clock: Clock) -> 
     )
     assert proc.returncode == fileio.CRASH_EXIT_STATUS, proc.stderr.decode()
     last = segments(str(root), SITE, conv)[-1]
-    assert os.path.getsize(last) == frame.SEGMENT_HEADER_SIZE, "the crash did not leave an empty active segment"
+    assert data_size(last) == frame.SEGMENT_HEADER_SIZE, "the crash did not leave an empty active segment"
     clock.now = time.time_ns() // 1000
     for back in (1, 1_000_000, 86_400_000_000):
         clock.step(-back)

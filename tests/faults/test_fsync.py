@@ -26,6 +26,7 @@ import pytest
 from logstore import FileStore, Io, fileio
 from logstore.conversation import Conversation, Tip
 from logstore.manifest import SiteManifest
+from tests.logstore_helpers import data_size
 
 from ._common import SITE, STATS, check_log, list_all, make_batch, read_all
 
@@ -290,7 +291,8 @@ def test_failed_directory_sync_is_redone(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def _total_size(d: str) -> int:
-    return sum(os.path.getsize(os.path.join(d, n)) for n in os.listdir(d) if n.endswith(".seg"))
+    """Bytes of records in the conversation's segments (preallocated zeros left out)."""
+    return sum(data_size(os.path.join(d, n)) for n in os.listdir(d) if n.endswith(".seg"))
 
 
 @pytest.mark.parametrize("err", [errno.EIO, errno.ENOSPC])

@@ -41,6 +41,7 @@ import io
 import os
 import random
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -50,8 +51,10 @@ from typing import Any
 import pytest
 
 from logstore import Corrupted, FileStore, ItemsLost, Range, fileio, frame, layout, manifest
+from logstore.codec import encode_batch
 from logstore.maintenance import Restorer, backup, check, salvage
-from logstore.segment import iter_records
+from logstore.segment import data_end, iter_records
+from logstore.writer import _Batch
 from tools.export import write_items
 from tools.restore import import_conversation
 
@@ -109,6 +112,28 @@ class Writer:
         self.b += 1
         r = self.store.append(SITE, conv, make_batch(self.w, self.b, n, pad))
         return self._ack(Ack(conv, r.first, r.last, self.w, self.b, n, pad))
+
+    def append_group(self, conv: str, plan: list[tuple[int, int]]) -> list[Ack]:
+        """Queue one batch per ``(n, pad)`` on ``conv``, then let the first lead: one group commit
+        (several records, one write, one sync), formed as concurrent threads form it."""
+        started = time.monotonic()
+        c = self.store._acquire(SITE, conv, started + 5, started)
+        try:
+            queued = []
+            for n, pad in plan:
+                self.b += 1
+                queued.append((self.b, n, pad, _Batch(*encode_batch(make_batch(self.w, self.b, n, pad)))))
+            batches = [q[3] for q in queued]
+            c._queue.extend(batches)
+            while c._queue and c._queue[0] in batches:
+                c._lead(started + 5, started)  # more than one group when they do not fit one segment
+        finally:
+            c.mutex.release()
+        out = []
+        for b, n, pad, batch in queued:
+            assert batch.done and batch.error is None, batch.error
+            out.append(self._ack(Ack(conv, batch.result[0], batch.result[1], self.w, b, n, pad)))
+        return out
 
     def _ack(self, ack: Ack) -> Ack:
         if self.rec is not None:
@@ -342,6 +367,54 @@ def test_power_cut_appends(shm_path: Path) -> None:
     assert counts["strict"] and counts["lenient"]
 
 
+def _preallocated(w: Writer) -> None:
+    # Segments of 1024 bytes start with 256 bytes (header and zeros). Small batches land in
+    # zeros already there; a bigger one extends the file by a chunk (the record and zeros in
+    # one write); the roll cuts the sealed segment's zeros before the next segment exists.
+    plan = [(0, 1, 10), (0, 1, 10), (0, 2, 60), (0, 1, 10), (0, 1, 10), (0, 1, 300), (0, 1, 10), (0, 1, 200)]
+    for conv_i, n, pad in plan:
+        w.append(CONVS[conv_i], n, pad)
+
+
+def _segment_ops(rec: Recording) -> tuple[int, int, int]:
+    """Writes of one record into space the file has, writes that extend it with zeros, truncations of segments."""
+    into = extend = cut = 0
+    seg_fds = {op[2] for op in rec.disk.ops if op[0] == "create" and op[1].endswith((".seg", ".seg.tmp"))}
+    for op in rec.disk.ops:
+        if op[0] == "write" and op[1] in seg_fds and op[2] >= frame.SEGMENT_HEADER_SIZE:
+            if op[3].endswith(frame.TRAILER_MAGIC):
+                into += 1
+            elif op[3].endswith(b"\x00") and frame.TRAILER_MAGIC in op[3]:
+                extend += 1
+        elif op[0] == "truncate" and op[1] in seg_fds:
+            cut += 1
+    return into, extend, cut
+
+
+def test_power_cut_preallocated_space(shm_path: Path) -> None:
+    """Cuts inside appends into preallocated zeros, inside extensions by a chunk, and inside a roll's cut."""
+    rec = record(shm_path / "data", CONVS, _nothing, _preallocated)
+    into, extend, cut = _segment_ops(rec)
+    assert into >= 3 and extend >= 2 and cut >= 1, (into, extend, cut)
+    explore(rec, "preallocated space", shm_path)
+
+
+def _groups(w: Writer) -> None:
+    w.append(CONVS[0], 1, 10)
+    w.append_group(CONVS[0], [(1, 10), (2, 20), (1, 30)])  # into preallocated space
+    w.append_group(CONVS[0], [(1, 100), (3, 40)])  # extends the segment
+    w.append_group(CONVS[1], [(2, 10), (1, 10)])  # the first append of a conversation, grouped
+
+
+def test_power_cut_group_commit(shm_path: Path) -> None:
+    """Several batches written as separate records in one write and one sync, cut at every point."""
+    rec = record(shm_path / "data", CONVS, _nothing, _groups)
+    syncs = sum(1 for op in rec.disk.ops if op[0] == "sync")
+    assert len(rec.acks) == 8
+    explore(rec, "group commit", shm_path)
+    assert syncs < 20, syncs
+
+
 def test_power_cut_compaction(shm_path: Path) -> None:
     rec = record(shm_path / "data", CONVS, _some_history, _compaction)
     ops = {op[0] for op in rec.disk.ops}
@@ -516,9 +589,10 @@ def _damage_a_middle_record(root: Path, conv: str) -> range:
         try:
             header = frame.decode_segment_header(os.pread(fd, frame.SEGMENT_HEADER_SIZE, 0))
             assert header is not None
+            end = data_end(fd, frame.SEGMENT_HEADER_SIZE, os.fstat(fd).st_size)
             recs = [
                 (off, h)
-                for off, h, _ in iter_records(fd, frame.SEGMENT_HEADER_SIZE, os.fstat(fd).st_size, header.salt)
+                for off, h, _ in iter_records(fd, frame.SEGMENT_HEADER_SIZE, end, header.salt)
                 if h.kind == frame.KIND_BATCH
             ]
         finally:
