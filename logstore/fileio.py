@@ -179,8 +179,78 @@ def makedirs_durable(path: str) -> bool:
     except FileExistsError:
         return False
     fsync_dir(parent)
+    _durable_dirs.add(path)
     crashpoint("after-dir-create")
     return True
+
+
+#: Directories this process has made durably reachable: it synced the parent of each after
+#: the directory existed (or created it with :func:`makedirs_durable`). Only grows: a name,
+#: once durable, stays so until the engine removes the directory (a dropped site, whose
+#: directories are never used again under that name by this process without being re-created).
+_durable_dirs: set[str] = set()
+
+
+def make_dirs(path: str) -> list[str]:
+    """Create ``path`` and missing parents, none of them synced; return those created, outermost first.
+
+    One ``mkdir`` when only ``path`` is missing (no ``stat`` first). The caller
+    makes them durable with :func:`sync_dir_chain` before relying on them.
+    """
+    try:
+        mkdir(path)
+    except FileExistsError:
+        return []
+    except FileNotFoundError:
+        parent = os.path.dirname(path)
+        if parent == path:
+            raise
+        created = make_dirs(parent)
+        try:
+            mkdir(path)
+        except FileExistsError:
+            return created
+        created.append(path)
+        _durable_dirs.discard(path)
+        crashpoint("after-dir-create")
+        return created
+    _durable_dirs.discard(path)  # a new directory under a name a removed one had
+    crashpoint("after-dir-create")
+    return [path]
+
+
+def sync_dir_chain(path: str, top: str) -> None:
+    """Make the entries of directory ``path`` durable, and ``path`` durably reachable from ``top``.
+
+    Syncs ``path`` itself, then each parent up to ``top`` until one whose
+    child is already known durable (:data:`_durable_dirs`): a directory made
+    by another process may not be linked durably yet, so a directory this
+    process has not synced the parent of is never trusted. ``top`` itself is
+    taken as durable (it is made so when it is created, by
+    :func:`makedirs_durable`).
+    """
+    fsync_dir(path)
+    d = path
+    while d != top and d not in _durable_dirs:
+        parent = os.path.dirname(d)
+        if parent == d or not d.startswith(top + os.sep):
+            break
+        fsync_dir(parent)
+        _durable_dirs.add(d)
+        d = parent
+
+
+def forget_dirs(path: str) -> None:
+    """Forget that ``path`` and the directories below it were durable (they are being removed)."""
+    prefix = path + os.sep
+    for d in [d for d in _durable_dirs if d == path or d.startswith(prefix)]:
+        _durable_dirs.discard(d)
+
+
+def resync_failed_dirs(path: str) -> None:
+    """Sync again every directory at or above ``path`` whose earlier sync failed (cheap when none did)."""
+    if _unsynced_dirs:
+        _resync_dirs(path)
 
 
 def write_file_atomic(path: str, data: bytes) -> None:

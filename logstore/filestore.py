@@ -337,6 +337,7 @@ class FileStore(MemoryStore):
             m.close()
         if self._usage is not None:
             self._usage.forget(site)
+        fileio.forget_dirs(path)
         if not os.path.isdir(path):
             return
         trash = os.path.join(self.root, layout.SITES_DIR, f".dropped-{os.getpid()}-{time.time_ns()}")

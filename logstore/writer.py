@@ -2,9 +2,11 @@
 
 An append holds the conversation exclusively (thread mutex and file lock),
 re-verifies the tail (:mod:`logstore.recovery`), logs its intent in the site
-manifest, writes the record and syncs it, then logs the commit. Segments are
-created whole (header synced, then renamed into place) and rolled (sealed)
-past ``Options.segment_bytes``.
+manifest, writes the record and syncs it, then logs the commit. A
+conversation's first segment is created in place with its first batch
+(:meth:`Writer._create_first_segment`); later segments are created whole
+(header synced, then renamed into place) when the active one is rolled
+(sealed) past ``Options.segment_bytes``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import errno
 import os
 from collections.abc import Iterator
 
-from . import fileio, frame, index
+from . import fileio, frame, index, layout
 from .convstate import Tip
 from .errors import ConversationFull, Io, StoreError
 from .frame import KIND_BATCH, KIND_SEAL, SEGMENT_HEADER_SIZE
@@ -48,7 +50,12 @@ class Writer(Recovery):
     @contextlib.contextmanager
     def _exclusive(self, deadline: float, started: float) -> Iterator[None]:
         """Hold the conversation for writing, its tail verified and undamaged. Caller holds ``mutex``."""
-        fileio.makedirs_durable(self.path)
+        if self._fd is None:
+            # No segment open: the directory may not exist yet. Made here, unsynced (its lock
+            # file lives in it); the first segment's creation makes it durable before any
+            # batch in it is acknowledged (_create_first_segment).
+            fileio.make_dirs(self.path)
+        fileio.resync_failed_dirs(self.path)
         self._lock(True, deadline, started)
         try:
             try:
@@ -86,7 +93,8 @@ class Writer(Recovery):
 
     def _write_batch(self, body: bytes, count: int, first: int, stamp: int) -> None:
         if not self._segments:
-            self._create_segment(0)
+            self._create_first_segment(body, count, first, stamp)
+            return
         record = frame.encode_record(self._salt, KIND_BATCH, first, count, stamp, body)
         if self._sealed_active or (
             self._end > SEGMENT_HEADER_SIZE and self._end + len(record) > self.options.segment_bytes
@@ -121,12 +129,59 @@ class Writer(Recovery):
             self._write_index_entries()
 
     def _write_index_entries(self) -> None:
+        if self._idx_unwritten and self._idx_lazy:
+            # The segment's first entries: the file is created now, holding every entry in memory.
+            self._idx_unwritten.clear()
+            try:
+                self._idx_fd = index.open_for_append(self._idx_path(self._idx.base_seq), self._idx)
+            except OSError:
+                return  # derived data: a missing entry only costs a longer scan
+            self._idx_lazy = False
+            return
         if self._idx_unwritten and self._idx_fd is not None:
             try:
                 fileio.append(self._idx_fd, b"".join(self._idx_unwritten))
             except OSError:
                 pass  # derived data: a missing entry only costs a longer scan
         self._idx_unwritten.clear()
+
+    def _create_first_segment(self, body: bytes, count: int, first: int, stamp: int) -> None:
+        """Create the conversation's first segment holding its first batch, durably, with the fewest syncs.
+
+        The segment is created in place (FORMAT.md 6, "Creating a conversation"):
+        its header and the batch's record go in one write from offset 0, so the
+        header lies whole in the file's first sector, then ``fdatasync`` (on ext4
+        this commits the directory changes too, so the directory syncs that
+        follow find nothing left to write), then the conversation directory is
+        synced, and each directory above it this process has not yet seen made
+        durable (:func:`logstore.fileio.sync_dir_chain`). A power cut before all
+        that leaves no segment, or one whose first sector is all zeros (a torn
+        creation, which recovery treats as empty and the next append rewrites), or
+        a whole header with a torn record (a torn tail): never an acknowledged
+        batch. The index file is created with the first index entry.
+        """
+        salt = frame.new_salt()
+        data = frame.encode_segment_header(0, salt) + frame.encode_record(salt, KIND_BATCH, first, count, stamp, body)
+        # O_TRUNC: a torn creation's file may be there (only then: there is no segment otherwise).
+        fd = fileio.open_create(self._seg_path(0), os.O_RDWR | os.O_TRUNC)
+        self._close_active()
+        self._fd = fd
+        self._pending_end = 0  # on failure the file is emptied: an empty file is a torn creation
+        fileio.pwrite_all(fd, data, 0)
+        fileio.crashpoint("before-data-sync")
+        fileio.fdatasync(fd)
+        fileio.crashpoint("after-file-create")
+        fileio.sync_dir_chain(self.path, layout.sites_dir_of_conversation(self.path))
+        fileio.crashpoint("after-data-sync")
+        self._salt = salt
+        self._end = len(data)
+        self._sealed_active = False
+        self._segments = [0]
+        self._idx = index.SparseIndex(0, salt)
+        self._idx_fd = None
+        self._idx_lazy = True
+        self._next_seq = first + count
+        self._last_us = stamp
 
     def _create_segment(self, base: int) -> None:
         """Create, sync and publish an empty segment starting at seq ``base``."""
@@ -151,6 +206,7 @@ class Writer(Recovery):
         self._segments.append(base)
         self._idx = index.SparseIndex(base, salt)
         self._idx_fd = index.open_for_append(self._idx_path(base), self._idx)
+        self._idx_lazy = False
 
     def _roll(self) -> None:
         """Seal the active segment and start the next one."""

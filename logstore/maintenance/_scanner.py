@@ -14,6 +14,7 @@ from .. import fileio, frame, index, layout
 from ..conversation import Tip
 from ..errors import Timeout
 from ..frame import KIND_LOSS, KIND_SEAL, SEGMENT_HEADER_SIZE
+from ..recovery import is_torn_creation
 from ..segment import classify_failure
 from ._files import (
     _ConvSnapshot,
@@ -46,6 +47,7 @@ from ._types import (
     SEQ_GAP,
     SEQ_MISMATCH,
     STRAY_FILE,
+    TORN_CREATION,
     TORN_TAIL,
     TRUNCATABLE_KINDS,
     UNSEALED_SEGMENT,
@@ -116,6 +118,7 @@ class _ConvScanner:
         self.torn: tuple[Problem, int, int] | None = None  # problem, segment index, offset
         self.torn_first_seq = 0  # first seq the torn record would have held
         self.torn_acknowledged = False
+        self.torn_creation: Problem | None = None  # an unfinished first segment (never acknowledged)
         self.damage_problem: Problem | None = None
 
     def _path(self, name: str) -> str:
@@ -159,6 +162,19 @@ class _ConvScanner:
                 continue  # removed under us: only possible for a dropped site
             try:
                 header = frame.decode_segment_header(os.pread(fd, SEGMENT_HEADER_SIZE, 0))
+                if header is None and is_torn_creation(fd, base, last_seg, len(segs) == 1):
+                    self.torn_creation = self.problem(
+                        path,
+                        0,
+                        TORN_CREATION,
+                        f"the conversation's first segment ({size} bytes) was never finished: its first sector, "
+                        "where the header goes, is all zeros (a power cut during its creation); it holds no "
+                        "acknowledged item",
+                        "none needed: the engine treats the conversation as empty and rewrites the file at its "
+                        "next append; --repair removes it now",
+                    )
+                    self.torn_creation.resolves_itself = True
+                    continue
                 if header is None or header.base_seq != base:
                     self.damaged(path, i, 0, expected, BAD_SEGMENT_HEADER, "segment header is missing or invalid")
                     expected = None
@@ -501,6 +517,8 @@ class _ConvScanner:
             p.action = f"truncated the segment to {offset} bytes ({why}){kept}"
         elif torn is not None:
             torn[0].action = "none: the log is damaged before it (see above); --truncate-at-corruption cuts both"
+        if self.torn_creation is not None:
+            self._remove_torn_creation(self.torn_creation)
         if self.damage is not None and truncate_at_corruption:
             self._truncate_at_corruption()
             cut = True
@@ -514,6 +532,18 @@ class _ConvScanner:
                     p.repaired = ok
                     p.action = "rebuilt the index from its segment" if ok else p.action
         return cut
+
+    def _remove_torn_creation(self, p: Problem) -> None:
+        """Remove an unfinished first segment (and any index of it), as if its creation never began."""
+        for name in (layout.segment_name(0), layout.index_name(0)):
+            try:
+                fileio.unlink(self._path(name))
+            except FileNotFoundError:
+                pass
+        fileio.fsync_dir(self.snap.path)
+        self.snap.segments = [(b, s) for b, s in self.snap.segments if b != 0]
+        p.repaired = True
+        p.action = "removed the unfinished segment (it held no acknowledged item)"
 
     def _rebuild_index(self, base: int) -> bool:
         segs = dict(self.snap.segments)
