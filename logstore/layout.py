@@ -57,10 +57,7 @@ def conversation_dir(root: str, site: str, conversation_id: str) -> str:
 
 def sites_dir_of_conversation(conversation_path: str) -> str:
     """The ``DATA/sites`` directory above a conversation directory made by :func:`conversation_dir`."""
-    path = conversation_path
-    for _ in range(5):  # <conv-hex>, <bb>, <aa>, c, <site-hex>
-        path = os.path.dirname(path)
-    return path
+    return conversation_path.rsplit(os.sep, 5)[0]  # above <site-hex>/c/<aa>/<bb>/<conv-hex>
 
 
 def segment_name(base_seq: int) -> str:

@@ -119,6 +119,7 @@ class _ConvScanner:
         self.torn_first_seq = 0  # first seq the torn record would have held
         self.torn_acknowledged = False
         self.torn_creation: Problem | None = None  # an unfinished first segment (never acknowledged)
+        self.index_absent = False  # the last segment has no index file (see _index_entries)
         self.damage_problem: Problem | None = None
 
     def _path(self, name: str) -> str:
@@ -265,7 +266,16 @@ class _ConvScanner:
                             self.created_us = ts
                         self.last_us = ts
                         self.next_seq = expected
-                if missing_entries > INDEX_SHORT_TOLERANCE and base not in self.rebuild_index:
+                if self.index_absent and last_seg:
+                    if missing_entries >= INDEX_SHORT_TOLERANCE:
+                        p = self._index_problem(
+                            base,
+                            INDEX_MISSING,
+                            None,
+                            f"the segment has no index file, and its records call for {missing_entries} entries",
+                        )
+                        self._index_note(p, last_seg)  # a crash before the unsynced index reached the disk
+                elif missing_entries > INDEX_SHORT_TOLERANCE and base not in self.rebuild_index:
                     last = max(entries, default=None)
                     where = f"its last entry points at segment byte {last}" if last is not None else "it has no entry"
                     self._index_problem(
@@ -366,6 +376,11 @@ class _ConvScanner:
         A missing or stale index, or entries out of order, are reported here.
         """
         data = self.snap.indexes.get(base)
+        if data is None and last_seg:
+            # The writer creates the last segment's index file with its first group of entries:
+            # judged after the walk, from how many entries the segment calls for.
+            self.index_absent = True
+            return {}
         if data is None:
             p = self._index_problem(base, INDEX_MISSING, None, "the segment has no index file")
             self._index_note(p, last_seg)  # a crash before the unsynced index reached the disk
