@@ -128,15 +128,18 @@ class Writer(Recovery):
         if len(self._idx_unwritten) >= _INDEX_WRITE_GROUP:
             self._write_index_entries()
 
+    def _create_index_file(self) -> None:
+        """Create the active segment's index file, holding every entry in memory (it had none on disk)."""
+        self._idx_unwritten.clear()
+        self._idx_lazy = False
+        try:
+            self._idx_fd = index.open_for_append(self._idx_path(self._idx.base_seq), self._idx)
+        except OSError:
+            pass  # derived data: a missing index only costs a longer scan (and is rebuilt)
+
     def _write_index_entries(self) -> None:
         if self._idx_unwritten and self._idx_lazy:
-            # The segment's first entries: the file is created now, holding every entry in memory.
-            self._idx_unwritten.clear()
-            try:
-                self._idx_fd = index.open_for_append(self._idx_path(self._idx.base_seq), self._idx)
-            except OSError:
-                return  # derived data: a missing entry only costs a longer scan
-            self._idx_lazy = False
+            self._create_index_file()  # the segment's first entries
             return
         if self._idx_unwritten and self._idx_fd is not None:
             try:
@@ -219,6 +222,8 @@ class Writer(Recovery):
             self._end += len(seal)
             self._sealed_active = True
             fileio.crashpoint("segment-roll-sealed")
+        if self._idx_lazy:
+            self._create_index_file()  # a sealed segment has its index file, even without entries
         self._write_index_entries()  # the sealed segment's index is complete, and nobody else writes it
         self._sealed_cache.clear()
         self._create_segment(self._next_seq)
