@@ -6,7 +6,10 @@ On disk it is a snapshot plus an append-only activity log (FORMAT.md):
 * before a batch is written, its conversation logs an *intent*, synced for
   the conversation's first batch in the epoch (per writing process), so that
   after a power cut the log names every conversation written since its
-  snapshot, even when the later, unsynced records are lost;
+  snapshot, even when the later, unsynced records are lost; a new
+  conversation's intent is not synced: after a reboot the first listing
+  *walks* the site's directories for conversations the listing does not know
+  and logs a *walked* record of the boot once it found them all;
 * after the batch is durable, a *commit* with the conversation's new extent
   (not synced: a power cut may lose it);
 * an intent that is never followed by a commit (its writer crashed) is
