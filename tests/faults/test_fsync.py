@@ -246,8 +246,14 @@ def _dir_sync_spy(monkeypatch: pytest.MonkeyPatch) -> tuple[list[tuple[str, bool
             current.pop()
         log.append((path, True))
 
+    def fsync_dirs(paths: list[str]) -> None:
+        # One at a time, through the spy (test_directory_syncs_run_together checks the real one).
+        for p in paths:
+            fsync_dir(p)
+
     monkeypatch.setattr(fileio, "fault_hook", hook)
     monkeypatch.setattr(fileio, "fsync_dir", fsync_dir)
+    monkeypatch.setattr(fileio, "fsync_dirs", fsync_dirs)
     return log, fail
 
 
@@ -338,3 +344,38 @@ def test_commit_record_failing_after_the_data_sync(tmp_path: Path, monkeypatch: 
             assert listing[conv].last_appended_at == read_all(store, SITE, conv)[-1].recorded_at
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_directory_syncs_run_together(tmp_path: Path, hook: list[Any], k: int) -> None:
+    """``fileio.fsync_dirs``: the k-th of three directory syncs fails; every one is redone before it is trusted."""
+    dirs = [str(tmp_path / name) for name in ("a", "b", "c")]
+    for d in dirs:
+        os.mkdir(d)
+    hook[:] = [FailNth(k, ("fsync",))]
+    with pytest.raises(OSError):
+        fileio.fsync_dirs(dirs)
+    hook.clear()
+    assert set(dirs) <= fileio._unsynced_dirs  # none of them may be taken as synced
+    synced: list[str] = []
+    hook[:] = [lambda op: synced.append(op)]
+    for d in dirs:
+        fileio.resync_failed_dirs(d)
+    assert synced == ["fsync"] * 3 and not set(dirs) & fileio._unsynced_dirs
+    hook.clear()
+    fileio.fsync_dirs(dirs)  # and without a fault, all three at once
+    assert not set(dirs) & fileio._unsynced_dirs
+
+
+def test_directory_sync_failing_in_a_worker(tmp_path: Path) -> None:
+    """A sync that fails on a worker thread (here: the directory is gone) is raised and left to redo."""
+    dirs = [str(tmp_path / name) for name in ("a", "b", "c")]
+    os.mkdir(dirs[0])
+    os.mkdir(dirs[2])
+    try:
+        with pytest.raises(FileNotFoundError):
+            fileio.fsync_dirs(dirs)
+        assert dirs[1] in fileio._unsynced_dirs
+        assert dirs[0] not in fileio._unsynced_dirs and dirs[2] not in fileio._unsynced_dirs
+    finally:
+        fileio._unsynced_dirs.difference_update(dirs)
