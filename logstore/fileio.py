@@ -188,9 +188,10 @@ def makedirs_durable(path: str) -> bool:
 
 
 #: Directories this process has made durably reachable: it synced the parent of each after
-#: the directory existed (or created it with :func:`makedirs_durable`). Only grows: a name,
-#: once durable, stays so until the engine removes the directory (a dropped site, whose
-#: directories are never used again under that name by this process without being re-created).
+#: the directory existed (or created it with :func:`makedirs_durable`). Conversation
+#: directories themselves are not kept, so it holds at most the fan-out directories of each
+#: site (65,536 + 256). A name is dropped when the engine removes or re-creates the directory
+#: (:func:`forget_dirs`, :func:`make_dirs`).
 _durable_dirs: set[str] = set()
 
 
@@ -243,7 +244,9 @@ def sync_dir_chain(path: str, top: str) -> None:
         linked.append(d)
         d = parent
     fsync_dirs(todo)
-    _durable_dirs.update(linked)
+    # Not ``path`` itself: its entry is made durable once (a conversation directory gets one
+    # first segment), so remembering it would only grow the set by one name per conversation.
+    _durable_dirs.update(linked[1:])
 
 
 def fsync_dirs(paths: list[str]) -> None:
