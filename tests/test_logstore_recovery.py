@@ -335,6 +335,9 @@ def test_torn_creation_reads_empty_and_is_rewritten(tmp_path: Path, shape: str) 
     kinds = [p.kind for p in report.problems]
     assert maintenance.TORN_CREATION in kinds, kinds
     assert not report.unrepaired, [(p.kind, p.detail) for p in report.unrepaired]
+    # The tools see an empty conversation too, not damage.
+    assert list(maintenance.iter_conversation_items(str(root), SITE, CONV)) == []
+    assert not [c for s in maintenance.stats(str(root)) for c in s.damaged]
     store = FileStore(root)
     try:
         assert store.read(SITE, CONV, Range(0, 10)) == []
