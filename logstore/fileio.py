@@ -223,7 +223,7 @@ def make_dirs(path: str) -> list[str]:
     return [path]
 
 
-def sync_dir_chain(path: str, top: str) -> None:
+def sync_dir_chain(path: str, top: str, data_fd: int | None = None) -> None:
     """Make the entries of directory ``path`` durable, and ``path`` durably reachable from ``top``.
 
     Syncs ``path`` itself, then each parent up to ``top`` until one whose
@@ -231,7 +231,8 @@ def sync_dir_chain(path: str, top: str) -> None:
     by another process may not be linked durably yet, so a directory this
     process has not synced the parent of is never trusted. ``top`` itself is
     taken as durable (it is made so when it is created, by
-    :func:`makedirs_durable`).
+    :func:`makedirs_durable`). With ``data_fd``, that file's ``fdatasync`` runs
+    at the same time (see :func:`fsync_dirs`).
     """
     todo = [path]
     linked = []
@@ -243,41 +244,55 @@ def sync_dir_chain(path: str, top: str) -> None:
         todo.append(parent)
         linked.append(d)
         d = parent
-    fsync_dirs(todo)
+    fsync_dirs(todo, data_fd)
     # Not ``path`` itself: its entry is made durable once (a conversation directory gets one
     # first segment), so remembering it would only grow the set by one name per conversation.
     _durable_dirs.update(linked[1:])
 
 
-def fsync_dirs(paths: list[str]) -> None:
-    """:func:`fsync_dir` for each of ``paths``, the syncs themselves run at the same time.
+def fsync_dirs(paths: list[str], data_fd: int | None = None) -> None:
+    """:func:`fsync_dir` for each of ``paths`` (and :func:`fdatasync` of ``data_fd``), all at the same time.
 
-    Each directory sync is mostly a wait for the device to flush its cache;
-    concurrent flushes are merged by the block layer, so several directories
-    cost about one. The fault hook and the recorder are called in order on
-    the calling thread, as for :func:`fsync_dir`. Raises the first error after
-    every sync has finished; a directory whose sync failed is synced again
-    later (see :func:`makedirs_durable`).
+    Each sync is mostly a wait for the device: concurrent syncs overlap their
+    writes and their cache flushes, which the block layer merges. Which sync
+    finishes first does not matter: the caller relies on none of them before
+    all have returned. (On a filesystem without a journal, such as the one the
+    benchmarks ran on, syncing a new file writes its new parent directories
+    one after another; the directory syncs running beside it take that off
+    the critical path. On a journaling filesystem the directory syncs may
+    commit the journal once more than after the file's sync alone.) The fault
+    hook and the recorder are called in order on the calling thread, as for
+    :func:`fsync_dir` and :func:`fdatasync`. Raises the first error after
+    every sync has finished; a directory whose sync failed or did not run is
+    synced again later (see :func:`resync_failed_dirs`).
     """
-    if len(paths) < 2:
+    if data_fd is None and len(paths) < 2:
         for p in paths:
             fsync_dir(p)
         return
     try:
+        if data_fd is not None:
+            _fault("fdatasync")
         for _ in paths:
             _fault("fsync")
     except OSError:
         _unsynced_dirs.update(paths)
         raise
     pool = _dir_sync_pool()
-    futures = [pool.submit(_fsync_dir_timed, p) for p in paths[1:]]
+    background = paths if data_fd is not None else paths[1:]
+    futures = [pool.submit(_fsync_dir_timed, p) for p in background]
     errors: list[BaseException] = []
     try:
-        _fsync_dir_timed(paths[0])
+        if data_fd is not None:
+            with observe.timed("fdatasync"):
+                os.fdatasync(data_fd)
+        else:
+            _fsync_dir_timed(paths[0])
     except OSError as exc:
         errors.append(exc)
-        _unsynced_dirs.add(paths[0])
-    for p, f in zip(paths[1:], futures, strict=True):
+        if data_fd is None:
+            _unsynced_dirs.add(paths[0])
+    for p, f in zip(background, futures, strict=True):
         failure = f.exception()
         if failure is not None:
             errors.append(failure)
@@ -288,6 +303,8 @@ def fsync_dirs(paths: list[str]) -> None:
         _unsynced_dirs.discard(p)
         if recorder is not None:
             recorder("dirsync", p)
+    if data_fd is not None and recorder is not None:
+        recorder("sync", data_fd)
 
 
 def _fsync_dir_timed(path: str) -> None:

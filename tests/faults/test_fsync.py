@@ -246,8 +246,10 @@ def _dir_sync_spy(monkeypatch: pytest.MonkeyPatch) -> tuple[list[tuple[str, bool
             current.pop()
         log.append((path, True))
 
-    def fsync_dirs(paths: list[str]) -> None:
+    def fsync_dirs(paths: list[str], data_fd: int | None = None) -> None:
         # One at a time, through the spy (test_directory_syncs_run_together checks the real one).
+        if data_fd is not None:
+            fileio.fdatasync(data_fd)
         for p in paths:
             fsync_dir(p)
 
@@ -365,6 +367,19 @@ def test_directory_syncs_run_together(tmp_path: Path, hook: list[Any], k: int) -
     hook.clear()
     fileio.fsync_dirs(dirs)  # and without a fault, all three at once
     assert not set(dirs) & fileio._unsynced_dirs
+    # With a file's data sync among them: its fault fails the call before any sync starts.
+    fd = os.open(tmp_path / "a" / "f", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        hook[:] = [FailNth(1, ("fdatasync",))]
+        with pytest.raises(OSError):
+            fileio.fsync_dirs(dirs, fd)
+        hook.clear()
+        assert set(dirs) <= fileio._unsynced_dirs
+        fileio.fsync_dirs(dirs, fd)
+        assert not set(dirs) & fileio._unsynced_dirs
+    finally:
+        os.close(fd)
+        fileio._unsynced_dirs.difference_update(dirs)
 
 
 def test_directory_sync_failing_in_a_worker(tmp_path: Path) -> None:
