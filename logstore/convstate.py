@@ -105,6 +105,9 @@ class ConversationState:
         self._last_us = 0
         self._created_us: int | None = None
         self._idx = index.SparseIndex(0, 0)
+        #: The writer holds the active segment without an index file: it has no entry yet,
+        #: and the file is created with the first one (see Writer._write_index_entries).
+        self._idx_lazy = False
         # Entries of our own appends not yet in the index file (see _note_index_entry).
         self._idx_unwritten: list[bytes] = []
         self._damage: Corrupted | None = None

@@ -18,9 +18,12 @@ Points: ``record-mid-write``, ``before-data-sync``, ``after-data-sync``,
 
 from __future__ import annotations
 
+import concurrent.futures
 import errno as _errno
 import os
 import shutil
+import threading
+import time
 from collections.abc import Callable
 
 from . import observe
@@ -182,8 +185,175 @@ def makedirs_durable(path: str) -> bool:
     except FileExistsError:
         return False
     fsync_dir(parent)
+    _durable_dirs.add(path)
     crashpoint("after-dir-create")
     return True
+
+
+#: Directories this process has made durably reachable: it synced the parent of each after
+#: the directory existed (or created it with :func:`makedirs_durable`). Conversation
+#: directories themselves are not kept, so it holds at most the fan-out directories of each
+#: site (65,536 + 256). A name is dropped when the engine removes or re-creates the directory
+#: (:func:`forget_dirs`, :func:`make_dirs`).
+_durable_dirs: set[str] = set()
+
+
+def make_dirs(path: str) -> list[str]:
+    """Create ``path`` and missing parents, none of them synced; return those created, outermost first.
+
+    One ``mkdir`` when only ``path`` is missing (no ``stat`` first). The caller
+    makes them durable with :func:`sync_dir_chain` before relying on them.
+    """
+    try:
+        mkdir(path)
+    except FileExistsError:
+        return []
+    except FileNotFoundError:
+        parent = os.path.dirname(path)
+        if parent == path:
+            raise
+        created = make_dirs(parent)
+        try:
+            mkdir(path)
+        except FileExistsError:
+            return created
+        created.append(path)
+        _durable_dirs.discard(path)
+        crashpoint("after-dir-create")
+        return created
+    _durable_dirs.discard(path)  # a new directory under a name a removed one had
+    crashpoint("after-dir-create")
+    return [path]
+
+
+def sync_dir_chain(path: str, top: str, data_fd: int | None = None) -> None:
+    """Make the entries of directory ``path`` durable, and ``path`` durably reachable from ``top``.
+
+    Syncs ``path`` itself, then each parent up to ``top`` until one whose
+    child is already known durable (:data:`_durable_dirs`): a directory made
+    by another process may not be linked durably yet, so a directory this
+    process has not synced the parent of is never trusted. ``top`` itself is
+    taken as durable (it is made so when it is created, by
+    :func:`makedirs_durable`). With ``data_fd``, that file's ``fdatasync`` runs
+    at the same time (see :func:`fsync_dirs`).
+    """
+    todo = [path]
+    linked = []
+    d = path
+    while d != top and d not in _durable_dirs:
+        parent = os.path.dirname(d)
+        if parent == d or not d.startswith(top + os.sep):
+            break
+        todo.append(parent)
+        linked.append(d)
+        d = parent
+    fsync_dirs(todo, data_fd)
+    # Not ``path`` itself: its entry is made durable once (a conversation directory gets one
+    # first segment), so remembering it would only grow the set by one name per conversation.
+    _durable_dirs.update(linked[1:])
+
+
+def fsync_dirs(paths: list[str], data_fd: int | None = None) -> None:
+    """:func:`fsync_dir` for each of ``paths`` (and :func:`fdatasync` of ``data_fd``), all at the same time.
+
+    Each sync is mostly a wait for the device: concurrent syncs overlap their
+    writes and their cache flushes, which the block layer merges. Which sync
+    finishes first does not matter: the caller relies on none of them before
+    all have returned. (On a filesystem without a journal, such as the one the
+    benchmarks ran on, syncing a new file writes its new parent directories
+    one after another; the directory syncs running beside it take that off
+    the critical path. On a journaling filesystem the directory syncs may
+    commit the journal once more than after the file's sync alone.) The fault
+    hook and the recorder are called in order on the calling thread, as for
+    :func:`fsync_dir` and :func:`fdatasync`. Raises the first error after
+    every sync has finished; a directory whose sync failed or did not run is
+    synced again later (see :func:`resync_failed_dirs`).
+    """
+    if data_fd is None and len(paths) < 2:
+        for p in paths:
+            fsync_dir(p)
+        return
+    try:
+        if data_fd is not None:
+            _fault("fdatasync")
+        for _ in paths:
+            _fault("fsync")
+    except OSError:
+        _unsynced_dirs.update(paths)
+        raise
+    pool = _dir_sync_pool()
+    background = paths if data_fd is not None else paths[1:]
+    futures = [pool.submit(_fsync_dir_timed, p) for p in background]
+    errors: list[BaseException] = []
+    try:
+        if data_fd is not None:
+            with observe.timed("fdatasync"):
+                os.fdatasync(data_fd)
+        else:
+            _fsync_dir_timed(paths[0])
+    except OSError as exc:
+        errors.append(exc)
+        if data_fd is None:
+            _unsynced_dirs.add(paths[0])
+    for p, f in zip(background, futures, strict=True):
+        failure = f.exception()
+        if failure is not None:
+            errors.append(failure)
+            _unsynced_dirs.add(p)
+    if errors:
+        raise errors[0]
+    for p in paths:
+        _unsynced_dirs.discard(p)
+        if recorder is not None:
+            recorder("dirsync", p)
+    if data_fd is not None and recorder is not None:
+        recorder("sync", data_fd)
+
+
+def _fsync_dir_timed(path: str) -> None:
+    started = time.perf_counter()
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+        observe.emit("fsync", time.perf_counter() - started)
+
+
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _dir_sync_pool() -> concurrent.futures.ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="logstore-dirsync")
+        return _pool
+
+
+def _forget_pool() -> None:
+    """In a forked child the parent's pool threads do not exist: start a new pool when needed."""
+    global _pool, _pool_lock
+    _pool = None
+    _pool_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
+def forget_dirs(path: str) -> None:
+    """Forget that ``path`` and the directories below it were durable (they are being removed)."""
+    prefix = path + os.sep
+    for d in [d for d in _durable_dirs if d == path or d.startswith(prefix)]:
+        _durable_dirs.discard(d)
+
+
+def resync_failed_dirs(path: str) -> None:
+    """Sync again every directory at or above ``path`` whose earlier sync failed (cheap when none did)."""
+    if _unsynced_dirs:
+        _resync_dirs(path)
 
 
 def write_file_atomic(path: str, data: bytes) -> None:

@@ -119,12 +119,14 @@ class FileStore(MemoryStore):
         opened (not on every call); ``fsck`` reports links anywhere below the
         root.
         """
-        current = self.root
-        for part in os.path.relpath(path, self.root).split(os.sep):
-            current = os.path.join(current, part)
+        root = self.root
+        # Each directory from the root down, by its prefix of ``path`` (no relpath/join per part).
+        ends = [i for i in range(len(root) + 1, len(path)) if path[i] == os.sep] + [len(path)]
+        for end in ends:
+            current = path[:end]
             try:
                 if stat.S_ISLNK(os.lstat(current).st_mode):
-                    raise _symlink_refused(self.root, current)
+                    raise _symlink_refused(root, current)
             except FileNotFoundError:
                 return
         try:
@@ -167,9 +169,7 @@ class FileStore(MemoryStore):
         with self._lock:
             conv = self._convs.get(key)
             if conv is None or conv.closed:
-                conv = Conversation(
-                    layout.conversation_dir(self.root, site, conversation_id), conversation_id, self.options, manifest
-                )
+                conv = Conversation(path, conversation_id, self.options, manifest)
                 self._convs[key] = conv
             self._convs.move_to_end(key)
             self._evict_locked()
@@ -387,6 +387,7 @@ class FileStore(MemoryStore):
             m.close()
         if self._usage is not None:
             self._usage.forget(site)
+        fileio.forget_dirs(path)
         if not os.path.isdir(path):
             return
         trash = os.path.join(self.root, layout.SITES_DIR, f".dropped-{os.getpid()}-{time.time_ns()}")

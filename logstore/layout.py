@@ -55,6 +55,11 @@ def conversation_dir(root: str, site: str, conversation_id: str) -> str:
     return os.path.join(site_dir(root, site), CONVERSATIONS_DIR, a, b, encode_name(conversation_id))
 
 
+def sites_dir_of_conversation(conversation_path: str) -> str:
+    """The ``DATA/sites`` directory above a conversation directory made by :func:`conversation_dir`."""
+    return conversation_path.rsplit(os.sep, 5)[0]  # above <site-hex>/c/<aa>/<bb>/<conv-hex>
+
+
 def segment_name(base_seq: int) -> str:
     return f"{base_seq:020d}{SEGMENT_SUFFIX}"
 

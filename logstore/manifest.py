@@ -6,7 +6,10 @@ On disk it is a snapshot plus an append-only activity log (FORMAT.md):
 * before a batch is written, its conversation logs an *intent*, synced for
   the conversation's first batch in the epoch (per writing process), so that
   after a power cut the log names every conversation written since its
-  snapshot, even when the later, unsynced records are lost;
+  snapshot, even when the later, unsynced records are lost; a new
+  conversation's intent is not synced: after a reboot the first listing
+  *walks* the site's directories for conversations the listing does not know
+  and logs a *walked* record of the boot once it found them all;
 * after the batch is durable, a *commit* with the conversation's new extent
   (not synced: a power cut may lose it);
 * an intent that is never followed by a commit (its writer crashed) is
@@ -51,7 +54,7 @@ SNAP_HEADER = struct.Struct("<8sQQQQQ")  # magic, epoch, complete, body_len, xxh
 REC_MAGIC = b"\xc7\x4d"
 REC_HEADER = struct.Struct("<2sHIQ")  # magic, reserved, body_len, xxh3(body_len bytes + body, seed=salt)
 
-INTENT, COMMIT, RESOLVE, BOOT = 1, 2, 3, 4
+INTENT, COMMIT, RESOLVE, BOOT, WALKED = 1, 2, 3, 4, 5
 LOCK_FILE = "manifest.lock"
 
 
@@ -200,6 +203,9 @@ class SiteManifest(ManifestHook):
         self._recover: set[str] = set()
         #: Loading: collecting ``_recover`` until a boot record of this boot is read.
         self._collecting = False
+        #: The loaded log holds a walked record of this boot: every conversation that held
+        #: items before this boot is named in the snapshot or the log (see ``_walk_unknown``).
+        self._walked = False
 
     # ------------------------------------------------------------ file lock
 
@@ -238,7 +244,8 @@ class SiteManifest(ManifestHook):
         snaps = [e for e, kinds in epochs.items() if "snap" in kinds]
         if not snaps:
             complete = not any(True for _ in self._walk())
-            self._write_epoch(1, [], complete)
+            # Complete: no conversation holds anything yet, so none can be missing after a reboot.
+            self._write_epoch(1, [], complete, walked=complete)
             return 1
         epoch = max(snaps)
         if "log" not in epochs[epoch]:
@@ -259,17 +266,28 @@ class SiteManifest(ManifestHook):
                         pass
         return epoch
 
-    def _write_epoch(self, epoch: int, entries: list[_Entry], complete: bool) -> None:
+    def _write_epoch(self, epoch: int, entries: list[_Entry], complete: bool, walked: bool = False) -> None:
+        """Write epoch ``epoch``'s snapshot, then its (empty) log, each durably.
+
+        ``walked``: the entries name every conversation that held items before
+        this boot (the caller read a walked record of this boot, or probed them
+        all): the new log starts with a walked record of this boot, so no
+        listing in this boot walks the site's directories again.
+        """
         body = _enc.encode(entries)
         head = struct.pack("<8sQQQQ", SNAP_MAGIC, epoch, int(complete), len(body), xxhash.xxh3_64_intdigest(body))
         head += struct.pack("<Q", xxhash.xxh3_64_intdigest(head))
         fileio.makedirs_durable(self.site_dir)
         fileio.write_file_atomic(snap_path(self.site_dir, epoch), head + body)
-        self._create_log(epoch)
+        self._create_log(epoch, walked)
         fileio.crashpoint("manifest-compact")
 
-    def _create_log(self, epoch: int) -> None:
-        fileio.write_file_atomic(log_path(self.site_dir, epoch), encode_log_header(epoch, _new_salt()))
+    def _create_log(self, epoch: int, walked: bool = False) -> None:
+        salt = _new_salt()
+        data = encode_log_header(epoch, salt)
+        if walked:
+            data += encode_log_record(salt, _enc.encode([WALKED, boot_id, 0, 0, 0]))
+        fileio.write_file_atomic(log_path(self.site_dir, epoch), data)
 
     def _open_log(self, epoch: int, flags: int) -> tuple[int, int]:
         fd = os.open(log_path(self.site_dir, epoch), flags)
@@ -286,13 +304,26 @@ class SiteManifest(ManifestHook):
     # --------------------------------------------------------------- writes
 
     def intent(self, conversation_id: str, tip: Tip, *, new: bool) -> None:
-        self._write([INTENT, str(conversation_id), tip.created_us, tip.last_us, tip.next_seq], sync=new, touch=True)
+        """Log that a batch bringing the conversation to ``tip`` is about to be written.
+
+        Synced when it is this process's first intent for the conversation in
+        the epoch, so that a power cut cannot hide from the listing a
+        conversation whose log grew. Not for a ``new`` conversation (its first
+        batch): after a reboot the listing finds the conversations it does not
+        know by walking the site's directories (``_walk_unknown``), so its
+        records may be lost; it counts as synced for the rest of the epoch.
+        """
+        record = [INTENT, str(conversation_id), tip.created_us, tip.last_us, tip.next_seq]
+        self._write(record, sync=False, touch=True, new=new)
 
     def commit(self, conversation_id: str, tip: Tip) -> None:
         self._write([COMMIT, str(conversation_id), tip.created_us, tip.last_us, tip.next_seq], sync=False)
 
-    def _write(self, record: list[Any], sync: bool, touch: bool = False) -> None:
-        """Append one record to the current epoch's log; ``touch``: sync it unless this epoch already has one."""
+    def _write(self, record: list[Any], sync: bool, touch: bool = False, new: bool = False) -> None:
+        """Append one record to the current epoch's log; ``touch``: sync it unless this epoch already has one.
+
+        ``new`` (with ``touch``): the conversation's first batch, which needs no sync (see :meth:`intent`).
+        """
         with self._mutex:
             self._flock()
             try:
@@ -315,7 +346,9 @@ class SiteManifest(ManifestHook):
                     self._wsnap = _size(snap_path(self.site_dir, epoch))
                     fileio.append(self._wfd, encode_log_record(self._wsalt, _enc.encode([BOOT, boot_id, 0, 0, 0])))
                 fileio.append(self._wfd, encode_log_record(self._wsalt, _enc.encode(record)))
-                if sync or (touch and record[1] not in self._touched):
+                if touch and new:
+                    self._touched.add(record[1])
+                elif sync or (touch and record[1] not in self._touched):
                     fileio.fdatasync(self._wfd)
                     if touch:
                         self._touched.add(record[1])
@@ -357,6 +390,7 @@ class SiteManifest(ManifestHook):
         self._loaded = True
         # Note which conversations were written before this boot (see _recover_listing).
         self._recover = set()
+        self._walked = False
         self._collecting = True
         try:
             self._tail(locked=True)
@@ -401,6 +435,7 @@ class SiteManifest(ManifestHook):
                 return
             os.close(self._rfd)
             self._rfd, self._rsalt, self._repoch, self._roff = fd, salt, self._repoch + 1, LOG_HEADER.size
+            self._walked = False  # the next epoch's log says again (its compactor carried it over)
 
     def _apply(self, rec: list[Any]) -> None:
         try:
@@ -411,6 +446,10 @@ class SiteManifest(ManifestHook):
         if kind == BOOT:
             if self._collecting and conv == boot_id:
                 self._collecting = False  # everything after it was logged in this boot
+            return
+        if kind == WALKED:
+            if conv == boot_id:
+                self._walked = True
             return
         if kind == INTENT:
             if self._collecting:
@@ -457,8 +496,17 @@ class SiteManifest(ManifestHook):
             # Other threads wait for the check rather than list what it is about to correct.
             with self._mutex:
                 recover, self._recover = self._recover, set()
+                walk = not self._walked
             if recover:
                 self._recover_listing(recover, {c for c, _ in due})
+                with self._mutex:
+                    self._tail()
+            if walk:
+                with self._mutex:
+                    self._tail()
+                    walk = not self._walked  # another process may have walked meanwhile
+                if walk and self._walk_unknown():
+                    self._write([WALKED, boot_id, 0, 0, 0], sync=False)
                 with self._mutex:
                     self._tail()
         for conv, pending in due:
@@ -503,6 +551,36 @@ class SiteManifest(ManifestHook):
                 stale = e is None or tip.next_seq > e.next_seq
             if stale:
                 self._write([COMMIT, conv, tip.created_us, tip.last_us, tip.next_seq], sync=False)
+
+    def _walk_unknown(self) -> bool:
+        """Find the conversations that hold items the listing does not know; log their extent.
+
+        Run at the first listing of an epoch's log that holds no walked record
+        of this boot. A new conversation's intent is not synced (see
+        :meth:`intent`), so a power cut can take every record of it from the
+        log while its first batch is durable: the conversation's directory says
+        it exists. Every directory of the site is looked at (names only); a
+        conversation with no entry (or an empty one) and no pending intent is
+        probed. True when every one could be probed (a conversation held by a
+        writer is left to that writer's commit, and the walk is made again at
+        the next listing); a damaged one is left for fsck to report.
+        """
+        whole = True
+        for conv in _conversation_names(self.site_dir):
+            with self._mutex:
+                e = self._repo.get(conv)
+                if e is not None and (e.next_seq > 0 or e.pending is not None):
+                    continue
+            try:
+                tip = self._probe(conv, False)
+            except Timeout:
+                whole = False
+                continue
+            except StoreError:
+                continue  # damaged: fsck reports it, as a rebuild leaves it
+            if tip is not None:
+                self._write([COMMIT, conv, tip.created_us, tip.last_us, tip.next_seq], sync=False)
+        return whole
 
     def _conversation_dir(self, conv: str) -> str:
         return os.path.join(self.site_dir, layout.CONVERSATIONS_DIR, *layout.fanout(conv), layout.encode_name(conv))
@@ -549,7 +627,8 @@ class SiteManifest(ManifestHook):
                 e.pending = (e.created_us, e.last_us, e.next_seq + 1)
                 self._pending.add(conv)
         self._recover = set()
-        self._write_epoch(self._repoch + 1, list(self._repo.values()), self._complete)
+        walked = self._walked or (extra is not None and complete is True)  # a rebuild probed every conversation
+        self._write_epoch(self._repoch + 1, list(self._repo.values()), self._complete, walked=walked)
         self._current_epoch_locked()
 
     def page(self, after: tuple[int, str] | None, limit: int) -> tuple[list[_Entry], bool]:
@@ -575,6 +654,25 @@ class SiteManifest(ManifestHook):
                 for e in self._repo.values()
                 if e.next_seq > 0
             ]
+
+
+def _conversation_names(site_dir: str) -> Iterator[str]:
+    """The id of every conversation directory of the site (``c/<aa>/<bb>/<conv-hex>``), by names only."""
+    for aa in _subdirs(os.path.join(site_dir, layout.CONVERSATIONS_DIR)):
+        for bb in _subdirs(aa):
+            for name in _subdirs(bb, names=True):
+                conv = layout.decode_name(name)
+                if conv is not None:
+                    yield conv
+
+
+def _subdirs(path: str, names: bool = False) -> list[str]:
+    """The directories in ``path`` (paths, or names with ``names``); none when it is missing."""
+    try:
+        with os.scandir(path) as it:
+            return [e.name if names else e.path for e in it if e.is_dir(follow_symlinks=False)]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 def _ends_at(conv_dir: str, next_seq: int, last_us: int) -> bool:

@@ -68,7 +68,15 @@ class Recovery(ConversationState):
         path = self._seg_path(base)
         fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
         self._fd = fd
-        header = frame.decode_segment_header(os.pread(fd, SEGMENT_HEADER_SIZE, 0))
+        head = os.pread(fd, _SECTOR, 0)
+        header = frame.decode_segment_header(head)
+        if header is None and base == 0 and len(self._segments) == 1 and not any(head):
+            # A torn creation (see is_torn_creation): nothing in it was ever acknowledged.
+            # The conversation holds nothing; the next append rewrites the file.
+            os.close(fd)
+            self._fd = None
+            self._segments = []
+            return
         if header is None or header.base_seq != base:
             # Without its salt no record of the segment can be verified: the log is
             # readable up to the segment's base seq (its name), and appends refuse.
@@ -81,6 +89,7 @@ class Recovery(ConversationState):
         idx = index.load(self._idx_path(base), base, header.salt, size)
         start, seq = SEGMENT_HEADER_SIZE, base
         index_ok = idx is not None and idx.complete
+        idx_missing = idx is None
         if idx is None:
             idx = index.SparseIndex(base, header.salt)
         # Trust the newest index entry that points at a valid record of the right seq.
@@ -102,10 +111,13 @@ class Recovery(ConversationState):
         self._alloc = size
         entries = len(idx.seqs)
         self._scan_forward(writable, size)
+        self._idx_lazy = False
         if writable:
             if index_ok and len(self._idx.seqs) == entries:
                 # The file already says exactly this: keep it, so other writers' descriptors stay valid.
                 self._idx_fd = os.open(self._idx_path(base), os.O_WRONLY | os.O_APPEND)
+            elif idx_missing and not self._idx.seqs:
+                self._idx_lazy = True  # nothing to write yet: created with the first entry
             else:
                 self._idx_fd = index.open_for_append(self._idx_path(base), self._idx)
 
@@ -224,7 +236,7 @@ class Recovery(ConversationState):
         if not self._loaded or self._fd is None:
             self._load(writable)
             return
-        if (writable and self._idx_fd is None) or self._damage is not None:
+        if (writable and self._idx_fd is None and not self._idx_lazy) or self._damage is not None:
             self._load(writable)
             return
         size = os.fstat(self._fd).st_size
@@ -324,6 +336,27 @@ class Recovery(ConversationState):
             except OSError:
                 pass
         return idx
+
+
+#: The unit a disk writes atomically (as in :mod:`logstore.segment`): a segment's header lies in its first one.
+_SECTOR = 512
+
+
+def is_torn_creation(fd: int, base: int, last: bool, only: bool) -> bool:
+    """True when the segment open as ``fd`` is a conversation's first segment whose creation never completed.
+
+    A first segment is created in place, its header and first record written
+    in one write from offset 0 and synced before anything is acknowledged
+    (FORMAT.md 6). Its first sector (the header and the record's start) is
+    written whole or not at all, so a power cut before the sync can leave the
+    file empty or its first sector all zeros; nothing in it was acknowledged.
+    Only the conversation's one and only segment (base seq 0, the last) can
+    be in that state: any other segment was synced before it was named, so
+    there an invalid header is damage.
+    """
+    if base != 0 or not last or not only:
+        return False
+    return not any(os.pread(fd, _SECTOR, 0))
 
 
 def _record_ending_at(fd: int, end: int, salt: int) -> frame.RecordHeader | None:

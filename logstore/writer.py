@@ -2,9 +2,11 @@
 
 An append holds the conversation exclusively (thread mutex and file lock),
 re-verifies the tail (:mod:`logstore.recovery`), logs its intent in the site
-manifest, writes the record and syncs it, then logs the commit. Segments are
-created whole (header synced, then renamed into place) and rolled (sealed)
-past ``Options.segment_bytes``.
+manifest, writes the record and syncs it, then logs the commit. A
+conversation's first segment is created in place with its first batch
+(:meth:`Writer._create_first_segment`); later segments are created whole
+(header synced, then renamed into place) when the active one is rolled
+(sealed) past ``Options.segment_bytes``.
 
 Preallocated space: the active segment's file is kept larger than its
 records, the rest zero-filled and synced, so that most appends write into
@@ -22,7 +24,7 @@ import os
 import time
 from collections.abc import Iterator
 
-from . import fileio, frame, index
+from . import fileio, frame, index, layout
 from .convstate import Tip
 from .errors import ConversationFull, Io, StoreError, Timeout
 from .frame import KIND_BATCH, KIND_SEAL, SEGMENT_HEADER_SIZE
@@ -152,9 +154,12 @@ class Writer(Recovery):
     @contextlib.contextmanager
     def _exclusive(self, deadline: float, started: float) -> Iterator[None]:
         """Hold the conversation for writing, its tail verified and undamaged. Caller holds ``mutex``."""
-        if self._fd is None or fileio._unsynced_dirs:
-            # Not open yet (the directory may not exist), or a directory sync failed before.
-            fileio.makedirs_durable(self.path)
+        if self._fd is None:
+            # No segment open: the directory may not exist yet. Made here, unsynced (its lock
+            # file lives in it); the first segment's creation makes it durable before any
+            # batch in it is acknowledged (_create_first_segment).
+            fileio.make_dirs(self.path)
+        fileio.resync_failed_dirs(self.path)
         self._lock(True, deadline, started)
         try:
             try:
@@ -193,11 +198,11 @@ class Writer(Recovery):
         fileio.crashpoint("manifest-intent")
         try:
             if not self._segments:
-                self._create_segment(0)
-            elif roll:
-                self._roll()
-            records = self._encode(todo, stamp)
-            self._write_records(records, todo, stamp)
+                self._create_first_segment(todo, stamp)
+            else:
+                if roll:
+                    self._roll()
+                self._write_records(self._encode(todo, stamp, self._salt), todo, stamp)
         except OSError as exc:
             self._poison()
             raise Io(f"appending to the log failed: {os.strerror(exc.errno or errno.EIO)}", exc.errno) from exc
@@ -218,8 +223,8 @@ class Writer(Recovery):
         b.result = (first, first + count - 1, stamp)
         self._commit_group([b], stamp)
 
-    def _encode(self, todo: list[_Batch], stamp: int) -> list[bytes]:
-        salt = self._salt
+    @staticmethod
+    def _encode(todo: list[_Batch], stamp: int, salt: int) -> list[bytes]:
         return [frame.encode_record(salt, KIND_BATCH, b.result[0], b.count, stamp, b.body) for b in todo]
 
     def _write_records(self, records: list[bytes], todo: list[_Batch], stamp: int) -> None:
@@ -248,14 +253,18 @@ class Writer(Recovery):
             self.mutex.acquire()
             self._inflight = False
         self._alloc = new_size
-        self._end = rec_end
-        self._next_seq = todo[-1].result[1] + 1
-        self._last_us = stamp
+        self._written(records, todo, stamp, offset)
+
+    def _written(self, records: list[bytes], todo: list[_Batch], stamp: int, offset: int) -> None:
+        """Adopt ``records`` (of ``todo``'s batches), durable from byte ``offset`` of the active segment."""
         interval = self.options.index_interval
         for rec, b in zip(records, todo, strict=True):
             if offset - self._idx.last_offset() >= interval and offset > SEGMENT_HEADER_SIZE:
                 self._note_index_entry(b.result[0], offset)
             offset += len(rec)
+        self._end = offset
+        self._next_seq = todo[-1].result[1] + 1
+        self._last_us = stamp
 
     def _first_chunk(self) -> int:
         """Bytes of a new segment file (header and zeros): one block, less for tiny test segments."""
@@ -287,13 +296,66 @@ class Writer(Recovery):
         if len(self._idx_unwritten) >= _INDEX_WRITE_GROUP:
             self._write_index_entries()
 
+    def _create_index_file(self) -> None:
+        """Create the active segment's index file, holding every entry in memory (it had none on disk)."""
+        self._idx_unwritten.clear()
+        self._idx_lazy = False
+        try:
+            self._idx_fd = index.open_for_append(self._idx_path(self._idx.base_seq), self._idx)
+        except OSError:
+            pass  # derived data: a missing index only costs a longer scan (and is rebuilt)
+
     def _write_index_entries(self) -> None:
+        if self._idx_unwritten and self._idx_lazy:
+            self._create_index_file()  # the segment's first entries
+            return
         if self._idx_unwritten and self._idx_fd is not None:
             try:
                 fileio.append(self._idx_fd, b"".join(self._idx_unwritten))
             except OSError:
                 pass  # derived data: a missing entry only costs a longer scan
         self._idx_unwritten.clear()
+
+    def _create_first_segment(self, todo: list[_Batch], stamp: int) -> None:
+        """Create the conversation's first segment holding its first batches, durably, with the fewest syncs.
+
+        The segment is created in place (FORMAT.md 6, "Creating a conversation"):
+        its header, the batches' records and the first chunk of preallocated
+        zeros go in one write from offset 0, so the
+        header lies whole in the file's first sector; then, at the same time, its
+        ``fdatasync``, the sync of the conversation directory and of each
+        directory above it this process has not yet seen made durable
+        (:func:`logstore.fileio.sync_dir_chain`). A power cut before all that
+        leaves no segment, or one whose first sector is all zeros (a torn
+        creation, which recovery treats as empty and the next append rewrites),
+        or a whole header with a torn record (a torn tail): never an
+        acknowledged batch. The index file is created with the first index entry.
+        """
+        salt = frame.new_salt()
+        records = self._encode(todo, stamp, salt)
+        data = frame.encode_segment_header(0, salt) + b"".join(records)
+        self._alloc = 0
+        size = self._extended_size(len(data))
+        # O_TRUNC: a torn creation's file may be there (only then: there is no segment otherwise).
+        fd = fileio.open_create(self._seg_path(0), os.O_RDWR | os.O_TRUNC)
+        self._close_active()
+        self._fd = fd
+        self._pending_end = 0  # on failure the file is emptied: an empty file is a torn creation
+        fileio.pwrite_all(fd, data + bytes(size - len(data)), 0)
+        fileio.crashpoint("after-file-create")
+        fileio.crashpoint("before-data-sync")
+        # The data sync and the directory syncs at the same time (measured faster than one after
+        # the other on the benchmark machine's filesystem; see fileio.fsync_dirs).
+        fileio.sync_dir_chain(self.path, layout.sites_dir_of_conversation(self.path), data_fd=fd)
+        fileio.crashpoint("after-data-sync")
+        self._salt = salt
+        self._alloc = size
+        self._sealed_active = False
+        self._segments = [0]
+        self._idx = index.SparseIndex(0, salt)
+        self._idx_fd = None
+        self._idx_lazy = True
+        self._written(records, todo, stamp, SEGMENT_HEADER_SIZE)
 
     def _create_segment(self, base: int) -> None:
         """Create, sync and publish an empty segment starting at seq ``base``."""
@@ -321,6 +383,7 @@ class Writer(Recovery):
         self._segments.append(base)
         self._idx = index.SparseIndex(base, salt)
         self._idx_fd = index.open_for_append(self._idx_path(base), self._idx)
+        self._idx_lazy = False
 
     def _roll(self) -> None:
         """Seal the active segment and start the next one."""
@@ -341,6 +404,8 @@ class Writer(Recovery):
         elif not synced:
             fileio.fdatasync(fd)
         fileio.crashpoint("segment-roll-sealed")
+        if self._idx_lazy:
+            self._create_index_file()  # a sealed segment has its index file, even without entries
         self._write_index_entries()  # the sealed segment's index is complete, and nobody else writes it
         self._sealed_cache.clear()
         self._create_segment(self._next_seq)

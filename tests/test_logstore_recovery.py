@@ -376,3 +376,111 @@ def test_another_store_sees_appends_into_preallocated_space(tmp_path) -> None:
     finally:
         a.close()
         b.close()
+
+# ------------------------------------------------- a conversation's torn creation
+
+
+def _append_crashing(root: Path, point: str, batch: list[dict]) -> None:
+    """Append ``batch`` to CONV in a child process that exits at crash point ``point``."""
+    import subprocess
+    import sys
+
+    from logstore import fileio
+
+    code = f"from logstore import FileStore\nFileStore({str(root)!r}).append({SITE!r}, {CONV!r}, {batch!r})\n"
+    env = {**os.environ, "CONVMEM_CRASH_AT": point}
+    assert subprocess.run([sys.executable, "-c", code], env=env, timeout=60).returncode == fileio.CRASH_EXIT_STATUS
+
+
+def _first_segment(root: Path, conv: str) -> Path:
+    from logstore import layout
+
+    return Path(layout.conversation_dir(str(root), SITE, conv)) / layout.segment_name(0)
+
+
+@pytest.mark.parametrize("shape", ["first-sector-zeroed", "all-zeros", "empty", "short-zeros"])
+def test_torn_creation_reads_empty_and_is_rewritten(tmp_path: Path, shape: str) -> None:
+    """A first segment whose first sector never reached the disk: the conversation is empty, not damaged."""
+    from logstore import maintenance
+
+    root = tmp_path / "data"
+    store = FileStore(root)
+    store.append(SITE, "conv-other", [{"k": 1}])
+    store.close()
+    # The first append stops before its data sync (never acknowledged); the first record runs
+    # past the first sector. Then what a power cut could have left of the unsynced file.
+    _append_crashing(root, "before-data-sync", [{"text": "x" * 900}])
+    seg = _first_segment(root, CONV)
+    data = seg.read_bytes()
+    assert len(data) > 512
+    torn = {
+        "first-sector-zeroed": bytes(512) + data[512:],  # the later sectors reached the disk, the first did not
+        "all-zeros": bytes(len(data)),
+        "empty": b"",
+        "short-zeros": bytes(17),
+    }[shape]
+    seg.write_bytes(torn)
+    report = maintenance.check(str(root))
+    kinds = [p.kind for p in report.problems]
+    assert maintenance.TORN_CREATION in kinds, kinds
+    assert not report.unrepaired, [(p.kind, p.detail) for p in report.unrepaired]
+    # The tools see an empty conversation too, not damage.
+    assert list(maintenance.iter_conversation_items(str(root), SITE, CONV)) == []
+    assert not [c for s in maintenance.stats(str(root)) for c in s.damaged]
+    store = FileStore(root)
+    try:
+        assert store.read(SITE, CONV, Range(0, 10)) == []
+        assert store.read(SITE, CONV, Tail(5)) == []
+        assert store.append(SITE, CONV, [{"again": 1}]).first == 0
+        assert [i.payload for i in store.read(SITE, CONV, Range(0, 10))] == [{"again": 1}]
+        assert store.append(SITE, CONV, [{"again": 2}]).first == 1
+    finally:
+        store.close()
+    assert not maintenance.check(str(root)).problems
+
+
+def test_torn_creation_repaired_by_fsck(tmp_path: Path) -> None:
+    from logstore import maintenance
+
+    root = tmp_path / "data"
+    FileStore(root).close()
+    _append_crashing(root, "after-file-create", [{"k": 1}])
+    seg = _first_segment(root, CONV)
+    seg.write_bytes(bytes(seg.stat().st_size))
+    report = maintenance.check(str(root), repair=True)
+    assert maintenance.TORN_CREATION in [p.kind for p in report.problems if p.repaired]
+    assert not report.unrepaired
+    assert not seg.exists()
+    with FileStore(root) as store:
+        assert store.read(SITE, CONV, Tail(5)) == []
+        assert store.append(SITE, CONV, [{"k": 2}]).first == 0
+
+
+@pytest.mark.parametrize("where", ["non-zero-header", "later-segment", "first-of-two"])
+def test_invalid_headers_that_are_not_torn_creations_are_damage(tmp_path: Path, where: str) -> None:
+    """Only a conversation's one segment with an all-zero first sector is a torn creation; the rest is damage."""
+    root = tmp_path / "data"
+    store = FileStore(root, segment_bytes=256)
+    for i in range(6 if where != "non-zero-header" else 1):
+        store.append(SITE, CONV, [{"n": i, "pad": "p" * 150}])
+    store.close()
+    segs = segment_files(str(root))
+    target = {"non-zero-header": segs[0], "later-segment": segs[-1], "first-of-two": segs[0]}[where]
+    if where != "non-zero-header":
+        assert len(segs) >= 2
+    data = bytearray(Path(target).read_bytes())
+    if where == "non-zero-header":
+        data[0:8] = b"\x00" * 7 + b"\x01"  # one byte of the magic left: damage, not a creation cut short
+    else:
+        data[0:512] = bytes(min(512, len(data)))
+    Path(target).write_bytes(bytes(data))
+    store = FileStore(root, segment_bytes=256)
+    try:
+        with pytest.raises(Corrupted) as info:
+            if where == "first-of-two":
+                store.read(SITE, CONV, Range(0, 1))
+            else:
+                store.append(SITE, CONV, [{"more": 1}])
+        assert info.value.offset == 0
+    finally:
+        store.close()

@@ -10,6 +10,7 @@ from .. import frame, layout
 from ..errors import Corrupted, ItemsLost, Loss
 from ..frame import KIND_BATCH, KIND_LOSS, SEGMENT_HEADER_SIZE
 from ..ids import ConversationId, SiteName
+from ..recovery import is_torn_creation
 from ..segment import classify_failure
 from ._files import (
     _committed_segments,
@@ -54,6 +55,8 @@ def iter_conversation_items(
         path = os.path.join(conv_dir, layout.segment_name(base))
         with _open_ro(path) as fd:
             header = frame.decode_segment_header(os.pread(fd, SEGMENT_HEADER_SIZE, 0))
+            if header is None and is_torn_creation(fd, base, i == len(segs) - 1, len(segs) == 1):
+                return  # a creation a power cut interrupted: the conversation holds nothing
             if header is None or header.base_seq != base:
                 raise Corrupted(path, 0, "segment header is missing or invalid")
             if base != expected:

@@ -49,6 +49,9 @@ class _ManifestState:
     recover: set[str] = field(default_factory=set)
     #: Reading records logged before this boot (no boot record of this boot seen yet).
     before_boot: bool = True
+    #: The log holds a walked record of this boot: the engine will not look for conversations
+    #: the listing does not know (see manifest.SiteManifest._walk_unknown).
+    walked: bool = False
     #: The engine will rebuild the whole listing from the conversations' logs at its next
     #: listing (a damaged or incomplete activity log marks the listing incomplete).
     rebuild_owed: bool = False
@@ -192,6 +195,8 @@ def _apply_log(state: _ManifestState, lpath: str, data: bytes, base: int) -> Non
                 (MANIFEST_DAMAGED, lpath, base + off, "an activity log record fails its checksum", _REBUILD_NOTE)
             )
             continue
+        if rec and rec[0] == manifest.WALKED and len(rec) > 1 and rec[1] == manifest.boot_id:
+            state.walked = True
         if state.before_boot and rec:
             # As the engine's loader does: note who was written before this boot (see manifest._apply).
             if rec[0] == manifest.BOOT and len(rec) > 1 and rec[1] == manifest.boot_id:
@@ -469,7 +474,8 @@ def _check_manifest(
         tips[conv] = truth
         verified[conv] = _Verified(truth, listed, pending)
         problem = _judge_listing(
-            site, conv, conv_dir, spath, listed, truth, pending, conv in now.recover, now.rebuild_owed
+            site, conv, conv_dir, spath, listed, truth, pending, conv in now.recover, now.rebuild_owed,
+            not now.walked,
         )
         if problem is not None:
             out.append(problem)
@@ -486,12 +492,14 @@ def _judge_listing(
     pending: tuple[int, int, int] | None,
     before_boot: bool = False,
     rebuild_owed: bool = False,
+    walk_owed: bool = False,
 ) -> Problem | None:
     """The problem (or note) for one conversation's listed extent against its log's, both verified under its lock.
 
     ``before_boot``: the conversation was written before this boot of the machine, so the
     engine re-reads its log at its first listing (a power cut may have lost its commits).
     ``rebuild_owed``: the engine rebuilds the whole listing from the logs at its next listing.
+    ``walk_owed``: the engine looks for conversations the listing does not know at its next listing.
     """
     have = truth.next_seq if truth is not None else 0
     committed = listed.next_seq if listed is not None else 0
@@ -542,6 +550,20 @@ def _judge_listing(
             "this boot of the machine were lost (a power cut), the log itself is whole",
             "none needed: the engine re-reads this conversation's log at the site's first listing after "
             "the restart and logs its extent again; --repair does it now",
+            resolves_itself=True,
+        )
+    if listed is None and pending is None and have > 0 and walk_owed:
+        return Problem(
+            site,
+            conv,
+            spath,
+            None,
+            MANIFEST_STALE,
+            f"the listing does not name this conversation, whose log holds {_describe(truth)}: a new "
+            "conversation's first records in the activity log are not synced, so a power cut can lose them; "
+            "the log itself is whole",
+            "none needed: at the site's first listing after the restart the engine looks for conversations "
+            "the listing does not know and logs their extent; --repair does it now",
             resolves_itself=True,
         )
     if listed != truth and rebuild_owed:

@@ -169,7 +169,13 @@ def scan_segment(path: str | os.PathLike[str], *, payloads: bool = True) -> tupl
         header = frame.decode_segment_header(os.pread(fd, SEGMENT_HEADER_SIZE, 0))
         if header is None:
             info = SegmentInfo(path, size, False, None, None, size)
-            damaged = RecordInfo(0, size, "damaged", "segment header is missing or invalid", None, None, None, None)
+            why = "segment header is missing or invalid"
+            if not any(os.pread(fd, 512, 0)):
+                why += (
+                    " (its first sector is all zeros: for a conversation's only segment, base seq 0, a creation "
+                    "a power cut interrupted, which never held an acknowledged item)"
+                )
+            damaged = RecordInfo(0, size, "damaged", why, None, None, None, None)
             return info, [damaged]
         end = data_end(fd, SEGMENT_HEADER_SIZE, size)
         info = SegmentInfo(path, size, True, header.base_seq, header.salt, end)

@@ -14,6 +14,7 @@ from .. import fileio, frame, index, layout
 from ..conversation import Tip
 from ..errors import Timeout
 from ..frame import KIND_LOSS, KIND_SEAL, SEGMENT_HEADER_SIZE
+from ..recovery import is_torn_creation
 from ..segment import classify_failure
 from ._files import (
     _ConvSnapshot,
@@ -46,6 +47,7 @@ from ._types import (
     SEQ_GAP,
     SEQ_MISMATCH,
     STRAY_FILE,
+    TORN_CREATION,
     TORN_TAIL,
     TRUNCATABLE_KINDS,
     UNSEALED_SEGMENT,
@@ -116,6 +118,8 @@ class _ConvScanner:
         self.torn: tuple[Problem, int, int] | None = None  # problem, segment index, offset
         self.torn_first_seq = 0  # first seq the torn record would have held
         self.torn_acknowledged = False
+        self.torn_creation: Problem | None = None  # an unfinished first segment (never acknowledged)
+        self.index_absent = False  # the last segment has no index file (see _index_entries)
         self.damage_problem: Problem | None = None
 
     def _path(self, name: str) -> str:
@@ -161,6 +165,19 @@ class _ConvScanner:
                 # (``size`` stops at its data end: the records are walked up to there).
                 self.bytes += max(size, os.fstat(fd).st_size)
                 header = frame.decode_segment_header(os.pread(fd, SEGMENT_HEADER_SIZE, 0))
+                if header is None and is_torn_creation(fd, base, last_seg, len(segs) == 1):
+                    self.torn_creation = self.problem(
+                        path,
+                        0,
+                        TORN_CREATION,
+                        f"the conversation's first segment ({size} bytes) was never finished: its first sector, "
+                        "where the header goes, is all zeros (a power cut during its creation); it holds no "
+                        "acknowledged item",
+                        "none needed: the engine treats the conversation as empty and rewrites the file at its "
+                        "next append; --repair removes it now",
+                    )
+                    self.torn_creation.resolves_itself = True
+                    continue
                 if header is None or header.base_seq != base:
                     self.damaged(path, i, 0, expected, BAD_SEGMENT_HEADER, "segment header is missing or invalid")
                     expected = None
@@ -251,7 +268,16 @@ class _ConvScanner:
                             self.created_us = ts
                         self.last_us = ts
                         self.next_seq = expected
-                if missing_entries > INDEX_SHORT_TOLERANCE and base not in self.rebuild_index:
+                if self.index_absent and last_seg:
+                    if missing_entries >= INDEX_SHORT_TOLERANCE:
+                        p = self._index_problem(
+                            base,
+                            INDEX_MISSING,
+                            None,
+                            f"the segment has no index file, and its records call for {missing_entries} entries",
+                        )
+                        self._index_note(p, last_seg)  # a crash before the unsynced index reached the disk
+                elif missing_entries > INDEX_SHORT_TOLERANCE and base not in self.rebuild_index:
                     last = max(entries, default=None)
                     where = f"its last entry points at segment byte {last}" if last is not None else "it has no entry"
                     self._index_problem(
@@ -352,6 +378,11 @@ class _ConvScanner:
         A missing or stale index, or entries out of order, are reported here.
         """
         data = self.snap.indexes.get(base)
+        if data is None and last_seg:
+            # The writer creates the last segment's index file with its first group of entries:
+            # judged after the walk, from how many entries the segment calls for.
+            self.index_absent = True
+            return {}
         if data is None:
             p = self._index_problem(base, INDEX_MISSING, None, "the segment has no index file")
             self._index_note(p, last_seg)  # a crash before the unsynced index reached the disk
@@ -503,6 +534,8 @@ class _ConvScanner:
             p.action = f"truncated the segment to {offset} bytes ({why}){kept}"
         elif torn is not None:
             torn[0].action = "none: the log is damaged before it (see above); --truncate-at-corruption cuts both"
+        if self.torn_creation is not None:
+            self._remove_torn_creation(self.torn_creation)
         if self.damage is not None and truncate_at_corruption:
             self._truncate_at_corruption()
             cut = True
@@ -516,6 +549,18 @@ class _ConvScanner:
                     p.repaired = ok
                     p.action = "rebuilt the index from its segment" if ok else p.action
         return cut
+
+    def _remove_torn_creation(self, p: Problem) -> None:
+        """Remove an unfinished first segment (and any index of it), as if its creation never began."""
+        for name in (layout.segment_name(0), layout.index_name(0)):
+            try:
+                fileio.unlink(self._path(name))
+            except FileNotFoundError:
+                pass
+        fileio.fsync_dir(self.snap.path)
+        self.snap.segments = [(b, s) for b, s in self.snap.segments if b != 0]
+        p.repaired = True
+        p.action = "removed the unfinished segment (it held no acknowledged item)"
 
     def _rebuild_index(self, base: int) -> bool:
         segs = dict(self.snap.segments)

@@ -10,6 +10,7 @@ from .. import frame, index, layout
 from ..errors import Timeout
 from ..frame import KIND_BATCH, KIND_LOSS, SEGMENT_HEADER_SIZE
 from ..limits import MAX_CONVERSATION_ITEMS
+from ..recovery import is_torn_creation
 from ..segment import classify_failure
 from ._files import (
     _committed_segments,
@@ -56,6 +57,8 @@ def _probe_items(conv_dir: str, lock_timeout: float) -> tuple[int, int, str | No
     total = sum(s for _, s in segs)
     with _open_ro(path) as fd:
         header = frame.decode_segment_header(os.pread(fd, SEGMENT_HEADER_SIZE, 0))
+        if header is None and is_torn_creation(fd, base, True, len(segs) == 1):
+            return 0, total, None  # a creation a power cut interrupted: nothing in it
         if header is None:
             return base, total, f"{path}: segment header is invalid"
         idx = index.load(os.path.join(conv_dir, layout.index_name(base)), base, header.salt, size)

@@ -54,6 +54,11 @@ MISPLACED_CONVERSATION = "misplaced-conversation"
 TORN_TAIL = "torn-tail"
 
 
+#: A conversation's first segment whose creation a power cut interrupted (its first
+#: sector all zeros): it never held an acknowledged item (a note; the engine rewrites it).
+TORN_CREATION = "torn-creation"
+
+
 INDEX_MISSING = "index-missing"
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import os
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,9 @@ class FailNth:
         self.sticky = sticky
         self.calls = 0
         self.fired = 0
+        #: The failing call created an index file with its first entries (derived data, written
+        #: after the batch is durable: no append fails for it).
+        self.derived = False
 
     def __call__(self, op: str) -> None:
         if op not in self.ops:
@@ -50,6 +54,7 @@ class FailNth:
         self.calls += 1
         if self.calls == self.n or (self.sticky and self.calls >= self.n):
             self.fired += 1
+            self.derived = any(f.name == "_create_index_file" for f in traceback.extract_stack())
             raise OSError(errno.EIO, os.strerror(errno.EIO))
 
 
@@ -111,14 +116,20 @@ def _one_failure(data: Path, hook: list[Any], fault: FailNth) -> None:
                 failed.append((conv, b))
                 continue
             acked[conv].append((r.first, r.last, b))
-        assert fault.fired == 1 and len(failed) == 1, f"call {fault.n} failed {fault.fired}x, {len(failed)} appends"
-        hook.clear()
-        STATS["fsync faults"] += 1
-        # Retry the failed batch (what a client does), then one more.
-        conv, b = failed[0]
-        r = store.append(SITE, conv, make_batch("retry", b, 2, 5))
-        prev_end = max((last for _f, last, _b in acked[conv]), default=-1) + 1
-        assert r.first == prev_end, f"after EIO at call {fault.n}: retry got seq {r.first}, expected {prev_end}"
+        if fault.derived:
+            # An index file's write failed: derived data, the append is durable and acknowledged.
+            assert fault.fired == 1 and not failed, f"call {fault.n} (an index write) failed {len(failed)} appends"
+            hook.clear()
+            STATS["index write faults"] += 1
+        else:
+            assert fault.fired == 1 and len(failed) == 1, f"call {fault.n} failed {fault.fired}x, {len(failed)} appends"
+            hook.clear()
+            STATS["fsync faults"] += 1
+            # Retry the failed batch (what a client does), then one more.
+            conv, b = failed[0]
+            r = store.append(SITE, conv, make_batch("retry", b, 2, 5))
+            prev_end = max((last for _f, last, _b in acked[conv]), default=-1) + 1
+            assert r.first == prev_end, f"after EIO at call {fault.n}: retry got seq {r.first}, expected {prev_end}"
         _check(store, acked, failed)
     finally:
         store.close()
@@ -236,8 +247,16 @@ def _dir_sync_spy(monkeypatch: pytest.MonkeyPatch) -> tuple[list[tuple[str, bool
             current.pop()
         log.append((path, True))
 
+    def fsync_dirs(paths: list[str], data_fd: int | None = None) -> None:
+        # One at a time, through the spy (test_directory_syncs_run_together checks the real one).
+        if data_fd is not None:
+            fileio.fdatasync(data_fd)
+        for p in paths:
+            fsync_dir(p)
+
     monkeypatch.setattr(fileio, "fault_hook", hook)
     monkeypatch.setattr(fileio, "fsync_dir", fsync_dir)
+    monkeypatch.setattr(fileio, "fsync_dirs", fsync_dirs)
     return log, fail
 
 
@@ -329,3 +348,51 @@ def test_commit_record_failing_after_the_data_sync(tmp_path: Path, monkeypatch: 
             assert listing[conv].last_appended_at == read_all(store, SITE, conv)[-1].recorded_at
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_directory_syncs_run_together(tmp_path: Path, hook: list[Any], k: int) -> None:
+    """``fileio.fsync_dirs``: the k-th of three directory syncs fails; every one is redone before it is trusted."""
+    dirs = [str(tmp_path / name) for name in ("a", "b", "c")]
+    for d in dirs:
+        os.mkdir(d)
+    hook[:] = [FailNth(k, ("fsync",))]
+    with pytest.raises(OSError):
+        fileio.fsync_dirs(dirs)
+    hook.clear()
+    assert set(dirs) <= fileio._unsynced_dirs  # none of them may be taken as synced
+    synced: list[str] = []
+    hook[:] = [lambda op: synced.append(op)]
+    for d in dirs:
+        fileio.resync_failed_dirs(d)
+    assert synced == ["fsync"] * 3 and not set(dirs) & fileio._unsynced_dirs
+    hook.clear()
+    fileio.fsync_dirs(dirs)  # and without a fault, all three at once
+    assert not set(dirs) & fileio._unsynced_dirs
+    # With a file's data sync among them: its fault fails the call before any sync starts.
+    fd = os.open(tmp_path / "a" / "f", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        hook[:] = [FailNth(1, ("fdatasync",))]
+        with pytest.raises(OSError):
+            fileio.fsync_dirs(dirs, fd)
+        hook.clear()
+        assert set(dirs) <= fileio._unsynced_dirs
+        fileio.fsync_dirs(dirs, fd)
+        assert not set(dirs) & fileio._unsynced_dirs
+    finally:
+        os.close(fd)
+        fileio._unsynced_dirs.difference_update(dirs)
+
+
+def test_directory_sync_failing_in_a_worker(tmp_path: Path) -> None:
+    """A sync that fails on a worker thread (here: the directory is gone) is raised and left to redo."""
+    dirs = [str(tmp_path / name) for name in ("a", "b", "c")]
+    os.mkdir(dirs[0])
+    os.mkdir(dirs[2])
+    try:
+        with pytest.raises(FileNotFoundError):
+            fileio.fsync_dirs(dirs)
+        assert dirs[1] in fileio._unsynced_dirs
+        assert dirs[0] not in fileio._unsynced_dirs and dirs[2] not in fileio._unsynced_dirs
+    finally:
+        fileio._unsynced_dirs.difference_update(dirs)

@@ -414,6 +414,59 @@ def test_power_cut_group_commit(shm_path: Path) -> None:
     explore(rec, "group commit", shm_path)
     assert syncs < 20, syncs
 
+NEW_CONVS = ["pc-new-0001", "pc-new-0002", "pc-new-0003", "pc-new-0004"]
+
+
+def _first_appends(w: Writer) -> None:
+    # First appends to new conversations (each a directory, a segment created in place and
+    # an intent that is not synced), between appends to existing ones and a listing.
+    w.append(NEW_CONVS[0], 2, 40)
+    w.append(CONVS[0], 1, 30)
+    w.append(NEW_CONVS[1], 1, 600)  # the first record runs past the first sector
+    list_all(w.store, SITE)
+    w.append(NEW_CONVS[2], 3, 20)
+    w.append(NEW_CONVS[0], 1, 50)  # a new conversation's second batch: its intent is not synced either
+    w.append(NEW_CONVS[3], 1, 10)
+
+
+def _log_syncs(rec: Recording) -> int:
+    """Syncs of a manifest activity log in the recording."""
+    logs = {ident for name, ident in rec.disk._names.items() if name.endswith(".log")}
+    return sum(1 for op in rec.disk.ops if op[0] == "sync" and op[1] in logs)
+
+
+def test_power_cut_first_appends(shm_path: Path) -> None:
+    """First appends to new conversations of a site that has others.
+
+    The first batch of a conversation costs one data sync and the directory
+    syncs, and no sync of the manifest log: at every cut every acknowledged
+    conversation is still listed with its true extent (found by the walk of
+    the site's directories at the first listing after the reboot when its
+    records were lost), a torn creation reads as an empty conversation, and
+    fsck calls nothing a problem.
+    """
+    rec = record(shm_path / "data", CONVS + NEW_CONVS, _some_history, _first_appends)
+    # One sync of the log: the intent of the existing conversation (this process's first in the epoch).
+    assert _log_syncs(rec) == 1, "a first append synced the manifest log"
+    new_dirs = tuple(layout.encode_name(c) for c in NEW_CONVS)
+    creates = [op for op in rec.disk.ops if op[0] == "create" and op[1].endswith(layout.segment_name(0))]
+    assert len(creates) == len(NEW_CONVS), "each new conversation's segment is created once, in place"
+    renamed = [op for op in rec.disk.ops if op[0] == "rename" and op[2].endswith(".seg")]
+    assert not [op for op in renamed if any(d in op[2] for d in new_dirs)], "a first segment was renamed into place"
+    explore(rec, "first appends", shm_path)
+
+
+def test_power_cut_first_appends_new_site(shm_path: Path) -> None:
+    """The first appends of a site that does not exist yet (its directory and manifest are created too)."""
+
+    def work(w: Writer) -> None:
+        w.append(NEW_CONVS[0], 1, 40)
+        w.append(NEW_CONVS[1], 2, 30)
+        w.append(NEW_CONVS[0], 1, 20)
+
+    rec = record(shm_path / "data", NEW_CONVS[:2], _nothing, work)
+    explore(rec, "first appends of a new site", shm_path)
+
 
 def test_power_cut_compaction(shm_path: Path) -> None:
     rec = record(shm_path / "data", CONVS, _some_history, _compaction)
