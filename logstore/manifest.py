@@ -46,6 +46,7 @@ from sortedcontainers import SortedList
 from . import fileio, frame, layout
 from .conversation import ManifestHook, Tip
 from .errors import StoreError, Timeout
+from .segment import data_end
 
 LOG_MAGIC = b"CVMMLOG\x01"
 SNAP_MAGIC = b"CVMMSNP\x01"
@@ -690,7 +691,8 @@ def _ends_at(conv_dir: str, next_seq: int, last_us: int) -> bool:
         return False
     try:
         header = frame.decode_segment_header(os.pread(fd, frame.SEGMENT_HEADER_SIZE, 0))
-        size = os.fstat(fd).st_size
+        # Preallocated zeros after the records are no part of the log (FORMAT.md, "Preallocated space").
+        size = data_end(fd, frame.SEGMENT_HEADER_SIZE, os.fstat(fd).st_size)
         if header is None or size < frame.SEGMENT_HEADER_SIZE + frame.RECORD_OVERHEAD:
             return False
         _check, body_len, magic = frame.TRAILER.unpack(os.pread(fd, frame.TRAILER_SIZE, size - frame.TRAILER_SIZE))
