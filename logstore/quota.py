@@ -1,7 +1,9 @@
 """Per-site quotas: the bytes a site's logs may take and how many conversations it may hold.
 
-A site's *usage* is the total size of its segment files (its logs; indexes
-and manifests are derived data and not counted) and the number of its
+A site's *usage* is the total size of its segment files (its logs, the last
+segment of each conversation up to its data end, without the zeros
+preallocated after its records; indexes and manifests are derived data and
+not counted) and the number of its
 conversations that hold a segment. :func:`site_usage` measures it from disk;
 ``convmem stats`` shows it.
 
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from . import layout
 from .errors import QuotaExceeded
 from .frame import RECORD_OVERHEAD, SEGMENT_HEADER_SIZE
+from .segment import data_end
 
 
 @dataclass(frozen=True)
@@ -61,9 +64,11 @@ def site_usage(root: str, site: str) -> Usage:
         for b in _entries(os.path.join(base, a)):
             for name in _entries(os.path.join(base, a, b)):
                 conv = os.path.join(base, a, b, name)
-                sizes = [
-                    _size(os.path.join(conv, f)) for f in _entries(conv) if layout.parse_segment_name(f) is not None
-                ]
+                segs = [f for f in _entries(conv) if layout.parse_segment_name(f) is not None]
+                # The last segment counts up to its data end: the zeros preallocated after its
+                # records hold nothing (FORMAT.md section 2), and appends are charged per record.
+                sizes = [_size(os.path.join(conv, f)) for f in segs[:-1]]
+                sizes += [_data_size(os.path.join(conv, f)) for f in segs[-1:]]
                 if sizes:
                     usage.conversations += 1
                     usage.bytes += sum(sizes)
@@ -130,6 +135,18 @@ def _entries(path: str) -> list[str]:
         return sorted(os.listdir(path))
     except (FileNotFoundError, NotADirectoryError):
         return []
+
+
+def _data_size(path: str) -> int:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return 0
+    try:
+        size = os.fstat(fd).st_size
+        return data_end(fd, min(size, SEGMENT_HEADER_SIZE), size)
+    finally:
+        os.close(fd)
 
 
 def _size(path: str) -> int:
