@@ -20,8 +20,6 @@ from .errors import Corrupted
 from .frame import KIND_BATCH, KIND_SEAL, SEGMENT_HEADER_SIZE
 from .segment import BadRecord, Gap, classify_tail, data_end, find_next_record, iter_records, walk
 
-_ZERO16 = bytes(16)
-
 
 class Recovery(ConversationState):
     """Brings the cached state of :class:`ConversationState` in line with the files."""
@@ -280,7 +278,8 @@ class Recovery(ConversationState):
         never all zero (its kind field is not), so its first 16 bytes tell.
         """
         assert self._fd is not None
-        return os.pread(self._fd, 16, self._end) != _ZERO16
+        # any(): near the end of the file fewer than 16 bytes remain, and those are zeros too.
+        return any(os.pread(self._fd, 16, self._end))
 
     def _sealed(self, base: int, fd: int) -> tuple[int, int, index.SparseIndex]:
         """``(salt, end, index)`` of the sealed segment open as ``fd``, building its index if needed.
