@@ -43,6 +43,12 @@ _STAMPS: dict[int, str] = {}
 _SEG_PATHS: dict[tuple[str, int], str] = {}
 
 
+#: Bytes after the committed end read with the tail to see whether another process appended
+#: there (as Recovery._moved_on reads them: a record header is never all zero).
+_END_CHECK = 16
+#: The most a read asks for in its first pread (the walk reads on in chunks if it needs more).
+_READ_MAX = 4 << 20
+
 #: A batch body at least this large, read only in part, is kept split (see _SplitCache).
 _SPLIT_MIN = 64 * 1024
 
@@ -113,22 +119,51 @@ class Reader(Recovery):
             return None
         return Tip(self._created_us, self._last_us, self._next_seq)
 
-    def _refresh_for_read(self, deadline: float | None = None) -> None:
+    def _refresh_for_read(self, deadline: float | None = None, *, fold: bool = False) -> bool:
+        """Bring the cached state up to date with the files, taking the shared file lock only when needed.
+
+        The common case costs one ``fstat``: the active segment is still
+        linked (its directory was not removed, no repair replaced it), its
+        size is what we last saw, and the bytes at the committed end are
+        still zero (nobody appended into the preallocated space). That last
+        check reads 16 bytes; with ``fold`` it is left to the caller, who
+        folds it into its read of the tail (see :meth:`_collect`), and True is
+        returned: the state is current unless those bytes are not all zero
+        (then the caller raises :class:`_MovedOn` and refreshes).
+        """
         fd = self._fd
-        if fd is not None and not self._stale() and os.fstat(fd).st_nlink:
-            # The common case without a path lookup: nothing changed since we looked, and the
-            # active segment is still linked (its directory was not removed).
-            return
+        unlinked = False
+        if fd is not None:
+            st = os.fstat(fd)
+            if not st.st_nlink:
+                unlinked = True
+            elif self._inflight:
+                # Our own writer holds the exclusive lock with a group in flight: nobody else
+                # can write, and the state describes what is acknowledged.
+                return False
+            elif self._loaded and self._damage is None and not self._sealed_active and st.st_size == self._alloc:
+                if st.st_size <= self._end:
+                    return False
+                if fold:
+                    return True
+                if not self._moved_on():
+                    return False
         if not os.path.isdir(self.path):
             self._close_files()
             self._loaded = True
-            return
-        if not self._stale():
-            return
+            return False
+        self._refresh_locked(deadline, reload=unlinked)
+        return False
+
+    def _refresh_locked(self, deadline: float | None, reload: bool = False) -> None:
+        """Refresh the state under the shared file lock; ``reload`` opens the active segment afresh."""
         started = time.monotonic()
         self._lock(False, started + self.options.lock_timeout if deadline is None else deadline, started)
         try:
-            self._refresh(False)
+            if reload:
+                self._load(False)  # the file we hold was unlinked or replaced: read what is named now
+            else:
+                self._refresh(False)
         finally:
             self._unlock()
 
@@ -141,13 +176,13 @@ class Reader(Recovery):
         has its checksum and its whole body's shape checked.
         """
         out: list[MemoryItem] = []
-        self._read(start, limit, False, out)
+        self._read_current(start, limit, False, out)
         return out
 
     def read_raw(self, start: int | None, limit: int) -> list[RawMemoryItem]:
         """As :meth:`read`, with the same checks, but the payloads left as their stored JSON bytes."""
         out: list[RawMemoryItem] = []
-        self._read(start, limit, True, out)
+        self._read_current(start, limit, True, out)
         return out
 
     def try_read_raw(self, start: int | None, limit: int, max_bytes: int) -> list[RawMemoryItem] | None:
@@ -160,26 +195,48 @@ class Reader(Recovery):
         exceed ``max_bytes``. For callers that must not block (an event loop)
         and fall back to a thread on None.
         """
+        deadline = time.monotonic()  # the lock is tried once, never waited for
         try:
-            self._refresh_for_read(time.monotonic())  # tries the lock once, never sleeps
+            check = self._refresh_for_read(deadline, fold=True)
+            while True:
+                if self._fd is None or self._damage is not None or not self._segments:
+                    return None
+                first = max(0, self._next_seq - limit) if start is None else start
+                if first < self._next_seq:
+                    if first < self._segments[-1]:
+                        return None
+                    entry = self._idx.floor(first)
+                    if self._end - (entry[1] if entry else SEGMENT_HEADER_SIZE) > max_bytes:
+                        return None
+                out: list[RawMemoryItem] = []
+                try:
+                    self._read(start, limit, True, out, check)
+                    return out
+                except _MovedOn:
+                    self._refresh_locked(deadline)
+                    check = False
         except Timeout:
             return None
-        if self._fd is None or self._damage is not None or not self._segments:
-            return None
-        first = max(0, self._next_seq - limit) if start is None else start
-        if first < self._next_seq:
-            if first < self._segments[-1]:
-                return None
-            entry = self._idx.floor(first)
-            if self._end - (entry[1] if entry else SEGMENT_HEADER_SIZE) > max_bytes:
-                return None
-        out: list[RawMemoryItem] = []
-        self._read(start, limit, True, out, refreshed=True)
-        return out
 
-    def _read(self, start: int | None, limit: int, raw: bool, out: list[Any], refreshed: bool = False) -> None:
-        if not refreshed:
-            self._refresh_for_read()
+    def _read_current(self, start: int | None, limit: int, raw: bool, out: list[Any]) -> None:
+        """:meth:`_read` after bringing the state up to date (the last check folded into the read of the tail)."""
+        check = self._refresh_for_read(fold=True)
+        try:
+            self._read(start, limit, raw, out, check)
+        except _MovedOn:
+            del out[:]
+            self._refresh_locked(None)
+            self._read(start, limit, raw, out, False)
+
+    def _read(self, start: int | None, limit: int, raw: bool, out: list[Any], check_end: bool) -> None:
+        """Collect the items of a range into ``out``, from the cached state.
+
+        ``check_end``: the state is current only if the 16 bytes at the
+        committed end are zero (:meth:`_refresh_for_read` with ``fold``). A
+        read of the tail checks them in its read of the last records, any
+        other read first; both raise :class:`_MovedOn`, before anything is
+        collected, when they are not.
+        """
         if limit == 0:
             return
         if self._damage is not None:
@@ -188,9 +245,13 @@ class Reader(Recovery):
         end_seq = self._next_seq
         if start is None:
             start = max(0, end_seq - limit)
+        stop = min(end_seq, start + limit)
+        if check_end and (start >= stop or stop < end_seq):
+            if self._moved_on():
+                raise _MovedOn()
+            check_end = False
         if start >= end_seq:
             return
-        stop = min(end_seq, start + limit)
         lost: list[Loss] = []
         segments = self._segments
         seg_i = max(bisect.bisect_right(segments, start) - 1, 0)
@@ -198,13 +259,13 @@ class Reader(Recovery):
             base = segments[seg_i]
             seg_end = segments[seg_i + 1] if seg_i + 1 < len(segments) else end_seq
             if seg_end > start:
-                self._read_segment(base, (start, min(stop, seg_end), seg_end, raw), out, lost)
+                self._read_segment(base, (start, min(stop, seg_end), seg_end, raw), out, lost, check_end)
                 start = seg_end
             seg_i += 1
         if lost:
             raise ItemsLost(lost)
 
-    def _read_segment(self, base: int, span: _Span, out: list[Any], lost: list[Loss]) -> None:
+    def _read_segment(self, base: int, span: _Span, out: list[Any], lost: list[Loss], check_end: bool) -> None:
         path = _SEG_PATHS.get((self.path, base))
         if path is None:
             if len(_SEG_PATHS) >= _CACHE_MAX:
@@ -212,14 +273,14 @@ class Reader(Recovery):
             path = _SEG_PATHS[(self.path, base)] = self._seg_path(base)
         if base == self._segments[-1]:
             assert self._fd is not None
-            self._read_records(self._fd, path, self._salt, self._end, self._idx, base, span, out, lost)
+            self._read_records(self._fd, path, self._salt, self._end, self._idx, base, span, out, lost, check_end)
         else:
             with ReadOnlyFile(path) as fd:
                 try:
                     salt, end, idx = self._sealed(base, fd)
                 except Corrupted as exc:
                     raise Corrupted(path, 0, exc.why, base, span[2] - 1) from None
-                self._read_records(fd, path, salt, end, idx, base, span, out, lost)
+                self._read_records(fd, path, salt, end, idx, base, span, out, lost, False)
 
     def _read_records(
         self,
@@ -232,11 +293,13 @@ class Reader(Recovery):
         span: _Span,
         out: list[Any],
         lost: list[Loss],
+        check_end: bool,
     ) -> None:
         active = base == self._segments[-1]
         n_out, n_lost = len(out), len(lost)
         try:
-            self._collect(fd, path, idx.floor(span[0]), base, end, salt, span, out, lost)
+            self._collect(fd, path, idx.floor(span[0]), _upto(idx, span[1], end), base, end, salt, span, out, lost,
+                          check_end)
             return
         except _StaleEntry:
             del out[n_out:]
@@ -252,7 +315,8 @@ class Reader(Recovery):
             st = os.fstat(fd)
             self._sealed_cache[base] = ((st.st_ino, st.st_size), (salt, end, fresh))
         try:
-            self._collect(fd, path, fresh.floor(span[0]), base, end, salt, span, out, lost)
+            self._collect(fd, path, fresh.floor(span[0]), _upto(fresh, span[1], end), base, end, salt, span, out,
+                          lost, check_end)
         except _StaleEntry as stale:
             raise Corrupted(path, stale.offset, "the record an index entry points at changed under the read") from None
 
@@ -261,12 +325,14 @@ class Reader(Recovery):
         fd: int,
         path: str,
         entry: tuple[int, int] | None,
+        upto: int,
         base: int,
         end: int,
         salt: int,
         span: _Span,
         out: list[Any],
         lost: list[Loss],
+        check_end: bool,
     ) -> None:
         """Walk records from ``entry`` (or the segment's start), collecting seqs ``[start, stop)``.
 
@@ -275,6 +341,14 @@ class Reader(Recovery):
         of the range raises Corrupted. Raises _StaleEntry when ``entry`` does
         not point at a valid record carrying its seq. Items go to ``out`` as
         RawMemoryItem when ``raw`` (the span's last field), else MemoryItem.
+
+        The records are read with one ``pread`` up to ``upto`` (where, by the
+        index, the range's records end; the walk reads on if they do not).
+        With ``check_end`` (a read of the active segment's tail) that read
+        takes the 16 bytes after the committed end too, and raises
+        :class:`_MovedOn` when they are not zero, or when the file no longer
+        reaches the end: another process wrote or cut the segment, and the
+        cached state must be refreshed before anything is collected.
         """
         start, stop, seg_end, raw = span
         make: Callable[..., Any] = RawMemoryItem if raw else MemoryItem
@@ -284,6 +358,10 @@ class Reader(Recovery):
         pos, seq = (entry[1], entry[0]) if entry else (SEGMENT_HEADER_SIZE, base)
         check_entry = entry is not None
         if check_entry and (cached := self._cached_split(fd, path, pos, end, seq)) is not None:
+            if check_end:
+                if self._moved_on():
+                    raise _MovedOn()
+                check_end = False
             h, parts = cached
             first, count = h.first_seq, h.count
             check_entry = False
@@ -299,10 +377,16 @@ class Reader(Recovery):
                 out.extend(map(make, range(first + lo, first + hi), repeat(_stamp(h)), items))
                 if seq >= stop:
                     return
+        if check_end:
+            buf = os.pread(fd, end + _END_CHECK - pos, pos)
+            if len(buf) < end - pos or any(buf[end - pos :]):
+                raise _MovedOn()
+        else:
+            buf = os.pread(fd, min(max(upto - pos, RECORD_HEADER_SIZE), _READ_MAX), pos) if upto > pos else b""
         while True:
             try:
                 # The hot loop of every read: plain iter_records, damage handled below.
-                for roff, h, body in iter_records(fd, pos, end, salt):
+                for roff, h, body in iter_records(fd, pos, end, salt, buf):
                     _, _, count, kind, first, us = h
                     if check_entry:
                         if first != seq:
@@ -351,6 +435,7 @@ class Reader(Recovery):
                 return
             except BadRecord as bad:
                 gap = gap_at(fd, bad, end, salt)
+            buf = b""  # it holds the bytes from the walk's first position only
             if check_entry:
                 raise _StaleEntry(gap.offset)
             resume = gap.resume
@@ -428,6 +513,17 @@ def _stamp(h: RecordHeader) -> str:
             _STAMPS.clear()
         stamp = _STAMPS[us] = format_us(us)
     return stamp
+
+
+def _upto(idx: index.SparseIndex, stop: int, end: int) -> int:
+    """Where the records holding seqs before ``stop`` end at the latest, by the index: its first entry at or
+    past ``stop`` (a record starting there holds none of them), else ``end``. A hint for the read size only."""
+    i = bisect.bisect_left(idx.seqs, stop)
+    return idx.offsets[i] if i < len(idx.seqs) else end
+
+
+class _MovedOn(Exception):
+    """The bytes at the active segment's committed end are no longer zero: another process appended."""
 
 
 class _StaleEntry(Exception):

@@ -33,11 +33,16 @@ class BadRecord(Exception):
         self.why = why
 
 
-def iter_records(fd: int, start: int, end: int, salt: int) -> Iterator[tuple[int, RecordHeader, memoryview]]:
+def iter_records(
+    fd: int, start: int, end: int, salt: int, buf: bytes = b""
+) -> Iterator[tuple[int, RecordHeader, memoryview]]:
     """Yield ``(offset, header, body)`` for each valid record in ``[start, end)``.
 
     Raises :class:`BadRecord` at the first record that is not whole and valid.
     Bodies are views into a read buffer; copy or decode before the next step.
+    ``buf``, when given, holds the file's bytes from ``start`` on (as many as
+    the caller read, possibly past ``end``): the walk reads only what lies
+    beyond it. No read extends past ``end``.
     """
     # The hot loop of every read: header fields, plausibility and checksum are
     # inlined (same checks and messages as frame.plausible / checksum_ok).
@@ -47,7 +52,6 @@ def iter_records(fd: int, start: int, end: int, salt: int) -> Iterator[tuple[int
     max_body = frame.MAX_BODY
     max_count = MAX_BATCH_ITEMS
     pos = start
-    buf: bytes = b""
     view = memoryview(buf)
     buf_off = start
     # The first read is small: the walk often ends soon (a few new records, then the
@@ -77,7 +81,7 @@ def iter_records(fd: int, start: int, end: int, salt: int) -> Iterator[tuple[int
         if rend > end:
             raise BadRecord(pos, f"record length {body_len} runs past the end of the data")
         if rend > buf_off + len(buf):
-            buf = os.pread(fd, max(ahead, rend - pos), pos)
+            buf = os.pread(fd, min(max(ahead, rend - pos), end - pos), pos)
             ahead = CHUNK
             view = memoryview(buf)
             buf_off = pos
