@@ -24,7 +24,19 @@ from . import index
 from .codec import BadBatchBody, batch_decoder, decode_batch, decode_items, split_batch
 from .convstate import ReadOnlyFile, Tip
 from .errors import Corrupted, ItemsLost, Loss, Timeout
-from .frame import KIND_LOSS, KIND_SEAL, RECORD_HEADER, RECORD_HEADER_SIZE, SEGMENT_HEADER_SIZE, RecordHeader
+from .frame import (
+    KIND_BATCH,
+    KIND_LOSS,
+    KIND_SEAL,
+    MAX_BODY,
+    RECORD_HEADER,
+    RECORD_HEADER_SIZE,
+    SEGMENT_HEADER_SIZE,
+    TRAILER_SIZE,
+    RecordHeader,
+    xxh3_64,
+)
+from .limits import MAX_BATCH_ITEMS
 from .model import MemoryItem, RawMemoryItem
 from .recovery import Recovery
 from .segment import BadRecord, Gap, gap_at, iter_records
@@ -377,12 +389,63 @@ class Reader(Recovery):
                 out.extend(map(make, range(first + lo, first + hi), repeat(_stamp(h)), items))
                 if seq >= stop:
                     return
+        buf: bytes | memoryview
         if check_end:
             buf = os.pread(fd, end + _END_CHECK - pos, pos)
             if len(buf) < end - pos or any(buf[end - pos :]):
                 raise _MovedOn()
         else:
             buf = os.pread(fd, min(max(upto - pos, RECORD_HEADER_SIZE), _READ_MAX), pos) if upto > pos else b""
+        # The fast walk, the common case of every read: whole, valid batch records in ``buf``,
+        # in seq order, checked as iter_records checks them. Anything else (a seal, a loss
+        # record, a record not wholly read, one that fails a check, seqs out of order) stops
+        # it; the general walk below goes on from that record and says what it is.
+        view = memoryview(buf)
+        limit = min(len(buf), end - pos)
+        rel = 0
+        unpack = RECORD_HEADER.unpack_from
+        xxh3 = xxh3_64
+        while rel + RECORD_HEADER_SIZE <= limit:
+            checksum, body_len, count, kind, first, us = unpack(buf, rel)
+            if kind != KIND_BATCH or not 0 < count <= MAX_BATCH_ITEMS or not 2 <= body_len <= MAX_BODY:
+                break
+            body_at = rel + RECORD_HEADER_SIZE
+            rend = body_at + body_len + TRAILER_SIZE
+            if rend > limit or xxh3(view[rel + 8 : body_at + body_len], salt) != checksum:
+                break
+            if first != seq:
+                if check_entry:
+                    raise _StaleEntry(pos + rel)
+                break
+            check_entry = False
+            seq = first + count
+            if seq > start:
+                lo = start - first if start > first else 0
+                hi = stop - first if stop < seq else count
+                body = view[body_at : body_at + body_len]
+                if raw or lo or hi < count:
+                    h = RecordHeader(checksum, body_len, count, kind, first, us)
+                    items = self._part(path, pos + rel, h, body, lo, hi, raw)
+                else:
+                    # The whole batch: decoding it is what checks it, in one pass.
+                    try:
+                        items = decode(body)
+                    except Exception as exc:
+                        why = f"batch body is not a JSON array of objects: {exc}"
+                        raise Corrupted(path, pos + rel, why, first, seq - 1) from None
+                    if len(items) != count:
+                        why = f"batch holds {len(items)} items, header says {count}"
+                        raise Corrupted(path, pos + rel, why, first, seq - 1)
+                stamp = stamps.get(us)
+                if stamp is None:
+                    stamp = _stamp_us(us)
+                # map() builds the items in C: per item this is most of a replay's overhead.
+                out.extend(map(make, range(first + lo, first + hi), repeat(stamp), items))
+                if seq >= stop:
+                    return
+            rel = rend
+        pos += rel
+        buf = view[rel:]
         while True:
             try:
                 # The hot loop of every read: plain iter_records, damage handled below.
@@ -427,7 +490,7 @@ class Reader(Recovery):
                                 raise Corrupted(path, roff, why, first, seq - 1)
                         stamp = stamps.get(us)
                         if stamp is None:
-                            stamp = _stamp(h)
+                            stamp = _stamp_us(us)
                         # map() builds the items in C: per item this is most of a replay's overhead.
                         out.extend(map(make, range(first + lo, first + hi), repeat(stamp), items))
                     if seq >= stop:
@@ -506,7 +569,11 @@ class Reader(Recovery):
 
 def _stamp(h: RecordHeader) -> str:
     """The record's ``recorded_at`` as text (formatted once per distinct time)."""
-    us = h.recorded_at_us
+    return _stamp_us(h.recorded_at_us)
+
+
+def _stamp_us(us: int) -> str:
+    """``recorded_at`` text of ``us`` microseconds (formatted once per distinct time)."""
     stamp = _STAMPS.get(us)
     if stamp is None:
         if len(_STAMPS) >= _CACHE_MAX:

@@ -34,7 +34,7 @@ class BadRecord(Exception):
 
 
 def iter_records(
-    fd: int, start: int, end: int, salt: int, buf: bytes = b""
+    fd: int, start: int, end: int, salt: int, buf: bytes | memoryview = b""
 ) -> Iterator[tuple[int, RecordHeader, memoryview]]:
     """Yield ``(offset, header, body)`` for each valid record in ``[start, end)``.
 
