@@ -325,16 +325,19 @@ class FileStore(MemoryStore):
         method: Callable[[Conversation, int | None, int], list[_Item]],
     ) -> list[_Item]:
         self._check_open()
-        site = SiteName(site)
-        conversation_id = ConversationId(conversation_id)
-        start, limit = _bounds(selector)
         try:
             # An open conversation re-checks its directory itself (Conversation.read);
             # only an unknown one is looked up here, so it is never created by a read.
-            cached = self._convs.get((site, conversation_id))
+            # The table's keys are validated names: a key equal to these proves them well-formed.
+            cached = self._convs.get((site, conversation_id)) if type(site) is str is type(conversation_id) else None
             if cached is None or cached.closed:
+                site = SiteName(site)
+                conversation_id = ConversationId(conversation_id)
+                start, limit = _bounds(selector)
                 if not os.path.isdir(layout.conversation_dir(self.root, site, conversation_id)):
                     return []
+            else:
+                start, limit = _bounds(selector)
             started = time.monotonic()
             conv = self._acquire(site, conversation_id, started + self.options.lock_timeout, started)
             try:
