@@ -1,0 +1,178 @@
+"""What a read in one process sees after another process changed the conversation's files.
+
+A read trusts the state this process keeps of a conversation only while the
+files say nothing changed: the active segment is still linked, its size is
+the one last seen, and the bytes at the committed end are still zero (a read
+of the tail checks them in the same ``pread`` as its records). These tests
+change the files from a real second process (appends into preallocated space,
+appends that roll the segment, a repair that cuts the log and publishes the
+cut segment under the same name) and check that every read in the first
+process (``read``, ``read_raw``, ``try_read_raw``; tails, and ranges that end
+before the tail or start at it) returns what is on disk now.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import msgspec
+import pytest
+from logstore_helpers import data_size, segment_files
+
+from logstore import FileStore, InvalidConversationId, Range, Tail, maintenance
+
+SITE = "fresh-site"
+CONV = "conv-fresh-1"
+OPTS = {"segment_bytes": 4096, "index_interval": 512}
+
+CHILD = textwrap.dedent(
+    """
+    import json, sys
+    from logstore import FileStore
+    root, conv, first, batches, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    with FileStore(root, segment_bytes=4096, index_interval=512) as store:
+        n = first
+        for _ in range(batches):
+            rng = store.append("fresh-site", conv, [{"n": n + i, "t": "x" * size} for i in range(2)])
+            assert rng.first == n, (rng, n)
+            n += 2
+    """
+)
+
+
+def _append_elsewhere(root: Path, first: int, batches: int, size: int = 20, conv: str = CONV) -> list[dict]:
+    """Append ``batches`` 2-item batches from another process; the payloads it wrote."""
+    subprocess.run([sys.executable, "-c", CHILD, str(root), conv, str(first), str(batches), str(size)], check=True,
+                   timeout=120)
+    return [{"n": first + i, "t": "x" * size} for i in range(2 * batches)]
+
+
+def _payloads(items: list) -> list[dict]:
+    return [i.payload if isinstance(i.payload, dict) else msgspec.json.decode(i.payload) for i in items]
+
+
+def _all_reads_see(store: FileStore, expected: list[dict]) -> None:
+    """Every read path returns ``expected`` (the whole conversation) as it is on disk now."""
+    n = len(expected)
+    assert _payloads(store.read(SITE, CONV, Tail(3))) == expected[-3:]
+    assert _payloads(store.read_raw(SITE, CONV, Tail(3))) == expected[-3:]
+    got = store.try_read_raw(SITE, CONV, Tail(3), 1 << 20)
+    assert got is None or _payloads(got) == expected[-3:]
+    assert [i.seq for i in store.read(SITE, CONV, Tail(n + 5))] == list(range(n))
+    assert _payloads(store.read(SITE, CONV, Range(0, n + 5))) == expected
+    mid = max(n - 4, 0)
+    assert _payloads(store.read(SITE, CONV, Range(mid, 2))) == expected[mid : mid + 2]  # ends before the tail
+    assert store.read(SITE, CONV, Range(n, 5)) == []
+
+
+@pytest.mark.parametrize("first_read", ["tail", "range-at-the-end", "range-before-the-end", "raw", "try-raw"])
+def test_a_read_sees_another_process_append_into_preallocated_space(tmp_path: Path, first_read: str) -> None:
+    with FileStore(str(tmp_path), **OPTS) as store:
+        mine = [{"n": i, "t": "y"} for i in range(3)]
+        store.append(SITE, CONV, mine)
+        _all_reads_see(store, mine)
+        (seg,) = segment_files(str(tmp_path))
+        size = os.path.getsize(seg)
+        theirs = _append_elsewhere(tmp_path, 3, 1)
+        # The other process wrote into the preallocated space: the file's size did not change,
+        # only the bytes at the committed end this process knows of.
+        assert os.path.getsize(seg) == size
+        assert data_size(seg) > 100
+        expected = mine + theirs
+        # The first read after the append is each kind in turn: each must notice it on its own.
+        if first_read == "tail":
+            assert _payloads(store.read(SITE, CONV, Tail(2))) == theirs
+        elif first_read == "range-at-the-end":
+            assert _payloads(store.read(SITE, CONV, Range(3, 10))) == theirs
+        elif first_read == "range-before-the-end":
+            assert _payloads(store.read(SITE, CONV, Range(0, 4))) == expected[:4]
+        elif first_read == "raw":
+            assert _payloads(store.read_raw(SITE, CONV, Tail(2))) == theirs
+        else:
+            got = store.try_read_raw(SITE, CONV, Tail(2), 1 << 20)
+            assert got is not None and _payloads(got) == theirs
+        _all_reads_see(store, expected)
+        # And this process appends after them, where they ended.
+        assert store.append(SITE, CONV, [{"n": 5}]).first == 5
+        _all_reads_see(store, [*expected, {"n": 5}])
+
+
+def test_a_read_sees_another_process_roll_the_segment(tmp_path: Path) -> None:
+    with FileStore(str(tmp_path), **OPTS) as store:
+        mine = [{"n": 0, "t": "y"}, {"n": 1, "t": "y"}]
+        store.append(SITE, CONV, mine)
+        assert _payloads(store.read(SITE, CONV, Tail(2))) == mine
+        theirs = _append_elsewhere(tmp_path, 2, 20, size=200)  # about 8 KB: the 4 KiB segments roll
+        assert len(segment_files(str(tmp_path))) >= 3
+        assert _payloads(store.read(SITE, CONV, Tail(3))) == theirs[-3:]
+        _all_reads_see(store, mine + theirs)
+        n = len(mine + theirs)
+        # Appends in turn from both processes, each read here seeing the other's last.
+        for round_ in range(3):
+            more = _append_elsewhere(tmp_path, n, 3, size=300)
+            assert _payloads(store.read(SITE, CONV, Tail(6))) == more
+            assert store.append(SITE, CONV, [{"n": n + 6, "r": round_}]).first == n + 6
+            n += 7
+        assert [i.seq for i in store.read(SITE, CONV, Tail(n + 1))] == list(range(n))
+
+
+def test_a_read_after_a_repair_replaced_the_active_segment_reads_the_new_file(tmp_path: Path) -> None:
+    """fsck --truncate-at-corruption publishes the cut segment under the same name: the old file is unlinked.
+
+    The reader still holds the old file open. Had it kept reading it, it would
+    report the cut record as damaged, and never see what is appended to the
+    new file.
+    """
+    with FileStore(str(tmp_path), **OPTS) as store:
+        kept = [{"n": i, "t": "k"} for i in range(4)]
+        store.append(SITE, CONV, kept[:2])
+        store.append(SITE, CONV, kept[2:])
+        store.append(SITE, CONV, [{"n": 4, "t": "lost"}])
+        assert [i.seq for i in store.read(SITE, CONV, Tail(10))] == [0, 1, 2, 3, 4]
+        (seg,) = segment_files(str(tmp_path))
+        inode = os.stat(seg).st_ino
+        end = data_size(seg)
+        with open(seg, "r+b") as f:  # a flipped byte in the last record's body
+            f.seek(end - 20)
+            b = f.read(1)
+            f.seek(end - 20)
+            f.write(bytes([b[0] ^ 0x55]))
+        report = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(
+                """
+                import json, sys
+                from logstore import maintenance
+                r = maintenance.check(sys.argv[1], truncate_at_corruption=True)
+                print(json.dumps([p.kind for p in r.problems]))
+                """
+            ), str(tmp_path)],
+            check=True, capture_output=True, text=True, timeout=120,
+        )
+        assert json.loads(report.stdout), "the repair found nothing to cut"
+        assert os.stat(seg).st_ino != inode  # a new file under the same name; the old one is unlinked
+        _all_reads_see(store, kept)
+        theirs = _append_elsewhere(tmp_path, 4, 1)
+        _all_reads_see(store, kept + theirs)
+        assert store.append(SITE, CONV, [{"n": 6}]).first == 6
+    assert not maintenance.check(str(tmp_path)).problems
+
+
+def test_malformed_names_are_refused_while_conversations_are_open(tmp_path: Path) -> None:
+    """An open conversation's names skip validation on a read only when they equal its key (valid names)."""
+    with FileStore(str(tmp_path), **OPTS) as store:
+        store.append(SITE, CONV, [{"n": 0}])
+        assert len(store.read(SITE, CONV, Tail(1))) == 1
+        for site, conv in ((SITE, "conv fresh"), (SITE, "short"), ("bad site", CONV), (SITE, "x" * 65)):
+            with pytest.raises(InvalidConversationId):
+                store.read(site, conv, Tail(1))
+            with pytest.raises(InvalidConversationId):
+                store.read_raw(site, conv, Tail(1))
+        with pytest.raises(TypeError):
+            store.read(SITE, CONV.encode(), Tail(1))  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            store.read(SITE, CONV, 5)  # type: ignore[arg-type]
