@@ -66,33 +66,44 @@ _SPLIT_MIN = 64 * 1024
 
 
 class _SplitCache:
-    """Verified batch records split into their items, for reads that return part of a large batch.
+    """Verified batch records split into their items, so that a later read need not parse them again.
 
-    Decoding a 250-item batch to return its last 50 items costs the whole
-    body: msgspec cannot split an array faster than it decodes it (measured:
-    ~110 us both for 250 items of 1 KiB), and the split is what checks the
-    body's shape. A record read in part is therefore kept here once its
-    checksum and shape were verified, as its items' undecoded JSON; the next
-    read of it decodes only the items it returns. Records are immutable once
-    written, and before an entry is used the record header at its offset is
-    read again and must be the one verified (same checksum, length, seqs,
-    time): a file replaced or rewritten by a repair is never served from
-    here. A body that rots on disk after it was cached is not noticed by
-    reads served from here (they return the verified bytes); fsck reads
-    every record from disk. Bounded by the bodies' bytes, least recently
-    used first out; shared by the conversations of the process.
+    Two kinds of read use it:
+
+    * A read that returns part of a large batch (a body of :data:`_SPLIT_MIN`
+      or more). Decoding a 250-item batch to return its last 50 items costs
+      the whole body: msgspec cannot split an array faster than it decodes
+      it (measured: ~110 us both for 250 items of 1 KiB), and the split is
+      what checks the body's shape. Such a record is kept here once its
+      checksum and shape were verified; a later read that starts in it
+      re-reads only its header (:meth:`Reader._cached_split`), which must be
+      the one verified (same checksum, length, seqs, time), and decodes only
+      the items it returns. What that does not notice: a body that rots on
+      disk after it was cached (the header still matches) is served as the
+      verified bytes it was; fsck reads every record from disk.
+    * A raw read (:meth:`Reader.read_raw`, what the MCP server returns) of
+      any batch. Its record is read from disk and its checksum verified as
+      always; when its header and its body's bytes equal those of an entry
+      here, the entry's split of those very bytes is used instead of
+      parsing them again. That reuse notices everything: it is a pure
+      function of bytes just read and compared whole.
+
+    Entries are keyed by (segment path, record offset): a file replaced or
+    rewritten by a repair, or a record written again at the same offset, no
+    longer matches and is parsed afresh. Bounded by the bodies' bytes, least
+    recently used first out; shared by the conversations of the process.
     """
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
-        self._entries: OrderedDict[tuple[str, int], tuple[RecordHeader, list[msgspec.Raw]]] = OrderedDict()
+        self._entries: OrderedDict[tuple[str, int], tuple[RecordHeader, bytes, list[msgspec.Raw]]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 
     def __bool__(self) -> bool:
         return bool(self._entries)
 
-    def get(self, path: str, offset: int) -> tuple[RecordHeader, list[msgspec.Raw]] | None:
+    def get(self, path: str, offset: int) -> tuple[RecordHeader, bytes, list[msgspec.Raw]] | None:
         key = (path, offset)
         with self._lock:
             found = self._entries.get(key)
@@ -100,16 +111,17 @@ class _SplitCache:
                 self._entries.move_to_end(key)
             return found
 
-    def put(self, path: str, offset: int, header: RecordHeader, items: list[msgspec.Raw]) -> None:
+    def put(self, path: str, offset: int, header: RecordHeader, body: bytes, items: list[msgspec.Raw]) -> None:
+        """Keep ``items``, the verified split of ``body``, the body of the record ``header`` at ``offset``."""
         key = (path, offset)
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
                 self._bytes -= old[0].body_len
-            self._entries[key] = (header, items)
+            self._entries[key] = (header, body, items)
             self._bytes += header.body_len
             while self._bytes > self.budget and self._entries:
-                _, (h, _items) = self._entries.popitem(last=False)
+                _, (h, _body, _items) = self._entries.popitem(last=False)
                 self._bytes -= h.body_len
 
 
@@ -513,18 +525,22 @@ class Reader(Recovery):
     ) -> list[Any]:
         """Items ``[lo, hi)`` of a verified batch record, raw or decoded, after checking the whole body's shape.
 
-        A large batch read in part is kept split for the next read (:class:`_SplitCache`).
+        A raw read, and a large batch read in part, keep the split for the next read
+        (:class:`_SplitCache`); a raw read reuses a kept split of the same bytes.
         Decoding a whole body is what checks it, and msgspec decodes as fast as it can
-        merely split one (measured), so a small batch is decoded whole and sliced.
+        merely split one (measured), so a small batch read decoded is decoded whole and sliced.
         """
         first, count = h.first_seq, h.count
         try:
-            keep = h.body_len >= _SPLIT_MIN and (lo or hi < count)
-            if raw or keep:
-                # A kept split gets its own copy of the body: the read buffer may hold more records.
-                parts = split_batch(bytes(body) if keep else body, count)
-                if keep:
-                    _SPLITS.put(path, offset, h, parts)
+            if raw or (h.body_len >= _SPLIT_MIN and (lo or hi < count)):
+                # The kept split gets its own copy of the body: the read buffer may hold more records.
+                data = bytes(body)
+                cached = _SPLITS.get(path, offset) if _SPLITS else None
+                if cached is not None and cached[0] == h and cached[1] == data:
+                    parts = cached[2]  # the split of these very bytes, checked when it was made
+                else:
+                    parts = split_batch(data, count)
+                    _SPLITS.put(path, offset, h, data, parts)
                 return parts[lo:hi] if raw else decode_items(parts[lo:hi])
             items = decode_batch(body)
             if len(items) != count:
@@ -544,13 +560,13 @@ class Reader(Recovery):
         if cached is None:
             return None
         h = cached[0]
-        if h.first_seq != seq or pos + h.size > end:
-            return None
+        if h.body_len < _SPLIT_MIN or h.first_seq != seq or pos + h.size > end:
+            return None  # a small record is read again: reading it costs less than this check
         # The header on disk must still be the one verified: same checksum, length, seqs and time.
         data = os.pread(fd, RECORD_HEADER_SIZE, pos)
         if len(data) != RECORD_HEADER_SIZE or RECORD_HEADER.unpack(data) != tuple(h):
             return None
-        return cached
+        return h, cached[2]
 
     def _damage_without_resume(self, path: str, gap: Gap, seq: int, seg_end: int, base: int) -> NoReturn:
         """Raise Corrupted for damage that no valid record follows in its segment.

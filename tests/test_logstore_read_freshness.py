@@ -8,7 +8,8 @@ change the files from a real second process (appends into preallocated space,
 appends that roll the segment, a repair that cuts the log and publishes the
 cut segment under the same name) and check that every read in the first
 process (``read``, ``read_raw``, ``try_read_raw``; tails, and ranges that end
-before the tail or start at it) returns what is on disk now.
+before the tail or start at it) returns what is on disk now. The last tests
+check the same of raw reads that reuse a kept split of a batch.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ import msgspec
 import pytest
 from logstore_helpers import data_size, segment_files
 
-from logstore import FileStore, InvalidConversationId, Range, Tail, maintenance
+from logstore import Corrupted, FileStore, InvalidConversationId, Range, Tail, frame, maintenance, reader
+from logstore.frame import SEGMENT_HEADER_SIZE
+from logstore.segment import iter_records
 
 SITE = "fresh-site"
 CONV = "conv-fresh-1"
@@ -176,3 +179,74 @@ def test_malformed_names_are_refused_while_conversations_are_open(tmp_path: Path
             store.read(SITE, CONV.encode(), Tail(1))  # type: ignore[arg-type]
         with pytest.raises(TypeError):
             store.read(SITE, CONV, 5)  # type: ignore[arg-type]
+
+
+# Raw reads reuse the split of a batch whose header and body bytes they just read, and verified,
+# are those of a split kept earlier (reader._SplitCache): every change on disk must still show.
+
+
+def _record_at_end(seg: str, count: int) -> tuple[int, frame.RecordHeader, bytes, int]:
+    """``(offset, header, body, salt)`` of the last record of ``seg`` holding ``count`` items."""
+    fd = os.open(seg, os.O_RDONLY)
+    try:
+        salt = frame.decode_segment_header(os.pread(fd, SEGMENT_HEADER_SIZE, 0)).salt  # type: ignore[union-attr]
+        found = [(o, h, bytes(b)) for o, h, b in iter_records(fd, SEGMENT_HEADER_SIZE, data_size(seg), salt)
+                 if h.count == count]
+    finally:
+        os.close(fd)
+    return (*found[-1], salt)
+
+
+def test_a_raw_read_notices_a_record_rewritten_after_its_split_was_kept(tmp_path: Path) -> None:
+    with FileStore(str(tmp_path), **OPTS) as store:
+        store.append(SITE, CONV, [{"n": 0}])
+        store.append(SITE, CONV, [{"k": "aaaa"}, {"k": "bbbb"}])  # seqs 1-2
+        for _ in range(2):
+            assert _payloads(store.read_raw(SITE, CONV, Tail(2))) == [{"k": "aaaa"}, {"k": "bbbb"}]
+        (seg,) = segment_files(str(tmp_path))
+        offset, h, body, salt = _record_at_end(seg, 2)
+        assert any(key == (seg, offset) for key in reader._SPLITS._entries)
+        with open(seg, "r+b") as f:
+            # The same seqs and length, a valid checksum, another body: written by hand, as a forger would.
+            f.seek(offset)
+            f.write(frame.encode_record(salt, h.kind, h.first_seq, h.count, h.recorded_at_us,
+                                        body.replace(b"bbbb", b"cccc")))
+        assert _payloads(store.read_raw(SITE, CONV, Tail(2))) == [{"k": "aaaa"}, {"k": "cccc"}]
+        with open(seg, "r+b") as f:
+            f.seek(offset)
+            f.write(frame.encode_record(salt, h.kind, h.first_seq, h.count, h.recorded_at_us,
+                                        body.replace(b'{"k":"bbbb"}', b'["k","bbbb"]')))
+        with pytest.raises(Corrupted) as info:
+            store.read_raw(SITE, CONV, Tail(2))
+        assert info.value.offset == offset
+        with open(seg, "r+b") as f:  # bit rot: one flipped bit in the body, the checksum left as it was
+            f.seek(offset)
+            f.write(frame.encode_record(salt, h.kind, h.first_seq, h.count, h.recorded_at_us, body))
+            f.seek(offset + frame.RECORD_HEADER_SIZE + 3)
+            b = f.read(1)
+            f.seek(offset + frame.RECORD_HEADER_SIZE + 3)
+            f.write(bytes([b[0] ^ 0x01]))
+        for read in (store.read_raw, store.read):
+            with pytest.raises(Corrupted) as info:
+                read(SITE, CONV, Tail(2))
+            assert info.value.offset == offset
+
+
+def test_a_raw_read_after_a_cut_and_a_new_append_at_the_same_offset_returns_the_new_batch(tmp_path: Path) -> None:
+    with FileStore(str(tmp_path), **OPTS) as store:
+        store.append(SITE, CONV, [{"n": 0}])
+        store.append(SITE, CONV, [{"n": 1, "t": "old"}, {"n": 2, "t": "old"}])
+        assert _payloads(store.read_raw(SITE, CONV, Tail(2)))[0]["t"] == "old"
+        (seg,) = segment_files(str(tmp_path))
+        offset, _h, _body, _salt = _record_at_end(seg, 2)
+        with open(seg, "r+b") as f:  # damage, then a repair that cuts the log at it
+            f.seek(offset + frame.RECORD_HEADER_SIZE + 5)
+            f.write(b"#")
+        subprocess.run([sys.executable, "-c", "import sys; from logstore import maintenance; "
+                        "maintenance.check(sys.argv[1], truncate_at_corruption=True)", str(tmp_path)],
+                       check=True, timeout=120)
+        assert [i.seq for i in store.read_raw(SITE, CONV, Tail(5))] == [0]
+        theirs = _append_elsewhere(tmp_path, 1, 1)  # the same seqs, at the same offset, other bytes
+        assert _record_at_end(seg, 2)[0] == offset
+        assert _payloads(store.read_raw(SITE, CONV, Tail(2))) == theirs
+        assert _payloads(store.read(SITE, CONV, Tail(2))) == theirs
