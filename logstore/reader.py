@@ -270,14 +270,17 @@ class Reader(Recovery):
         if start is None:
             start = max(0, end_seq - limit)
         stop = min(end_seq, start + limit)
-        if check_end and (start >= stop or stop < end_seq):
+        segments = self._segments
+        # The check is folded into the read only when the read reaches the active segment's
+        # records; any other read (one that ends before the tail, or starts past it, or an
+        # active segment that holds no record yet) makes it first.
+        if check_end and (start >= stop or stop < end_seq or segments[-1] >= end_seq):
             if self._moved_on():
                 raise _MovedOn()
             check_end = False
         if start >= end_seq:
             return
         lost: list[Loss] = []
-        segments = self._segments
         seg_i = max(bisect.bisect_right(segments, start) - 1, 0)
         while start < stop and seg_i < len(segments):
             base = segments[seg_i]

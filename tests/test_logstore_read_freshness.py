@@ -250,3 +250,25 @@ def test_a_raw_read_after_a_cut_and_a_new_append_at_the_same_offset_returns_the_
         assert _record_at_end(seg, 2)[0] == offset
         assert _payloads(store.read_raw(SITE, CONV, Tail(2))) == theirs
         assert _payloads(store.read(SITE, CONV, Tail(2))) == theirs
+
+
+def test_a_read_sees_another_process_append_into_an_active_segment_that_held_no_record(tmp_path: Path) -> None:
+    """A writer killed just after rolling leaves a new active segment with no record in it.
+
+    A tail read here then ends in the sealed segment before it; the check
+    that nobody appended into the active one's preallocated space must still
+    be made.
+    """
+    env = {**os.environ, "CONVMEM_CRASH_AT": "segment-roll-created"}
+    done = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), CONV, "0", "40", "200"], env=env,
+                          timeout=120, check=False)
+    assert done.returncode != 0  # killed at the crash point, after some appends
+    with FileStore(str(tmp_path), **OPTS) as store:
+        before = store.read(SITE, CONV, Tail(4))
+        n = before[-1].seq + 1
+        segs = segment_files(str(tmp_path))
+        assert os.path.basename(segs[-1]) == f"{n:020d}.seg" and data_size(segs[-1]) == SEGMENT_HEADER_SIZE
+        theirs = _append_elsewhere(tmp_path, n, 1)
+        assert _payloads(store.read(SITE, CONV, Tail(2))) == theirs
+        assert _payloads(store.read_raw(SITE, CONV, Tail(3)))[1:] == theirs
+        assert [i.seq for i in store.read(SITE, CONV, Tail(n + 2))] == list(range(n + 2))
