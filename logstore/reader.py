@@ -61,6 +61,9 @@ _END_CHECK = 16
 #: The most a read asks for in its first pread (the walk reads on in chunks if it needs more).
 _READ_MAX = 4 << 20
 
+#: A raw read of at most this many bytes of records keeps and reuses their splits (see _SplitCache).
+_RAW_REUSE_MAX = 256 * 1024
+
 #: A batch body at least this large, read only in part, is kept split (see _SplitCache).
 _SPLIT_MIN = 64 * 1024
 
@@ -82,11 +85,13 @@ class _SplitCache:
       disk after it was cached (the header still matches) is served as the
       verified bytes it was; fsck reads every record from disk.
     * A raw read (:meth:`Reader.read_raw`, what the MCP server returns) of
-      any batch. Its record is read from disk and its checksum verified as
-      always; when its header and its body's bytes equal those of an entry
-      here, the entry's split of those very bytes is used instead of
-      parsing them again. That reuse notices everything: it is a pure
-      function of bytes just read and compared whole.
+      at most :data:`_RAW_REUSE_MAX` bytes of records (a recall; a replay
+      page splits its records in place, keeping one copy of them in memory).
+      Each record is read from disk and its checksum verified as always;
+      when its header and its body's bytes equal those of an entry here, the
+      entry's split of those very bytes is used instead of parsing them
+      again. That reuse notices everything: it is a pure function of bytes
+      just read and compared whole.
 
     Entries are keyed by (segment path, record offset): a file replaced or
     rewritten by a repair, or a record written again at the same offset, no
@@ -404,6 +409,9 @@ class Reader(Recovery):
                 out.extend(map(make, range(first + lo, first + hi), repeat(_stamp(h)), items))
                 if seq >= stop:
                     return
+        # A raw read of little (a recall) keeps and reuses splits; a larger one (a page of a
+        # replay) splits its records where they lie, so that it holds one copy of them.
+        reuse = raw and (end if check_end else upto) - pos <= _RAW_REUSE_MAX
         buf: bytes | memoryview
         if check_end:
             buf = os.pread(fd, end + _END_CHECK - pos, pos)
@@ -440,7 +448,7 @@ class Reader(Recovery):
                 body = view[body_at : body_at + body_len]
                 if raw or lo or hi < count:
                     h = RecordHeader(checksum, body_len, count, kind, first, us)
-                    items = self._part(path, pos + rel, h, body, lo, hi, raw)
+                    items = self._part(path, pos + rel, h, body, lo, hi, raw, reuse)
                 else:
                     # The whole batch: decoding it is what checks it, in one pass.
                     try:
@@ -492,7 +500,7 @@ class Reader(Recovery):
                         lo = start - first if start > first else 0
                         hi = stop - first if stop < seq else count
                         if raw or lo or hi < count:
-                            items = self._part(path, roff, h, body, lo, hi, raw)
+                            items = self._part(path, roff, h, body, lo, hi, raw, reuse)
                         else:
                             # The whole batch: decoding it is what checks it, in one pass.
                             try:
@@ -524,17 +532,20 @@ class Reader(Recovery):
             pos, seq = resume[0], resume[1].first_seq  # the damage lies wholly before the range
 
     def _part(
-        self, path: str, offset: int, h: RecordHeader, body: memoryview, lo: int, hi: int, raw: bool
+        self, path: str, offset: int, h: RecordHeader, body: memoryview, lo: int, hi: int, raw: bool, reuse: bool
     ) -> list[Any]:
         """Items ``[lo, hi)`` of a verified batch record, raw or decoded, after checking the whole body's shape.
 
-        A raw read, and a large batch read in part, keep the split for the next read
-        (:class:`_SplitCache`); a raw read reuses a kept split of the same bytes.
+        A large batch read in part, and a raw read when ``reuse``, keep the split for the
+        next read (:class:`_SplitCache`); the latter reuses a kept split of the same bytes.
         Decoding a whole body is what checks it, and msgspec decodes as fast as it can
         merely split one (measured), so a small batch read decoded is decoded whole and sliced.
         """
         first, count = h.first_seq, h.count
         try:
+            if raw and not reuse:
+                parts = split_batch(body, count)  # the items keep the read buffer alive, nothing is copied
+                return parts[lo:hi]
             if raw or (h.body_len >= _SPLIT_MIN and (lo or hi < count)):
                 # The kept split gets its own copy of the body: the read buffer may hold more records.
                 data = bytes(body)
