@@ -11,7 +11,12 @@ On disk it is a snapshot plus an append-only activity log (FORMAT.md):
   *walks* the site's directories for conversations the listing does not know
   and logs a *walked* record of the boot once it found them all;
 * after the batch is durable, a *commit* with the conversation's new extent
-  (not synced: a power cut may lose it);
+  (not synced: a power cut may lose it). It is not written at once but owed:
+  it goes into the log in the same write as the process's next record (the
+  next batch's intent, whatever its conversation), or at the process's next
+  listing or close, so an append costs one locked write of the log, not two.
+  Until then the batch's intent is pending, exactly as if its writer had
+  died after the data sync, and a listing in another process probes it;
 * an intent that is never followed by a commit (its writer crashed) is
   *resolved* later by probing the conversation itself;
 * a writer opening an epoch's log logs a *boot* record naming this boot of
@@ -189,6 +194,9 @@ class SiteManifest(ManifestHook):
         self._writes = 0
         #: Conversations whose intent this process has synced in the writer epoch.
         self._touched: set[str] = set()
+        #: Commit records owed, by conversation (see :meth:`commit`): written ahead of
+        #: this process's next record of the log.
+        self._owed: dict[str, list[Any]] = {}
         # Reader side (the in-memory listing).
         self._loaded = False
         self._repo: dict[str, _Entry] = {}
@@ -230,7 +238,12 @@ class SiteManifest(ManifestHook):
         fileio.unlock(self._lock_fd)
 
     def close(self) -> None:
+        """Log the commits still owed (best effort: their intents stay pending otherwise), release the files."""
         with self._mutex:
+            try:
+                self.flush()
+            except (OSError, StoreError):
+                pass  # each owed batch's intent is pending in the log: a listing probes it
             for fd in (self._wfd, self._rfd, self._lock_fd):
                 if fd is not None:
                     os.close(fd)
@@ -318,46 +331,88 @@ class SiteManifest(ManifestHook):
         self._write(record, sync=False, touch=True, new=new)
 
     def commit(self, conversation_id: str, tip: Tip) -> None:
-        self._write([COMMIT, str(conversation_id), tip.created_us, tip.last_us, tip.next_seq], sync=False)
+        """Owe the commit record of a durable batch bringing the conversation to ``tip``.
 
-    def _write(self, record: list[Any], sync: bool, touch: bool = False, new: bool = False) -> None:
-        """Append one record to the current epoch's log; ``touch``: sync it unless this epoch already has one.
+        Logged ahead of this process's next record of the log (in the same
+        write), or by :meth:`flush` at its next listing or close. Until then
+        the batch's intent is pending, as after a crash between the data sync
+        and the commit: a listing in another process probes the conversation
+        (it is not held while its writer is idle), so the listing is the same,
+        and an append makes one locked write of the log instead of two.
+        """
+        rec = [COMMIT, str(conversation_id), tip.created_us, tip.last_us, tip.next_seq]
+        with self._mutex:
+            old = self._owed.get(rec[1])
+            if old is None or old[4] < tip.next_seq:
+                self._owed[rec[1]] = rec
 
-        ``new`` (with ``touch``): the conversation's first batch, which needs no sync (see :meth:`intent`).
+    def flush(self) -> None:
+        """Log the commits owed by this process, if any."""
+        if self._owed:
+            self._write(None, sync=False)
+
+    def _write(self, record: list[Any] | None, sync: bool, touch: bool = False, new: bool = False) -> None:
+        """Append the owed commits and ``record`` to the current epoch's log, in one write.
+
+        ``touch``: sync it unless this epoch already has one of ``record``'s
+        conversation; ``new`` (with ``touch``): the conversation's first batch,
+        which needs no sync (see :meth:`intent`).
         """
         with self._mutex:
-            self._flock()
+            owed, self._owed = self._owed, {}
             try:
-                if self._wfd is None or os.fstat(self._wfd).st_nlink == 0:
-                    if self._wfd is not None:
-                        os.close(self._wfd)
-                        self._wfd = None
-                    epoch = self._current_epoch_locked()
-                    try:
-                        self._wfd, self._wsalt = self._open_log(epoch, os.O_RDWR | os.O_APPEND)
-                    except _Damaged:
-                        # Its records are in no snapshot: start an epoch that owes a rebuild.
-                        epoch += 1
-                        self._write_epoch(epoch, [], False)
-                        self._current_epoch_locked()
-                        self._wfd, self._wsalt = self._open_log(epoch, os.O_RDWR | os.O_APPEND)
-                    if epoch != self._wepoch:
-                        self._touched.clear()
-                    self._wepoch = epoch
-                    self._wsnap = _size(snap_path(self.site_dir, epoch))
-                    fileio.append(self._wfd, encode_log_record(self._wsalt, _enc.encode([BOOT, boot_id, 0, 0, 0])))
-                fileio.append(self._wfd, encode_log_record(self._wsalt, _enc.encode(record)))
-                if touch and new:
-                    self._touched.add(record[1])
-                elif sync or (touch and record[1] not in self._touched):
-                    fileio.fdatasync(self._wfd)
-                    if touch:
-                        self._touched.add(record[1])
-                self._writes += 1
-                if self._writes % 512 == 0 and os.fstat(self._wfd).st_size > max(self._compact_bytes, self._wsnap // 4):
-                    self._compact_locked()
-            finally:
-                self._funlock()
+                self._write_locked(owed, record, sync, touch, new)
+            except BaseException:
+                # Perhaps not logged: owed again (a record logged twice is harmless).
+                for conv, rec in owed.items():
+                    now = self._owed.get(conv)
+                    if now is None or now[4] < rec[4]:
+                        self._owed[conv] = rec
+                raise
+
+    def _write_locked(
+        self, owed: dict[str, list[Any]], record: list[Any] | None, sync: bool, touch: bool, new: bool
+    ) -> None:
+        """:meth:`_write` with the mutex held: takes the file lock."""
+        self._flock()
+        try:
+            if self._wfd is None or os.fstat(self._wfd).st_nlink == 0:
+                if self._wfd is not None:
+                    os.close(self._wfd)
+                    self._wfd = None
+                epoch = self._current_epoch_locked()
+                try:
+                    self._wfd, self._wsalt = self._open_log(epoch, os.O_RDWR | os.O_APPEND)
+                except _Damaged:
+                    # Its records are in no snapshot: start an epoch that owes a rebuild.
+                    epoch += 1
+                    self._write_epoch(epoch, [], False)
+                    self._current_epoch_locked()
+                    self._wfd, self._wsalt = self._open_log(epoch, os.O_RDWR | os.O_APPEND)
+                if epoch != self._wepoch:
+                    self._touched.clear()
+                self._wepoch = epoch
+                self._wsnap = _size(snap_path(self.site_dir, epoch))
+                fileio.append(self._wfd, encode_log_record(self._wsalt, _enc.encode([BOOT, boot_id, 0, 0, 0])))
+            salt = self._wsalt
+            parts = [encode_log_record(salt, _enc.encode(rec)) for rec in owed.values()]
+            if record is not None:
+                parts.append(encode_log_record(salt, _enc.encode(record)))
+            if not parts:
+                return
+            fileio.append(self._wfd, parts[0] if len(parts) == 1 else b"".join(parts))
+            conv = record[1] if touch and record is not None else None
+            if conv is not None and new:
+                self._touched.add(conv)
+            elif sync or (conv is not None and conv not in self._touched):
+                fileio.fdatasync(self._wfd)
+                if conv is not None:
+                    self._touched.add(conv)
+            self._writes += 1
+            if self._writes % 512 == 0 and os.fstat(self._wfd).st_size > max(self._compact_bytes, self._wsnap // 4):
+                self._compact_locked()
+        finally:
+            self._funlock()
 
     # ---------------------------------------------------------------- reads
 
@@ -479,6 +534,8 @@ class SiteManifest(ManifestHook):
 
     def _refresh(self) -> None:
         with self._mutex:
+            # This process's own batches are listed from their commits, never probed.
+            self.flush()
             if not self._loaded:
                 self._load()
             self._tail()
