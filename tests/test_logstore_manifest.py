@@ -197,3 +197,64 @@ def test_first_append_syncs_no_manifest_record(tmp_path: Path) -> None:
     store.close()
     assert syncs.count("fdatasync") == 1, syncs  # the segment, created with its first record
     assert 2 <= syncs.count("fsync") <= 5, syncs  # its directory and the directories above it not yet synced
+
+
+def test_commits_owed_by_a_killed_writer_are_probed_by_the_next_listing(tmp_path: Path) -> None:
+    """A writer's commit records go out with its next log record: a kill leaves the last ones unwritten.
+
+    The child appends round-robin to three conversations (each append logs the
+    commits owed so far with its intent) and is then SIGKILLed while idle, the
+    last batch's commit owed. The log must not hold that commit, and a fresh
+    listing must still give every conversation its last item's time, in order.
+    """
+    root = tmp_path / "data"
+    convs = [f"conv-owed-{i}" for i in range(3)]
+    code = (
+        "import os, signal, sys\nfrom logstore import FileStore\n"
+        f"s = FileStore({str(root)!r}, lock_timeout=0.2)\n"
+        "for k in range(7):\n"
+        f"    s.append({SITE!r}, {convs!r}[k % 3], [{{'k': k}}])\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], timeout=60)
+    assert proc.returncode == -9
+    from logstore import manifest
+
+    site_dir = next((root / "sites").iterdir())
+    log = max(site_dir.glob("manifest-*.log"))
+    data = log.read_bytes()
+    salt = manifest.LOG_HEADER.unpack_from(data)[2]
+    recs = [r for _o, _e, r in manifest.iter_log_records(data, salt, manifest.LOG_HEADER.size) if r is not None]
+    committed = {(r[1], r[4]) for r in recs if r[0] == manifest.COMMIT}
+    # conv 0 got batches k = 0, 3, 6 (next_seq 3); conv 1 k = 1, 4 (2); conv 2 k = 2, 5 (2).
+    assert (convs[0], 3) not in committed, recs  # the last batch's commit was owed at the kill
+    assert {(convs[0], 2), (convs[1], 2), (convs[2], 2)} <= committed  # earlier ones went out with later intents
+    fresh = FileStore(root, lock_timeout=0.2)
+    try:
+        assert listed(fresh) == [convs[0], convs[2], convs[1]]  # most recently active first
+        for s in fresh.list_conversations(SITE, ListSelector(None, 10)).summaries:
+            assert s.last_appended_at == fresh.read(SITE, s.conversation_id, Tail(1))[0].recorded_at
+        assert fresh.append(SITE, convs[1], [{"next": 1}]).first == 2
+        assert listed(fresh)[0] == convs[1]
+    finally:
+        fresh.close()
+
+
+def test_a_listing_in_another_store_sees_an_idle_writers_owed_commits(tmp_path: Path) -> None:
+    """Two stores on one directory: the writer's last commit is owed; the other's listing probes it."""
+    root = tmp_path / "data"
+    writer = FileStore(root, lock_timeout=0.2)
+    other = FileStore(root, lock_timeout=0.2)
+    try:
+        for k in range(3):
+            writer.append(SITE, "conv-live-a", [{"k": k}])
+        writer.append(SITE, "conv-live-b", [{"k": 0}])
+        assert listed(other) == ["conv-live-b", "conv-live-a"]
+        writer.append(SITE, "conv-live-a", [{"k": 3}])  # after the other's resolve records
+        assert listed(other) == ["conv-live-a", "conv-live-b"]
+        assert listed(writer) == ["conv-live-a", "conv-live-b"]
+        for s in other.list_conversations(SITE, ListSelector(None, 10)).summaries:
+            assert s.last_appended_at == other.read(SITE, s.conversation_id, Tail(1))[0].recorded_at
+    finally:
+        writer.close()
+        other.close()
