@@ -200,7 +200,9 @@ class SiteManifest(ManifestHook):
         # Reader side (the in-memory listing).
         self._loaded = False
         self._repo: dict[str, _Entry] = {}
-        self._order: SortedList[tuple[int, str]] = SortedList()
+        #: The committed entries in listing order; None until a page is asked for (a process
+        #: that only writes never builds it, so its compactions apply records to ``_repo`` only).
+        self._order: SortedList[tuple[int, str]] | None = None
         #: Conversations with an intent not yet followed by its commit.
         self._pending: set[str] = set()
         self._repoch = 0
@@ -439,7 +441,7 @@ class SiteManifest(ManifestHook):
         if self._rfd is not None:
             os.close(self._rfd)
         self._repo = {e.conversation_id: e for e in entries}
-        self._order = SortedList((-e.last_us, e.conversation_id) for e in entries if e.next_seq > 0)
+        self._order = None
         self._pending = {e.conversation_id for e in entries if e.pending is not None}
         self._rfd, self._rsalt, self._repoch, self._roff = rfd, rsalt, epoch, LOG_HEADER.size
         self._complete = complete
@@ -524,10 +526,12 @@ class SiteManifest(ManifestHook):
         if e is None:
             self._repo[conv] = e = _Entry(conv, created, last, 0)
         if nxt > e.next_seq:
-            if e.next_seq > 0:
-                self._order.discard((-e.last_us, conv))
+            order = self._order
+            if order is not None:
+                if e.next_seq > 0:
+                    order.discard((-e.last_us, conv))
+                order.add((-last, conv))
             e.created_us, e.last_us, e.next_seq = created, last, nxt
-            self._order.add((-last, conv))
         if e.pending is not None and e.pending[2] <= e.next_seq:
             e.pending = None
             self._pending.discard(conv)
@@ -694,6 +698,8 @@ class SiteManifest(ManifestHook):
         self._refresh()
         with self._mutex:
             order = self._order
+            if order is None:
+                order = self._order = SortedList((-e.last_us, c) for c, e in self._repo.items() if e.next_seq > 0)
             i = 0 if after is None else order.bisect_right((-after[0], after[1]))
             keys = list(order.islice(i, i + limit + 1))
             more = len(keys) > limit
