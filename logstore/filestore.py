@@ -266,10 +266,11 @@ class FileStore(MemoryStore):
     ) -> tuple[int, int]:
         """Append after charging the site's quota (caller holds ``conv.mutex``); refunded if nothing is written.
 
-        Whether the conversation is new is judged before the write by one
-        ``stat`` of its directory and corrected after it from the first seq.
+        Whether the conversation is new is judged before the write (from the
+        segments it held when last looked at, else by one ``stat`` of its
+        directory) and corrected after it from the first seq.
         """
-        new = not os.path.isdir(conv.path)
+        new = not conv.holds_segments() and not os.path.isdir(conv.path)
         cost = usage.charge(site, len(body), new)
         try:
             first, last, _stamp = conv.append(body, count, deadline, started)
