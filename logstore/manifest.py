@@ -12,9 +12,10 @@ On disk it is a snapshot plus an append-only activity log (FORMAT.md):
   and logs a *walked* record of the boot once it found them all;
 * after the batch is durable, a *commit* with the conversation's new extent
   (not synced: a power cut may lose it). It is not written at once but owed:
-  it goes into the log in the same write as the process's next record (the
-  next batch's intent, whatever its conversation), or at the process's next
-  listing or close, so an append costs one locked write of the log, not two.
+  the conversation's next intent carries it (one record), or the process
+  logs it at its close (or with its next record once many are owed; its own
+  listings apply it in memory), so an append costs one record and one locked
+  write of the log.
   Until then the batch's intent is pending, exactly as if its writer had
   died after the data sync, and a listing in another process probes it;
 * an intent that is never followed by a commit (its writer crashed) is
@@ -61,6 +62,8 @@ REC_MAGIC = b"\xc7\x4d"
 REC_HEADER = struct.Struct("<2sHIQ")  # magic, reserved, body_len, xxh3(body_len bytes + body, seed=salt)
 
 INTENT, COMMIT, RESOLVE, BOOT, WALKED = 1, 2, 3, 4, 5
+#: Commits owed by this process beyond this many are all logged with its next record.
+OWED_MAX = 256
 LOCK_FILE = "manifest.lock"
 
 
@@ -335,18 +338,20 @@ class SiteManifest(ManifestHook):
     def commit(self, conversation_id: str, tip: Tip) -> None:
         """Owe the commit record of a durable batch bringing the conversation to ``tip``.
 
-        Logged ahead of this process's next record of the log (in the same
-        write), or by :meth:`flush` at its next listing or close. Until then
-        the batch's intent is pending, as after a crash between the data sync
-        and the commit: a listing in another process probes the conversation
-        (it is not held while its writer is idle), so the listing is the same,
-        and an append makes one locked write of the log instead of two.
+        Carried by the conversation's next intent (one record, see
+        :func:`_records`), or logged by :meth:`flush` at close, or with the
+        process's next record once more than :data:`OWED_MAX` are owed; this
+        process's listings apply it in memory. Until then the batch's intent is pending, as
+        after a crash between the data sync and the commit: a listing in
+        another process probes the conversation (nobody holds it while its
+        writer is idle), so the listing is the same, and an append makes one
+        record and one locked write of the log instead of two.
         """
-        rec = [COMMIT, str(conversation_id), tip.created_us, tip.last_us, tip.next_seq]
+        conv = str(conversation_id)
         with self._mutex:
-            old = self._owed.get(rec[1])
+            old = self._owed.get(conv)
             if old is None or old[4] < tip.next_seq:
-                self._owed[rec[1]] = rec
+                self._owed[conv] = [COMMIT, conv, tip.created_us, tip.last_us, tip.next_seq]
 
     def flush(self) -> None:
         """Log the commits owed by this process, if any."""
@@ -361,7 +366,13 @@ class SiteManifest(ManifestHook):
         which needs no sync (see :meth:`intent`).
         """
         with self._mutex:
-            owed, self._owed = self._owed, {}
+            if record is None or len(self._owed) >= OWED_MAX:
+                owed, self._owed = self._owed, {}
+            else:
+                # Only the record's own conversation's commit, carried by its intent (see
+                # :meth:`_records`); the others stay owed until that conversation's next intent.
+                prev = self._owed.pop(record[1], None) if record[0] == INTENT else None
+                owed = {} if prev is None else {record[1]: prev}
             try:
                 self._write_locked(owed, record, sync, touch, new)
             except BaseException:
@@ -397,9 +408,7 @@ class SiteManifest(ManifestHook):
                 self._wsnap = _size(snap_path(self.site_dir, epoch))
                 fileio.append(self._wfd, encode_log_record(self._wsalt, _enc.encode([BOOT, boot_id, 0, 0, 0])))
             salt = self._wsalt
-            parts = [encode_log_record(salt, _enc.encode(rec)) for rec in owed.values()]
-            if record is not None:
-                parts.append(encode_log_record(salt, _enc.encode(record)))
+            parts = [encode_log_record(salt, _enc.encode(rec)) for rec in _records(owed, record)]
             if not parts:
                 return
             fileio.append(self._wfd, parts[0] if len(parts) == 1 else b"".join(parts))
@@ -500,6 +509,9 @@ class SiteManifest(ManifestHook):
             kind, conv, created, last, nxt = rec[:5]
         except (ValueError, TypeError):
             return
+        if kind == INTENT and len(rec) >= 8:
+            # An intent carrying the commit of the conversation's previous batch: that first.
+            self._apply([COMMIT, conv, *rec[5:8]])
         e = self._repo.get(conv)
         if kind == BOOT:
             if self._collecting and conv == boot_id:
@@ -538,14 +550,16 @@ class SiteManifest(ManifestHook):
 
     def _refresh(self) -> None:
         with self._mutex:
-            # This process's own batches are listed from their commits, never probed.
-            self.flush()
             if not self._loaded:
                 self._load()
             self._tail()
             if not self._loaded:
                 self._load()
                 self._tail()
+            # The commits this process still owes are applied to the listing in memory (a
+            # listing writes nothing): its own batches are listed from them, never probed.
+            for owed in self._owed.values():
+                self._apply(owed)
             rebuild = not self._complete
             # An intent without its commit: the writer is still at it (it holds the
             # conversation: skip it), or it died or failed to log the commit after the
@@ -776,6 +790,21 @@ def _ends_at(conv_dir: str, next_seq: int, last_us: int) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def _records(owed: dict[str, list[Any]], record: list[Any] | None) -> list[list[Any]]:
+    """The log records for the commits ``owed`` and then ``record``.
+
+    An intent whose conversation has a commit owed carries it (FORMAT.md 5:
+    ``[1, conversation_id, created_us, last_us, next_seq, committed created_us,
+    last_us, next_seq]``), so an append to the conversation it wrote last is
+    one record.
+    """
+    carried = record[1] if record is not None and record[0] == INTENT and record[1] in owed else None
+    out = [rec for conv, rec in owed.items() if conv != carried]
+    if record is not None:
+        out.append(record if carried is None else [*record, *owed[carried][2:5]])
+    return out
 
 
 class _Damaged(Exception):

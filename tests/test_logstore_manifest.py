@@ -147,6 +147,8 @@ def test_new_conversation_lost_from_the_log_is_found_after_a_reboot(
     store = FileStore(root)
     store.append(SITE, "conv-old-01", [{"k": 1}])
     assert listed(store) == ["conv-old-01"]
+    store.close()  # logs its commit (owed until then), before the new conversations' records
+    store = FileStore(root)
     store.append(SITE, "conv-new-01", [{"k": 1}, {"k": 2}])
     store.append(SITE, "conv-new-02", [{"k": 1}])
     store.close()
@@ -202,9 +204,9 @@ def test_first_append_syncs_no_manifest_record(tmp_path: Path) -> None:
 def test_commits_owed_by_a_killed_writer_are_probed_by_the_next_listing(tmp_path: Path) -> None:
     """A writer's commit records go out with its next log record: a kill leaves the last ones unwritten.
 
-    The child appends round-robin to three conversations (each append logs the
-    commits owed so far with its intent) and is then SIGKILLed while idle, the
-    last batch's commit owed. The log must not hold that commit, and a fresh
+    The child appends round-robin to three conversations (each intent carries
+    its conversation's previous commit) and is then SIGKILLed while idle, each
+    conversation's last commit owed. The log must not hold those, and a fresh
     listing must still give every conversation its last item's time, in order.
     """
     root = tmp_path / "data"
@@ -226,9 +228,10 @@ def test_commits_owed_by_a_killed_writer_are_probed_by_the_next_listing(tmp_path
     salt = manifest.LOG_HEADER.unpack_from(data)[2]
     recs = [r for _o, _e, r in manifest.iter_log_records(data, salt, manifest.LOG_HEADER.size) if r is not None]
     committed = {(r[1], r[4]) for r in recs if r[0] == manifest.COMMIT}
-    # conv 0 got batches k = 0, 3, 6 (next_seq 3); conv 1 k = 1, 4 (2); conv 2 k = 2, 5 (2).
-    assert (convs[0], 3) not in committed, recs  # the last batch's commit was owed at the kill
-    assert {(convs[0], 2), (convs[1], 2), (convs[2], 2)} <= committed  # earlier ones went out with later intents
+    committed |= {(r[1], r[7]) for r in recs if r[0] == manifest.INTENT and len(r) >= 8}  # carried by an intent
+    # conv 0 got batches k = 0, 3, 6 (next_seq 1, 2, 3); conv 1 k = 1, 4 (1, 2); conv 2 k = 2, 5 (1, 2).
+    # Each intent carried its conversation's previous commit; each conversation's last one was owed.
+    assert committed == {(convs[0], 1), (convs[0], 2), (convs[1], 1), (convs[2], 1)}, recs
     fresh = FileStore(root, lock_timeout=0.2)
     try:
         assert listed(fresh) == [convs[0], convs[2], convs[1]]  # most recently active first

@@ -249,6 +249,8 @@ def _apply_log_record(entries: dict[str, manifest._Entry], rec: list[Any]) -> No
         kind, conv, created, last, nxt = rec[:5]
     except (ValueError, TypeError):
         return
+    if kind == manifest.INTENT and len(rec) >= 8:
+        _apply_log_record(entries, [manifest.COMMIT, conv, *rec[5:8]])  # the commit it carries comes first
     e = entries.get(conv)
     if kind == manifest.INTENT:
         if e is None:
