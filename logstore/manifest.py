@@ -165,8 +165,10 @@ class SiteManifest(ManifestHook):
     """One site's listing, shared safely by the threads and processes using it.
 
     ``probe(conversation_id, wait)`` returns the conversation's true extent from its
-    segments (None when it holds nothing; with ``wait`` False it raises
-    Timeout rather than wait for a writer); ``walk()`` yields every
+    segments, read holding the conversation's file lock (None when it holds
+    nothing; with ``wait`` False it raises Timeout rather than wait for a
+    writer): a writer holds that lock from before its intent until its batch
+    is durable, so what a probe finds may settle every intent logged before it; ``walk()`` yields every
     conversation id that has a directory. Both come from the store.
     """
 
