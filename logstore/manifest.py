@@ -245,12 +245,20 @@ class SiteManifest(ManifestHook):
         fileio.unlock(self._lock_fd)
 
     def close(self) -> None:
-        """Log the commits still owed (best effort: their intents stay pending otherwise), release the files."""
+        """Log the commits still owed (best effort: their intents stay pending otherwise), release the files.
+
+        Only into the log this process writes, while it is still linked: when
+        another process compacted it away, the new snapshot carries the owed
+        batches' intents as pending, and when the site was dropped, writing
+        would bring its directory back.
+        """
         with self._mutex:
             try:
-                self.flush()
+                if self._owed and self._wfd is not None and os.fstat(self._wfd).st_nlink > 0:
+                    self.flush()
             except (OSError, StoreError):
                 pass  # each owed batch's intent is pending in the log: a listing probes it
+            self._owed.clear()
             for fd in (self._wfd, self._rfd, self._lock_fd):
                 if fd is not None:
                     os.close(fd)

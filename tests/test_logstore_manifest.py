@@ -261,3 +261,14 @@ def test_a_listing_in_another_store_sees_an_idle_writers_owed_commits(tmp_path: 
     finally:
         writer.close()
         other.close()
+
+
+def test_closing_with_commits_owed_does_not_bring_a_dropped_site_back(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    writer = FileStore(root, lock_timeout=0.2)
+    other = FileStore(root, lock_timeout=0.2)
+    writer.append(SITE, "conv-dropped", [{"k": 1}])  # its commit is owed
+    other.drop_site(SITE)
+    writer.close()
+    assert other.sites() == []
+    other.close()
