@@ -535,7 +535,8 @@ def _judge_listing(
             spath,
             None,
             INTENT_UNRESOLVED,
-            f"an intent for next_seq={pending[2]} has no commit (its writer stopped before it); {wrote}, "
+            f"an intent for next_seq={pending[2]} has no commit (its writer stopped before it, or still "
+            f"owes it: a writer logs it with its next intent or at close); {wrote}, "
             f"which holds {_describe(truth)}",
             "none needed: the engine resolves it by reading the log at the site's next listing; "
             "--repair resolves it now",
