@@ -336,8 +336,8 @@ def _some_history(w: Writer) -> None:
 def _compaction(w: Writer) -> None:
     m = w.store._manifest(SITE)
     w.append(CONVS[0], 2, 50)
-    # The engine compacts every 512th log record once the log is big enough: bring that
-    # moment to the next append's commit record.
+    # The engine compacts at every 512th write of the log once the log is big enough: bring
+    # that moment to the second append's intent (each append writes one record).
     m._compact_bytes = 1
     m._writes = 510
     w.append(CONVS[1], 1, 30)
