@@ -272,3 +272,42 @@ def test_closing_with_commits_owed_does_not_bring_a_dropped_site_back(tmp_path: 
     writer.close()
     assert other.sites() == []
     other.close()
+
+
+def test_a_probe_never_settles_an_intent_whose_batch_is_being_written(tmp_path: Path) -> None:
+    """Another store lists while a writer is between its intent and its data; then the writer dies.
+
+    The listing must not take the extent from before the batch as settling the
+    batch's intent (it waits for no lock-holding writer: it leaves the intent
+    pending), so once the writer is gone with its commit owed, the next
+    listing still probes the conversation and lists the acknowledged batch.
+    """
+    root = tmp_path / "data"
+    writer = FileStore(root, lock_timeout=0.2)
+    other = FileStore(root, lock_timeout=0.2)
+    conv = "conv-racing-01"
+    writer.append(SITE, conv, [{"k": 0}])
+    assert listed(other) == [conv]
+    assert len(other.read(SITE, conv, Range(0, 10))) == 1  # the other store holds the conversation open
+    seen: list[list[str]] = []
+
+    def between_intent_and_data(op: str) -> None:
+        if op == "write" and not seen:
+            seen.append(listed(other))  # the writer holds the conversation: the listing must not settle it
+
+    fileio.fault_hook = between_intent_and_data
+    try:
+        r = writer.append(SITE, conv, [{"k": 1}])
+    finally:
+        fileio.fault_hook = None
+    assert seen == [[conv]] and r.first == 1
+    writer._manifest(SITE)._owed.clear()  # the writer dies with the batch's commit owed (no close)
+    other.close()
+    fresh = FileStore(root, lock_timeout=0.2)
+    try:
+        page = fresh.list_conversations(SITE, ListSelector(None, 10)).summaries
+        assert [s.conversation_id for s in page] == [conv]
+        assert page[0].last_appended_at == fresh.read(SITE, conv, Tail(1))[0].recorded_at
+    finally:
+        fresh.close()
+        writer.close()
