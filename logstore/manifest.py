@@ -15,9 +15,9 @@ On disk it is a snapshot plus an append-only activity log (FORMAT.md):
   the conversation's next intent carries it (one record), or the process
   logs it at its close (or with its next record once many are owed; its own
   listings apply it in memory), so an append costs one record and one locked
-  write of the log.
-  Until then the batch's intent is pending, exactly as if its writer had
-  died after the data sync, and a listing in another process probes it;
+  write of the log. Until then the batch's intent is pending, exactly as if
+  its writer had died after the data sync, and a listing in another process
+  probes it;
 * an intent that is never followed by a commit (its writer crashed) is
   *resolved* later by probing the conversation itself;
 * a writer opening an epoch's log logs a *boot* record naming this boot of
@@ -168,8 +168,9 @@ class SiteManifest(ManifestHook):
     segments, read holding the conversation's file lock (None when it holds
     nothing; with ``wait`` False it raises Timeout rather than wait for a
     writer): a writer holds that lock from before its intent until its batch
-    is durable, so what a probe finds may settle every intent logged before it; ``walk()`` yields every
-    conversation id that has a directory. Both come from the store.
+    is durable, so what a probe finds may settle every intent logged before
+    it. ``walk()`` yields every conversation id that has a directory. Both
+    come from the store.
     """
 
     def __init__(
@@ -199,8 +200,7 @@ class SiteManifest(ManifestHook):
         self._writes = 0
         #: Conversations whose intent this process has synced in the writer epoch.
         self._touched: set[str] = set()
-        #: Commit records owed, by conversation (see :meth:`commit`): written ahead of
-        #: this process's next record of the log.
+        #: Commit records owed, by conversation (see :meth:`commit`).
         self._owed: dict[str, list[Any]] = {}
         # Reader side (the in-memory listing).
         self._loaded = False
@@ -351,11 +351,11 @@ class SiteManifest(ManifestHook):
         Carried by the conversation's next intent (one record, see
         :func:`_records`), or logged by :meth:`flush` at close, or with the
         process's next record once more than :data:`OWED_MAX` are owed; this
-        process's listings apply it in memory. Until then the batch's intent is pending, as
-        after a crash between the data sync and the commit: a listing in
-        another process probes the conversation (nobody holds it while its
-        writer is idle), so the listing is the same, and an append makes one
-        record and one locked write of the log instead of two.
+        process's listings apply it in memory. Until then the batch's intent
+        is pending, as after a crash between the data sync and the commit: a
+        listing in another process probes the conversation (nobody holds it
+        while its writer is idle), so the listing is the same, and an append
+        makes one record and one locked write of the log instead of two.
         """
         conv = str(conversation_id)
         with self._mutex:
@@ -369,11 +369,13 @@ class SiteManifest(ManifestHook):
             self._write(None, sync=False)
 
     def _write(self, record: list[Any] | None, sync: bool, touch: bool = False, new: bool = False) -> None:
-        """Append the owed commits and ``record`` to the current epoch's log, in one write.
+        """Append ``record`` to the current epoch's log, with the owed commits it takes, in one write.
 
-        ``touch``: sync it unless this epoch already has one of ``record``'s
-        conversation; ``new`` (with ``touch``): the conversation's first batch,
-        which needs no sync (see :meth:`intent`).
+        An intent takes its conversation's owed commit (it carries it); a
+        ``record`` of None, or any record once :data:`OWED_MAX` commits are
+        owed, takes them all. ``touch``: sync the write unless this epoch
+        already has one of ``record``'s conversation; ``new`` (with ``touch``):
+        the conversation's first batch, which needs no sync (see :meth:`intent`).
         """
         with self._mutex:
             if record is None or len(self._owed) >= OWED_MAX:
