@@ -44,6 +44,7 @@ def main() -> None:
     ap.add_argument("--appends", type=int, default=1500, help="appends per round")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--sort", default="tottime", help="with --profile: the pstats sort key")
     args = ap.parse_args()
     where = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
     print(f"engine: {os.path.dirname(logstore.__file__)}; data on {where or tempfile.gettempdir()}")
@@ -58,7 +59,7 @@ def main() -> None:
                 prof.enable()
                 _round(store, batch, args.appends, 0)
                 prof.disable()
-                pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+                pstats.Stats(prof).sort_stats(args.sort).print_stats(25)
             else:
                 rounds = sorted(_round(store, batch, args.appends, r) for r in range(args.rounds))
                 median = rounds[len(rounds) // 2]
