@@ -921,6 +921,10 @@ def test_listing_recovery_runs_only_after_a_reboot(shm_path: Path, monkeypatch: 
     try:
         store.append(SITE, CONVS[0], make_batch("x", 1, 1, 10))
         store.append(SITE, CONVS[1], make_batch("x", 2, 1, 10))
+    finally:
+        store.close()  # logs the commits still owed
+    store = FileStore(root, **OPTS)
+    try:
         store.append(SITE, CONVS[0], make_batch("x", 3, 2, 10))
     finally:
         store.close()
