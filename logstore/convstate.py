@@ -85,6 +85,8 @@ class ConversationState:
         self._cond = threading.Condition(self.mutex)
         self._queue: collections.deque[Any] = collections.deque()
         self._inflight = False
+        self._last_batches = 0  # batches of the last group written
+        self._gathering = False  # a leader waits for more batches (Writer._lead)
         # The active segment is being extended past ``_alloc`` (logstore.writer, "extend-ahead"):
         # by a background job, or by a group whose records do not fit. Nothing else writes
         # there, and the active segment is neither closed nor cut until it is over.

@@ -97,6 +97,9 @@ class _Batch:
         self.error: BaseException | None = None
 
 
+#: Seconds a leader waits for the writers of the last group to queue their next batches.
+GATHER_WAIT = 0.0002
+
 #: A group commit takes at most this many batches ...
 GROUP_MAX_BATCHES = 64
 #: ... and at most this many bytes of records (more when the first batch alone is bigger).
@@ -128,6 +131,8 @@ class Writer(Recovery):
         me = _Batch(body, count)
         queue = self._queue
         queue.append(me)
+        if self._gathering:
+            self._cond.notify_all()  # a leader waits for the writers of the last group
         while not me.done and queue[0] is not me:
             left = deadline - time.monotonic()
             if left <= 0 and not me.taken:
@@ -142,8 +147,28 @@ class Writer(Recovery):
         return me.result
 
     def _lead(self, deadline: float, started: float) -> None:
-        """Write the batches at the head of the queue as one group (this thread's batch first)."""
+        """Write the batches at the head of the queue as one group (this thread's batch first).
+
+        When the last group held several batches and fewer are queued now, the
+        leader first waits a little (at most :data:`GATHER_WAIT`) for their
+        writers to come back with their next batch, as PostgreSQL's
+        ``commit_delay`` does when other transactions are active: otherwise the
+        first writer back from a group finds the queue empty and syncs alone,
+        and the groups alternate between one batch and the rest.
+        """
         queue = self._queue
+        want = min(self._last_batches, GROUP_MAX_BATCHES)
+        if 1 < want and len(queue) < want:
+            self._gathering = True
+            until = time.monotonic() + GATHER_WAIT
+            try:
+                while len(queue) < want:
+                    left = until - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
+            finally:
+                self._gathering = False
         group: list[_Batch] = []
         size = 0
         for b in queue:
@@ -164,6 +189,7 @@ class Writer(Recovery):
         for b in group[:written]:
             b.done = True
             queue.popleft()
+        self._last_batches = written
         self._cond.notify_all()
 
     def _append_group(self, group: list[_Batch], deadline: float, started: float) -> int:
