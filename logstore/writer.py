@@ -54,22 +54,47 @@ _ZERO_STEP = bytes(EXTEND_STEP)
 
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
+_idle = threading.Condition(_pool_lock)
+_pending = 0  # jobs handed to the pool and not finished
 
 
 def _in_background(job: Callable[[], None]) -> None:
-    global _pool
+    global _pool, _pending
     with _pool_lock:
         if _pool is None:
             _pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="logstore-extend")
-        pool = _pool
-    pool.submit(job)
+        _pool.submit(_tracked, job)
+        _pending += 1
+
+
+def _tracked(job: Callable[[], None]) -> None:
+    global _pending
+    try:
+        job()
+    finally:
+        with _pool_lock:
+            _pending -= 1
+            if not _pending:
+                _idle.notify_all()
+
+
+def wait_for_extensions(timeout: float | None = None) -> bool:
+    """Wait until no extend-ahead job of this process is queued or running; False on timeout.
+
+    For benchmarks and tests that must not let a job's I/O fall into
+    something else they time or compare; appends never need it.
+    """
+    with _pool_lock:
+        return _idle.wait_for(lambda: not _pending, timeout)
 
 
 def _forget_pool() -> None:
     """In a forked child the parent's pool threads do not exist: start a new pool when needed."""
-    global _pool, _pool_lock
+    global _pool, _pool_lock, _idle, _pending
     _pool = None
     _pool_lock = threading.Lock()
+    _idle = threading.Condition(_pool_lock)
+    _pending = 0
 
 
 if hasattr(os, "register_at_fork"):
