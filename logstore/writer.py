@@ -82,7 +82,8 @@ def wait_for_extensions(timeout: float | None = None) -> bool:
     """Wait until no extend-ahead job of this process is queued or running; False on timeout.
 
     For benchmarks and tests that must not let a job's I/O fall into
-    something else they time or compare; appends never need it.
+    something else they time or compare; appends never need it. Call it
+    holding no conversation's ``mutex`` (a job needs it to finish).
     """
     with _pool_lock:
         return _idle.wait_for(lambda: not _pending, timeout)
