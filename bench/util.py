@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from logstore.writer import wait_for_extensions
+
 #: Backend names, in the order the table shows them.
 CONVMEM, SQLITE, FLOOR, POSTGRES = "convmem", "sqlite", "floor", "postgres"
 #: The second peer, and the labelled extra rows: today's SQLite schema, SQLite with
@@ -170,7 +172,9 @@ def interleaved_ops(n: int, fns: dict[str, Callable[[], Any]], before: Callable[
 
     The order within each turn rotates, so no backend always follows the same
     neighbour; a burst of noise from another process hits all of them alike.
-    Returns seconds per call.
+    After each call, untimed, convmem's extend-ahead jobs (background I/O an
+    append may hand over) are waited for, so that they never run inside
+    another backend's timed call. Returns seconds per call.
     """
     out: dict[str, list[float]] = {k: [] for k in fns}
     names = list(fns)
@@ -185,6 +189,7 @@ def interleaved_ops(n: int, fns: dict[str, Callable[[], Any]], before: Callable[
             t0 = clock()
             fn()
             out[name].append(clock() - t0)
+            wait_for_extensions()
         if progress is not None and i % tick == 0:
             progress.note(f"{label} {i:,}/{n:,}")
     return out

@@ -28,8 +28,8 @@ class Conversation(Writer, Reader):
 
     def close(self) -> None:
         """Release every descriptor, writing our pending index entries if still in order. Caller holds ``mutex``."""
-        while self._inflight or self._queue:
-            self._cond.wait()  # a group commit is writing, or batches wait for one: let them finish
+        while self._inflight or self._queue or self._growing:
+            self._cond.wait()  # a group commit is writing, batches wait for one, or an extension runs
         if self._idx_unwritten and self._fd is not None and self._lock_fd is not None:
             try:
                 if fileio.try_lock(self._lock_fd, True):

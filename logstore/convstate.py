@@ -85,8 +85,17 @@ class ConversationState:
         self._cond = threading.Condition(self.mutex)
         self._queue: collections.deque[Any] = collections.deque()
         self._inflight = False
+        self._last_batches = 0  # batches of the last group written
+        self._gathering = False  # a leader waits for more batches (Writer._lead)
+        # The active segment is being extended past ``_alloc`` (logstore.writer, "extend-ahead"):
+        # by a background job, or by a group whose records do not fit. Nothing else writes
+        # there, and the active segment is neither closed nor cut until it is over.
+        self._growing = False
+        self._extend_queued = False  # an extend-ahead job is handed over and has not started
         self.closed = False
         self._lock_fd: int | None = None
+        # Threads of this process holding the lock file's lock (see _lock).
+        self._lock_holds = 0
         self._loaded = False
         self._fd: int | None = None  # active segment, read-write
         self._idx_fd: int | None = None
@@ -112,10 +121,17 @@ class ConversationState:
         self._idx_unwritten: list[bytes] = []
         self._damage: Corrupted | None = None
         self._pending_end: int | None = None
+        self._last_group = 0  # bytes of the records of the last group written
         # base seq -> ((inode, size), (salt, end, index)) of sealed segments read lately.
         self._sealed_cache: dict[int, tuple[tuple[int, int], tuple[int, int, index.SparseIndex]]] = {}
 
+    def _settle(self) -> None:
+        """Wait until no thread extends the active segment (``mutex`` held; released while waiting)."""
+        while self._growing:
+            self._cond.wait()
+
     def _close_files(self) -> None:
+        self._settle()
         for fd in (self._fd, self._idx_fd):
             if fd is not None:
                 try:
@@ -132,16 +148,31 @@ class ConversationState:
         return os.path.join(self.path, layout.index_name(base))
 
     def _lock(self, exclusive: bool, deadline: float, started: float) -> None:
+        """Take the lock file's lock (``mutex`` held), or share this process's hold of it.
+
+        The lock belongs to the open file description, which all threads share:
+        it is taken by the first holder and released by the last
+        (``_lock_holds``). Only an exclusive holder ever releases ``mutex``
+        while holding it (a group being written, an extension), so a thread
+        that finds it held shares an exclusive hold: nobody else can write, and
+        the state is what that holder refreshed plus this process's own writes.
+        """
+        if self._lock_holds:
+            self._lock_holds += 1
+            return
         if self._lock_fd is None:
             self._lock_fd = fileio.open_create(os.path.join(self.path, layout.LOCK_FILE))
         fd = self._lock_fd
         _lock_wait(lambda: fileio.try_lock(fd, exclusive), deadline, started)
+        self._lock_holds = 1
 
     def _unlock(self) -> None:
-        if self._lock_fd is not None:
+        self._lock_holds -= 1
+        if self._lock_holds == 0 and self._lock_fd is not None:
             fileio.unlock(self._lock_fd)
 
     def _close_active(self) -> None:
+        self._settle()
         for fd in (self._fd, self._idx_fd):
             if fd is not None:
                 os.close(fd)

@@ -13,7 +13,8 @@ with status 86 (``os._exit``: no cleanup, no flush), as a SIGKILL would.
 Points: ``record-mid-write``, ``before-data-sync``, ``after-data-sync``,
 ``after-file-create``, ``after-dir-create``, ``segment-roll-sealed``,
 ``segment-roll-created``, ``manifest-intent``, ``manifest-commit``,
-``manifest-compact``.
+``manifest-compact``, ``extend-ahead-written`` (an extend-ahead step's zeros
+written, not yet synced; on the job's background thread).
 """
 
 from __future__ import annotations

@@ -258,11 +258,11 @@ class Recovery(ConversationState):
     def _stale(self) -> bool:
         """True when another process may have changed the files since we looked.
 
-        False while this object's writer has a group in flight (``mutex``
-        released, the exclusive file lock held): nobody else can write, and the
-        state describes what is acknowledged.
+        False while this object's writer has a group in flight or extends the
+        active segment (``mutex`` released, the exclusive file lock held):
+        nobody else can write, and the state describes what is acknowledged.
         """
-        if self._inflight:
+        if self._inflight or self._growing:
             return False
         if not self._loaded or self._fd is None or self._damage is not None:
             return True  # known damage is re-checked each time: an operator may have repaired it

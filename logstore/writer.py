@@ -11,18 +11,25 @@ conversation's first segment is created in place with its first batch
 Preallocated space: the active segment's file is kept larger than its
 records, the rest zero-filled and synced, so that most appends write into
 space the file already has and their fdatasync flushes data and no metadata.
-An append whose record does not fit extends the file by a chunk (zeros
-written after the record, in the same write and the same sync). A sealed
-segment is cut to its records before the next one is created.
+Extend-ahead: once an append leaves little free space, a background job
+(:meth:`Writer._extend_ahead`) extends the file by a chunk of zeros, written
+and synced in steps, holding the conversation's file lock, while this
+process's appends go on writing into the space already there. An append
+whose records do not fit waits for the job's steps, or, with no job running,
+extends the file itself (zeros written after the records, in the same write
+and the same sync). A sealed segment is cut to its records before the next
+one is created.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import errno
 import os
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from . import fileio, frame, index, layout
 from .convstate import Tip
@@ -39,6 +46,66 @@ _INDEX_WRITE_GROUP = 16
 PREALLOC_FIRST = 4096
 #: ... and at most this much: the file about doubles until chunks reach it.
 PREALLOC_MAX = 1 << 20
+#: An extend-ahead job writes and syncs its chunk in steps of at most this many bytes (at
+#: this alignment): an append whose sync runs meanwhile waits for one step's writeback at
+#: most, never for a whole chunk's.
+EXTEND_STEP = 64 * 1024
+_ZERO_STEP = bytes(EXTEND_STEP)
+
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+_idle = threading.Condition(_pool_lock)
+_pending = 0  # jobs handed to the pool and not finished
+
+
+def _in_background(job: Callable[[], None]) -> None:
+    global _pool, _pending
+    with _pool_lock:
+        if _pool is None:
+            _pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="logstore-extend")
+        _pool.submit(_tracked, job)
+        _pending += 1
+
+
+def _tracked(job: Callable[[], None]) -> None:
+    global _pending
+    try:
+        job()
+    finally:
+        with _pool_lock:
+            _pending -= 1
+            if not _pending:
+                _idle.notify_all()
+
+
+def wait_for_extensions(timeout: float | None = None) -> bool:
+    """Wait until no extend-ahead job of this process is queued or running; False on timeout.
+
+    For benchmarks and tests that must not let a job's I/O fall into
+    something else they time or compare; appends never need it. Call it
+    holding no conversation's ``mutex`` (a job needs it to finish).
+    """
+    with _pool_lock:
+        return _idle.wait_for(lambda: not _pending, timeout)
+
+
+def _forget_pool() -> None:
+    """In a forked child the parent's pool threads do not exist: start a new pool when needed."""
+    global _pool, _pool_lock, _idle, _pending
+    _pool = None
+    _pool_lock = threading.Lock()
+    _idle = threading.Condition(_pool_lock)
+    _pending = 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+#: Runs extend-ahead jobs (:meth:`Writer._extend_ahead`): on a pool thread. Tests that need
+#: the file operations in a reproducible order replace it (with a list's ``append``, say,
+#: and run the jobs themselves); a job that never runs only leaves appends to extend the
+#: file themselves.
+run_extension: Callable[[Callable[[], None]], None] = _in_background
 
 
 
@@ -55,6 +122,9 @@ class _Batch:
         self.result: tuple[int, int, int] = (0, 0, 0)
         self.error: BaseException | None = None
 
+
+#: Seconds a leader waits for the writers of the last group to queue their next batches.
+GATHER_WAIT = 0.0002
 
 #: A group commit takes at most this many batches ...
 GROUP_MAX_BATCHES = 64
@@ -87,6 +157,8 @@ class Writer(Recovery):
         me = _Batch(body, count)
         queue = self._queue
         queue.append(me)
+        if self._gathering:
+            self._cond.notify_all()  # a leader waits for the writers of the last group
         while not me.done and queue[0] is not me:
             left = deadline - time.monotonic()
             if left <= 0 and not me.taken:
@@ -101,8 +173,28 @@ class Writer(Recovery):
         return me.result
 
     def _lead(self, deadline: float, started: float) -> None:
-        """Write the batches at the head of the queue as one group (this thread's batch first)."""
+        """Write the batches at the head of the queue as one group (this thread's batch first).
+
+        When the last group held several batches and fewer are queued now, the
+        leader first waits a little (at most :data:`GATHER_WAIT`) for their
+        writers to come back with their next batch, as PostgreSQL's
+        ``commit_delay`` does when other transactions are active: otherwise the
+        first writer back from a group finds the queue empty and syncs alone,
+        and the groups alternate between one batch and the rest.
+        """
         queue = self._queue
+        want = min(self._last_batches, GROUP_MAX_BATCHES)
+        if 1 < want and len(queue) < want:
+            self._gathering = True
+            until = time.monotonic() + GATHER_WAIT
+            try:
+                while len(queue) < want:
+                    left = until - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
+            finally:
+                self._gathering = False
         group: list[_Batch] = []
         size = 0
         for b in queue:
@@ -123,6 +215,7 @@ class Writer(Recovery):
         for b in group[:written]:
             b.done = True
             queue.popleft()
+        self._last_batches = written
         self._cond.notify_all()
 
     def _append_group(self, group: list[_Batch], deadline: float, started: float) -> int:
@@ -160,10 +253,13 @@ class Writer(Recovery):
             # batch in it is acknowledged (_create_first_segment).
             fileio.make_dirs(self.path)
         fileio.resync_failed_dirs(self.path)
+        # Held by an extend-ahead job of ours (see ConversationState._lock): the state is current.
+        shared = self._lock_holds > 0
         self._lock(True, deadline, started)
         try:
             try:
-                self._refresh(True)
+                if not shared:
+                    self._refresh(True)
             except OSError as exc:
                 self._close_files()
                 raise Io(f"reading the conversation's tail failed: {exc}", exc.errno) from exc
@@ -215,6 +311,7 @@ class Writer(Recovery):
             # listing learns of it when the intent is resolved by probing (FORMAT.md 5).
             pass
         fileio.crashpoint("manifest-commit")
+        self._schedule_extension()
         return n
 
     def _commit_batch(self, body: bytes, count: int, first: int, stamp: int) -> None:
@@ -235,14 +332,21 @@ class Writer(Recovery):
         self._pending_end = offset
         data = records[0] if len(records) == 1 else b"".join(records)
         rec_end = offset + len(data)
-        new_size = self._alloc
-        if rec_end > new_size:
+        self._inflight = True
+        try:
+            while rec_end > self._alloc and self._growing:
+                self._cond.wait()  # an extend-ahead job is writing the space we need: its next step
+        except BaseException:
+            self._inflight = False
+            raise
+        extend = rec_end > self._alloc
+        if extend:
             # Extend the file in the same write: the records, then zeros up to the new
             # size. The one fdatasync below makes both durable (size included).
             new_size = self._extended_size(rec_end)
             data += bytes(new_size - rec_end)
+            self._growing = True
         # else: into space already allocated and synced, so the fdatasync flushes data only.
-        self._inflight = True
         self.mutex.release()
         try:
             fileio.pwrite_all(fd, data, offset)
@@ -252,7 +356,11 @@ class Writer(Recovery):
         finally:
             self.mutex.acquire()
             self._inflight = False
-        self._alloc = new_size
+            if extend:
+                self._growing = False
+                self._cond.notify_all()
+        if extend:
+            self._alloc = new_size
         self._written(records, todo, stamp, offset)
 
     def _written(self, records: list[bytes], todo: list[_Batch], stamp: int, offset: int) -> None:
@@ -262,6 +370,7 @@ class Writer(Recovery):
             if offset - self._idx.last_offset() >= interval and offset > SEGMENT_HEADER_SIZE:
                 self._note_index_entry(b.result[0], offset)
             offset += len(rec)
+        self._last_group = sum(map(len, records))
         self._end = offset
         self._next_seq = todo[-1].result[1] + 1
         self._last_us = stamp
@@ -282,6 +391,110 @@ class Writer(Recovery):
         block = min(4096, first)
         size = -(-max(grown, rec_end) // block) * block
         return max(rec_end, min(size, self.options.segment_bytes))
+
+    def _ahead_target(self) -> int | None:
+        """The size to extend the active segment to ahead of need, or None while its free space suffices.
+
+        Free space runs low below half the next chunk (see
+        :meth:`_extended_size`), or below room for two more groups like the
+        last. Never past the segment size: a record that would go past it
+        starts the next segment.
+        """
+        limit = self.options.segment_bytes
+        if self._fd is None or self._sealed_active or self._damage is not None or self._alloc >= limit:
+            return None
+        last = self._last_group
+        chunk = min(max(self._alloc, self._first_chunk()), PREALLOC_MAX)
+        if self._alloc - self._end >= max(chunk // 2, 2 * last):
+            return None
+        target = min(self._extended_size(self._end + 2 * last), limit)
+        return target if target > self._alloc else None
+
+    def _schedule_extension(self) -> None:
+        """After a group was written (``mutex`` held): hand over an extend-ahead job when free space runs low."""
+        if self._extend_queued or self._growing or self._ahead_target() is None:
+            return
+        self._extend_queued = True
+        try:
+            run_extension(self._extend_ahead)
+        except RuntimeError:
+            self._extend_queued = False  # the interpreter is shutting down: appends extend for themselves
+
+    def _extend_ahead(self) -> None:
+        """Extend the active segment by a chunk of zeros, written and synced, before an append needs them.
+
+        A job run on a background thread (:data:`run_extension`). It holds the
+        conversation's file lock, exclusive, from start to end (other processes
+        wait; this process's appends share it and go on writing into the space
+        already there), and ``_growing``: nothing else writes past ``_alloc``,
+        and the segment is neither closed, cut nor sealed until it is over.
+        Each step is written then synced before ``_alloc`` covers it, so an
+        append into it flushes data only. The zeros go through a descriptor of
+        the job's own: a writeback error its sync meets is reported to the
+        appends' descriptor too (each open file description learns of it),
+        never consumed here. A failure is harmless: what it wrote is zeros past
+        every record, and an append that needs that space syncs it itself.
+        """
+        with self.mutex:
+            self._extend_queued = False
+            plan = self._begin_extension()
+        if plan is None:
+            return
+        fd, pos, target = plan
+        try:
+            while pos < target:
+                stop = min(target, (pos // EXTEND_STEP + 1) * EXTEND_STEP)
+                fileio.pwrite_all(fd, _ZERO_STEP if stop - pos == EXTEND_STEP else bytes(stop - pos), pos)
+                fileio.crashpoint("extend-ahead-written")
+                fileio.fdatasync(fd)
+                with self.mutex:
+                    self._alloc = stop
+                    self._cond.notify_all()
+                pos = stop
+        except OSError:
+            pass  # see the docstring: the space past _alloc is left to the appends
+        finally:
+            os.close(fd)
+            with self.mutex:
+                self._growing = False
+                self._unlock()
+                self._cond.notify_all()
+
+    def _begin_extension(self) -> tuple[int, int, int] | None:
+        """Take the file lock and ``_growing`` for an extension the active segment needs (``mutex`` held).
+
+        ``(descriptor, from, to)``, or None when there is nothing to do: the
+        conversation is closed or already growing, another process holds its
+        lock (its appends extend the file as they need), or, its tail
+        re-verified, the free space suffices.
+        """
+        if self.closed or self._growing or self._fd is None or self._lock_fd is None:
+            return None
+        fresh = self._lock_holds == 0
+        if fresh and not fileio.try_lock(self._lock_fd, True):
+            return None
+        self._lock_holds += 1
+        fd = -1
+        try:
+            if fresh:
+                # Another process may have written since our last append: look again.
+                self._refresh(True)
+            target = self._ahead_target()
+            if target is not None:
+                fd = os.open(self._seg_path(self._segments[-1]), os.O_WRONLY)
+                assert self._fd is not None
+                if os.fstat(fd).st_ino == os.fstat(self._fd).st_ino:
+                    self._growing = True
+                    return fd, self._alloc, target
+        except OSError:
+            if fresh:
+                self._close_files()  # a half-done refresh: the next call loads again
+        except Exception:  # known damage and the like: the next append reports it
+            pass
+        if fd >= 0:
+            os.close(fd)
+        self._unlock()
+        return None
 
     def _note_index_entry(self, seq: int, offset: int) -> None:
         """Index a record we wrote: at once in memory, in groups in the file.
@@ -387,6 +600,7 @@ class Writer(Recovery):
 
     def _roll(self) -> None:
         """Seal the active segment and start the next one."""
+        self._settle()  # no extension may write zeros into a sealed segment
         fd = self._fd
         assert fd is not None
         synced = True
@@ -418,6 +632,7 @@ class Writer(Recovery):
         acknowledged; the state is dropped so the next call re-opens the log
         and verifies its tail.
         """
+        self._settle()  # an extension's zeros land before the cut, never after it
         fd, end = self._fd, self._pending_end
         if fd is not None and end is not None:
             try:

@@ -93,7 +93,8 @@ class Restorer:
         if conv is None:
             if len(self._convs) >= 64:
                 old = self._convs.pop(next(iter(self._convs)))
-                old.close()
+                with old.mutex:
+                    old.close()
             conv = _RestoringConversation(
                 layout.conversation_dir(self._store.root, site, conversation_id),
                 conversation_id,
@@ -107,7 +108,8 @@ class Restorer:
 
     def close(self) -> None:
         for conv in self._convs.values():
-            conv.close()
+            with conv.mutex:  # Conversation.close waits (on its condition) for an extend-ahead job
+                conv.close()
         self._convs.clear()
         self._store.close()
 

@@ -74,12 +74,18 @@ def rss_kib(pid: int) -> int:
 
 
 def data_files(data_dir: Path) -> dict[str, bytes]:
-    """Every file of the data directory except credentials (for byte-for-byte comparisons)."""
+    """Every file of the data directory except credentials (for byte-for-byte comparisons).
+
+    A segment is taken up to its data end: the zeros after it are preallocated
+    space, which holds nothing (FORMAT.md 2) and which the server's extend-ahead
+    job may grow at any moment after an append (not only during one).
+    """
     out: dict[str, bytes] = {}
     for dirpath, _dirs, files in os.walk(data_dir):
         for name in files:
             path = os.path.join(dirpath, name)
             rel = os.path.relpath(path, data_dir)
             with open(path, "rb") as f:
-                out[rel] = f.read()
+                data = f.read()
+            out[rel] = data.rstrip(b"\0") if name.endswith(".seg") else data
     return out

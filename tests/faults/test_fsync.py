@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Any
 import pytest
 
 from logstore import FileStore, Io, fileio
+from logstore import writer as logwriter
 from logstore.conversation import Conversation, Tip
 from logstore.manifest import SiteManifest
 from tests.logstore_helpers import data_size
@@ -68,6 +70,10 @@ def hook(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
             slot[0](op)
 
     monkeypatch.setattr(fileio, "fault_hook", dispatch)
+    # Extend-ahead jobs run on a thread of their own, at times of their own: here they never
+    # run (every extension is an append's own), so that the N-th call is the same call in
+    # every run. test_failing_extend_ahead puts faults into the jobs.
+    monkeypatch.setattr(logwriter, "run_extension", lambda job: None)
     yield slot
 
 
@@ -220,6 +226,51 @@ def test_persistent_eio_then_recovery(tmp_path: Path, hook: list[Any]) -> None:
     try:
         items = read_all(store, SITE, conv)
         assert [it.payload["b"] for it in items][-2:] == [10, 10] and len(items) == len(before) + 2
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("ops", [("fdatasync",), ("write",), ("write", "fdatasync")], ids=["sync", "write", "both"])
+def test_failing_extend_ahead(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ops: tuple[str, ...]) -> None:
+    """Extend-ahead jobs whose writes or syncs fail (every one, or every other one) change no acknowledged batch.
+
+    Each job runs on a thread of its own right after the append that handed
+    it over; the failed zeros (past every record, some written and never
+    synced) are space the next append that needs it writes and syncs itself.
+    Every append succeeds, seqs stay gapless, and a fresh store reads the same.
+    """
+    jobs: list[Any] = []
+    monkeypatch.setattr(logwriter, "run_extension", jobs.append)
+    calls = [0]
+
+    def fail(op: str) -> None:
+        if threading.current_thread().name == "extend-test" and op in ops:
+            calls[0] += 1
+            if len(ops) == 1 or calls[0] % 2:
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(fileio, "fault_hook", fail)
+    acked: dict[str, list[tuple[int, int, int]]] = {c: [] for c in CONVS}
+    ran = 0
+    store = FileStore(tmp_path / "data", **OPTS)
+    try:
+        for conv, batch, b in _workload(store, 0, 40):
+            r = store.append(SITE, conv, batch)
+            acked[conv].append((r.first, r.last, b))
+            while jobs:
+                t = threading.Thread(target=jobs.pop(0), name="extend-test")
+                t.start()
+                t.join()
+                ran += 1
+        assert ran and calls[0], "no extend-ahead job met a fault"
+        STATS["extend-ahead faults"] += calls[0]
+        _check(store, acked, [])
+    finally:
+        store.close()
+    monkeypatch.setattr(fileio, "fault_hook", None)
+    store = FileStore(tmp_path / "data", **OPTS)
+    try:
+        _check(store, acked, [])
     finally:
         store.close()
 

@@ -42,6 +42,7 @@ import io
 import os
 import random
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -52,6 +53,7 @@ from typing import Any
 import pytest
 
 from logstore import Corrupted, FileStore, ItemsLost, Range, fileio, frame, layout, manifest
+from logstore import writer as logwriter
 from logstore.codec import encode_batch
 from logstore.maintenance import Restorer, backup, check, salvage
 from logstore.segment import data_end, iter_records
@@ -108,6 +110,8 @@ class Writer:
         self.w = w
         self.b = 0
         self.acked: list[Ack] = []
+        #: Run the extend-ahead jobs handed over after each acknowledged batch (else the workload does).
+        self.run_jobs = True
 
     def append(self, conv: str, n: int, pad: int) -> Ack:
         self.b += 1
@@ -140,29 +144,62 @@ class Writer:
         if self.rec is not None:
             self.rec.acks.append((len(self.rec.disk.ops), ack))
         self.acked.append(ack)
+        if self.run_jobs:
+            run_extensions()
         return ack
 
 
-def record(root: Path, convs: list[str], setup: Callable[[Writer], None], work: Callable[[Writer], None]) -> Recording:
-    """Run ``setup`` plainly, then ``work`` with every operation recorded."""
-    store = FileStore(root, **OPTS)
-    try:
-        w = Writer(None, store, "s")
-        setup(w)
-        before = w.acked
-    finally:
-        store.close()
-    disk = SimDisk(str(root))
-    rec = Recording(disk, convs, before)
-    fileio.recorder = disk
+#: Extend-ahead jobs handed over while a workload is recorded (see :func:`record`).
+_JOBS: list[Callable[[], None]] = []
+
+
+def run_extensions() -> None:
+    """Run the extend-ahead jobs handed over so far, in this thread, in order."""
+    while _JOBS:
+        _JOBS.pop(0)()
+
+
+def record(
+    root: Path,
+    convs: list[str],
+    setup: Callable[[Writer], None],
+    work: Callable[[Writer], None],
+    *,
+    ahead: bool = True,
+) -> Recording:
+    """Run ``setup`` plainly, then ``work`` with every operation recorded.
+
+    Extend-ahead jobs (``logstore.writer.run_extension``) run in the
+    workload's thread after each acknowledged batch, so that the operations
+    come in a reproducible order; with ``ahead=False`` they never run, and
+    every extension is an append's own.
+    """
+    _JOBS.clear()
+    real_run = logwriter.run_extension
+    logwriter.run_extension = _JOBS.append if ahead else (lambda job: None)
     try:
         store = FileStore(root, **OPTS)
         try:
-            work(Writer(rec, store, "p"))
+            w = Writer(None, store, "s")
+            setup(w)
+            before = w.acked
         finally:
             store.close()
+        disk = SimDisk(str(root))
+        rec = Recording(disk, convs, before)
+        fileio.recorder = disk
+        try:
+            store = FileStore(root, **OPTS)
+            try:
+                work(Writer(rec, store, "p"))
+                run_extensions()
+            finally:
+                store.close()
+        finally:
+            fileio.recorder = None
     finally:
-        fileio.recorder = None
+        logwriter.run_extension = real_run
+        _JOBS.clear()
     assert disk.ops, "the workload performed no recorded operation"
     return rec
 
@@ -394,10 +431,168 @@ def _segment_ops(rec: Recording) -> tuple[int, int, int]:
 
 def test_power_cut_preallocated_space(shm_path: Path) -> None:
     """Cuts inside appends into preallocated zeros, inside extensions by a chunk, and inside a roll's cut."""
-    rec = record(shm_path / "data", CONVS, _nothing, _preallocated)
+    rec = record(shm_path / "data", CONVS, _nothing, _preallocated, ahead=False)
     into, extend, cut = _segment_ops(rec)
     assert into >= 3 and extend >= 2 and cut >= 1, (into, extend, cut)
     explore(rec, "preallocated space", shm_path)
+
+
+class _PausedJob:
+    """An extend-ahead job run on a thread of its own that stops before its first sync until released."""
+
+    def __init__(self, job: Callable[[], None]) -> None:
+        self.at_sync = threading.Event()
+        self.go = threading.Event()
+        self.thread = threading.Thread(target=job, name="pc-extend-ahead")
+
+    def _hook(self, op: str) -> None:
+        if threading.current_thread() is self.thread and op == "fdatasync" and not self.at_sync.is_set():
+            self.at_sync.set()
+            self.go.wait(60)
+
+    def start(self) -> None:
+        """Start the job; return once its first step's zeros are written, not synced."""
+        _PAUSED.append(self)
+        fileio.fault_hook = self._hook
+        self.thread.start()
+        assert self.at_sync.wait(60), "the extend-ahead job never reached its first sync"
+
+    def finish(self) -> None:
+        self.go.set()
+        self.thread.join(60)
+        fileio.fault_hook = None
+        assert not self.thread.is_alive()
+
+
+#: Jobs paused by a workload: released when it ends, whatever happened.
+_PAUSED: list[_PausedJob] = []
+
+
+def _record_size(w: Writer, n: int, pad: int) -> int:
+    return frame.RECORD_OVERHEAD + len(encode_batch(make_batch(w.w, w.b + 1, n, pad))[0])
+
+
+def _pad_for(w: Writer, size: int) -> int:
+    """The smallest pad that makes the writer's next 1-item batch a record of at least ``size`` bytes."""
+    pad = 0
+    while _record_size(w, 1, pad) < size:
+        pad += 1
+    return pad
+
+
+def _wait_for(what: str, ready: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 60
+    while not ready():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.001)
+
+
+def _in_thread(fn: Callable[[], Any]) -> threading.Thread:
+    t = threading.Thread(target=fn)
+    t.start()
+    return t
+
+
+def _extend_ahead(w: Writer) -> None:
+    """Extend-ahead jobs beside appends, in the orders a background thread can produce (see the test)."""
+    try:
+        _extend_ahead_steps(w)
+    finally:
+        while _PAUSED:
+            _PAUSED.pop().finish()
+
+
+def _extend_ahead_steps(w: Writer) -> None:
+    w.run_jobs = False
+    assert w.rec is not None
+    ops = w.rec.disk.ops
+    conv = w.store._conversation(SITE, CONVS[0])
+
+    def until_job(c: str, pad: int, room: int = 0) -> Callable[[], None]:
+        """Append to ``c`` until a job is handed over with at least ``room`` bytes still free (others run)."""
+        target = w.store._conversation(SITE, c)
+        for _ in range(60):
+            w.append(c, 1, pad)
+            if _JOBS and target._alloc - target._end >= room:
+                job = _JOBS.pop()
+                run_extensions()
+                return job
+            run_extensions()
+        raise AssertionError(f"{c}: no extend-ahead job was handed over")
+
+    # 1. The job's zeros are written, not synced, while an append writes and syncs a record
+    #    into the synced space before them (its sync covers the zeros too), and another
+    #    conversation is appended to; then appends go on into the space the job synced.
+    paused = _PausedJob(until_job(CONVS[0], 0, room=_record_size(w, 1, 10)))
+    paused.start()
+    w.append(CONVS[0], 1, 10)
+    w.append(CONVS[1], 1, 20)
+    paused.finish()
+    w.append(CONVS[0], 2, 60)
+
+    # 2. An append that needs more than the synced space waits for the job's step (or its end).
+    paused = _PausedJob(until_job(CONVS[0], 40))
+    paused.start()
+    pad = _pad_for(w, conv._alloc - conv._end + 16)
+    assert conv._end + _record_size(w, 1, pad) <= OPTS["segment_bytes"], "the batch was meant to fit the segment"
+    seg_ident = w.rec.disk._ident(conv._fd)  # type: ignore[arg-type]
+    started = len(ops)
+    waiting = _in_thread(lambda: w.append(CONVS[0], 1, pad))
+    _wait_for("the append is waiting for space", lambda: conv._inflight)
+    mark = len(ops)
+    paused.finish()
+    waiting.join(60)
+    assert not [op for op in ops[started:mark] if op[0] == "write" and op[1] == seg_ident], (
+        "a record was written while the job held the space past the synced end"
+    )
+    assert [op for op in ops[mark:] if op[0] == "write" and op[1] == seg_ident and any(op[3])], "the record is missing"
+
+    # 3. A roll waits for the job: the sealed segment is cut after the job's last zeros.
+    paused = _PausedJob(until_job(CONVS[0], 20))
+    paused.start()
+    seg_ident = w.rec.disk._ident(conv._fd)  # type: ignore[arg-type]
+    base = conv._segments[-1]
+    pad = _pad_for(w, OPTS["segment_bytes"] - conv._end + 1)
+    rolling = _in_thread(lambda: w.append(CONVS[0], 1, pad))
+    _wait_for("the rolling append leads", lambda: bool(conv._queue) and conv._queue[0].taken)
+    mark = len(ops)
+    paused.finish()
+    rolling.join(60)
+    assert conv._segments[-1] > base, "the append was meant to roll the segment"
+    assert not [op for op in ops[:mark] if op[0] == "truncate" and op[1] == seg_ident], "cut before the job ended"
+    cut = [k for k, op in enumerate(ops) if op[0] == "truncate" and op[1] == seg_ident]
+    zeros = [k for k, op in enumerate(ops) if op[0] in ("write", "sync") and op[1] == seg_ident]
+    assert cut and cut[-1] > max(k for k in zeros if ops[k][0] == "write"), "zeros landed in the sealed segment"
+
+    # 4. Another writer (as another process) appends between an append and its job: the job
+    #    looks at the tail again before it extends, and appends go on at the right seq.
+    other = Writer(w.rec, FileStore(w.store.root, **OPTS), "o")
+    other.run_jobs = False
+    try:
+        job = until_job(CONVS[2], 40)
+        other.append(CONVS[2], 2, 30)
+        job()
+        w.append(CONVS[2], 1, 30)
+    finally:
+        other.store.close()
+    _JOBS.clear()
+
+
+def test_power_cut_extend_ahead(shm_path: Path) -> None:
+    """Extend-ahead jobs run on their own thread beside appends, cut at every point.
+
+    The states: a job's zeros written and not synced (dropped, torn, kept)
+    while an append's record lies in the synced space before them, synced or
+    not; appends into space a job synced; an append that needed more than the
+    synced space, written after the job's step; a roll that waited for a job,
+    its sealed segment cut after the zeros; a job that found another writer's
+    record at the tail. Every one must show every acknowledged batch, and
+    take the next append at the next seq.
+    """
+    rec = record(shm_path / "data", CONVS, _some_history, _extend_ahead)
+    zero_writes = [op for op in rec.disk.ops if op[0] == "write" and op[3] and not any(op[3])]
+    assert len(zero_writes) >= 3, "no extend-ahead job wrote zeros"
+    explore(rec, "extend-ahead", shm_path)
 
 
 def _groups(w: Writer) -> None:
