@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import sqlite3
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 
 #: BM25 column weights, in column order: subject, summary, details, tags.
 #: Chosen by measurement on the dev half of bench/ltm_eval (see the README).
@@ -65,6 +65,11 @@ def query_terms(text: str) -> list[str]:
 #: long posting list is what a query spends its time on.
 COMMON_SHARE = 0.05
 COMMON_MIN = 50
+#: Cached word counts are dropped after writes touching this share of the rows (at least COUNT_STALE_MIN rows).
+COUNT_STALE = 0.01
+COUNT_STALE_MIN = 8
+#: At most this many words' counts are cached (the cache starts over past it).
+COUNT_CACHE_MAX = 50_000
 
 
 def _quote(term: str) -> str:
@@ -96,9 +101,15 @@ class LexicalIndex:
             "tokenize = 'porter unicode61 remove_diacritics 2')"
         )
         w = self._weights
-        db.execute("INSERT INTO fts(fts, rank) VALUES ('rank', ?)", (f"bm25({w[0]!r}, {w[1]!r}, {w[2]!r}, {w[3]!r})",))
+        self._rank_sql = (f"SELECT rowid, bm25(fts, {w[0]!r}, {w[1]!r}, {w[2]!r}, {w[3]!r}) AS score "
+                          "FROM fts WHERE fts MATCH ? ORDER BY score, rowid")
         self._db = db
         self._rows = 0  # rows in the table
+        # Document counts of query words, reused across queries: counting is an FTS5 query per word, and
+        # task hints repeat words. Only the COMMON_SHARE decision reads them, so a few writes may go by before
+        # the counts are taken again (see _note_write). Holds query words only, in process memory.
+        self._counts: dict[str, int] = {}
+        self._writes = 0  # rows written or removed since the counts were last cleared
 
     def put(self, key: int, mid: str, subject: str, summary: str, details: str, tags: Iterable[str], category: str,
             active: bool) -> None:
@@ -110,6 +121,7 @@ class LexicalIndex:
             (key, subject, summary, details, " ".join(tags), mid, category, int(active)),
         )
         self._rows += 1
+        self._note_write(1)
 
     def put_many(self, rows: Iterable[tuple[int, str, str, str, str, Sequence[str], str, bool]]) -> None:
         """Index many new rows in one transaction (keys must not be present yet)."""
@@ -125,32 +137,51 @@ class LexicalIndex:
             raise
         self._db.execute("COMMIT")
         self._rows += cur.rowcount
+        self._note_write(max(cur.rowcount, 1))
 
     def remove(self, key: int) -> None:
         """Drop the row ``key`` (no-op when absent)."""
         self._rows -= self._db.execute("DELETE FROM fts WHERE rowid = ?", (key,)).rowcount
+        self._note_write(1)
 
-    def rank(self, terms: Sequence[str], *, limit: int | None, category: str | None,
-             include_inactive: bool) -> list[tuple[int, float]]:
-        """``(key, bm25)`` of rows matching any of ``terms`` and the filters, best first (lower bm25 is better).
+    def _note_write(self, rows: int) -> None:
+        """Forget the cached word counts once the table changed by more than COUNT_STALE of its rows.
 
-        Words common to many rows are dropped first (see ``COMMON_SHARE``).
-        At most ``limit`` when given. FTS5 orders ties by key; rows tied with
-        the last one kept may be cut in favour of a lower key.
+        A count off by less than that share can only move a word across the
+        COMMON_SHARE line when it sits right at it; either side of the line
+        ranks correctly (the word's IDF is small there), so this is a speed
+        trade, never a wrong answer.
+        """
+        self._writes += rows
+        if self._writes > max(COUNT_STALE_MIN, COUNT_STALE * self._rows):
+            self._counts.clear()
+            self._writes = 0
+
+    def rank(self, terms: Sequence[str], *, limit: int | None, skip: Container[int] = (),
+             keep: Callable[[int], bool] | None = None) -> list[tuple[int, float]]:
+        """``(key, bm25)`` of rows matching any of ``terms``, not in ``skip``, passing ``keep``; best first.
+
+        Lower bm25 is better; ties are ordered by key. At most ``limit`` when
+        given. Words common to many rows are dropped first (see ``COMMON_SHARE``).
+
+        The filter runs here, in Python, on the caller's own record of each
+        row, rather than as SQL on the UNINDEXED columns: reading a column
+        means a lookup in FTS5's content table for every matching row, which
+        cost as much as ranking them. ``bm25()`` is called directly rather
+        than through the configured ``rank``, whose arguments FTS5 evaluates
+        again with a statement of its own on every query.
         """
         terms = self._uncommon(terms)
         if not terms:
             return []
-        sql = "SELECT rowid, rank FROM fts WHERE fts MATCH ?"
-        args: list[object] = [_any(terms)]
-        if not include_inactive:
-            sql += " AND active = 1"
-        if category is not None:
-            sql += " AND category = ?"
-            args.append(category)
-        sql += " ORDER BY rank LIMIT ?"
-        args.append(-1 if limit is None else limit)
-        return [(int(k), float(r)) for k, r in self._db.execute(sql, args)]
+        out: list[tuple[int, float]] = []
+        want = -1 if limit is None else limit
+        for k, r in self._db.execute(self._rank_sql, (_any(terms),)):
+            if k not in skip and (keep is None or keep(k)):
+                out.append((k, r))
+                if len(out) == want:
+                    break
+        return out
 
     def _uncommon(self, terms: Sequence[str]) -> list[str]:
         if not terms:
@@ -161,7 +192,13 @@ class LexicalIndex:
         return kept or [min(counted)[1]]
 
     def _count(self, term: str) -> int:
-        return int(self._db.execute("SELECT count(*) FROM fts WHERE fts MATCH ?", (_quote(term),)).fetchone()[0])
+        n = self._counts.get(term)
+        if n is None:
+            n = int(self._db.execute("SELECT count(*) FROM fts WHERE fts MATCH ?", (_quote(term),)).fetchone()[0])
+            if len(self._counts) >= COUNT_CACHE_MAX:
+                self._counts.clear()
+            self._counts[term] = n
+        return n
 
     def matching_all(self, terms: Sequence[str], among: Sequence[int]) -> set[int]:
         """Those of the keys ``among`` whose rows contain every one of ``terms`` (after stemming)."""
