@@ -65,11 +65,6 @@ def query_terms(text: str) -> list[str]:
 #: long posting list is what a query spends its time on.
 COMMON_SHARE = 0.05
 COMMON_MIN = 50
-#: Cached word counts are dropped after writes touching this share of the rows (at least COUNT_STALE_MIN rows).
-COUNT_STALE = 0.01
-COUNT_STALE_MIN = 8
-#: At most this many words' counts are cached (the cache starts over past it).
-COUNT_CACHE_MAX = 50_000
 
 
 def _quote(term: str) -> str:
@@ -83,9 +78,9 @@ def _any(terms: Sequence[str]) -> str:
 class LexicalIndex:
     """BM25 ranking of memories by FTS5; rows are addressed by caller-chosen integer keys.
 
-    Beside the four searched columns, each row carries its memory id,
-    category and active flag (so that FTS5 filters before it keeps the best
-    ``limit``).
+    The table holds the four searched columns only; filters (activity,
+    category, tags) are the caller's, applied as rows come out of the ranking
+    (see :meth:`rank`).
     """
 
     def __init__(self, weights: Sequence[float] = DEFAULT_WEIGHTS) -> None:
@@ -97,7 +92,6 @@ class LexicalIndex:
         db.execute("PRAGMA temp_store=MEMORY")
         db.execute(
             "CREATE VIRTUAL TABLE fts USING fts5(subject, summary, details, tags, "
-            "mid UNINDEXED, category UNINDEXED, active UNINDEXED, "
             "tokenize = 'porter unicode61 remove_diacritics 2')"
         )
         w = self._weights
@@ -105,57 +99,33 @@ class LexicalIndex:
                           "FROM fts WHERE fts MATCH ? ORDER BY score, rowid")
         self._db = db
         self._rows = 0  # rows in the table
-        # Document counts of query words, reused across queries: counting is an FTS5 query per word, and
-        # task hints repeat words. Only the COMMON_SHARE decision reads them, so a few writes may go by before
-        # the counts are taken again (see _note_write). Holds query words only, in process memory.
-        self._counts: dict[str, int] = {}
-        self._writes = 0  # rows written or removed since the counts were last cleared
 
-    def put(self, key: int, mid: str, subject: str, summary: str, details: str, tags: Iterable[str], category: str,
-            active: bool) -> None:
-        """Index (or re-index) the row ``key`` of memory ``mid``."""
+    def put(self, key: int, subject: str, summary: str, details: str, tags: Iterable[str]) -> None:
+        """Index (or re-index) the row ``key``."""
         self._rows -= self._db.execute("DELETE FROM fts WHERE rowid = ?", (key,)).rowcount
         self._db.execute(
-            "INSERT INTO fts(rowid, subject, summary, details, tags, mid, category, active) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (key, subject, summary, details, " ".join(tags), mid, category, int(active)),
+            "INSERT INTO fts(rowid, subject, summary, details, tags) VALUES (?, ?, ?, ?, ?)",
+            (key, subject, summary, details, " ".join(tags)),
         )
         self._rows += 1
-        self._note_write(1)
 
-    def put_many(self, rows: Iterable[tuple[int, str, str, str, str, Sequence[str], str, bool]]) -> None:
+    def put_many(self, rows: Iterable[tuple[int, str, str, str, Sequence[str]]]) -> None:
         """Index many new rows in one transaction (keys must not be present yet)."""
         self._db.execute("BEGIN")
         try:
             cur = self._db.executemany(
-                "INSERT INTO fts(rowid, subject, summary, details, tags, mid, category, active) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                ((k, s, m, d, " ".join(t), i, c, int(a)) for k, i, s, m, d, t, c, a in rows),
+                "INSERT INTO fts(rowid, subject, summary, details, tags) VALUES (?, ?, ?, ?, ?)",
+                ((k, s, m, d, " ".join(t)) for k, s, m, d, t in rows),
             )
         except BaseException:
             self._db.execute("ROLLBACK")
             raise
         self._db.execute("COMMIT")
         self._rows += cur.rowcount
-        self._note_write(max(cur.rowcount, 1))
 
     def remove(self, key: int) -> None:
         """Drop the row ``key`` (no-op when absent)."""
         self._rows -= self._db.execute("DELETE FROM fts WHERE rowid = ?", (key,)).rowcount
-        self._note_write(1)
-
-    def _note_write(self, rows: int) -> None:
-        """Forget the cached word counts once the table changed by more than COUNT_STALE of its rows.
-
-        A count off by less than that share can only move a word across the
-        COMMON_SHARE line when it sits right at it; either side of the line
-        ranks correctly (the word's IDF is small there), so this is a speed
-        trade, never a wrong answer.
-        """
-        self._writes += rows
-        if self._writes > max(COUNT_STALE_MIN, COUNT_STALE * self._rows):
-            self._counts.clear()
-            self._writes = 0
 
     def rank(self, terms: Sequence[str], *, limit: int | None, skip: Container[int] = (),
              keep: Callable[[int], bool] | None = None) -> list[tuple[int, float]]:
@@ -192,13 +162,7 @@ class LexicalIndex:
         return kept or [min(counted)[1]]
 
     def _count(self, term: str) -> int:
-        n = self._counts.get(term)
-        if n is None:
-            n = int(self._db.execute("SELECT count(*) FROM fts WHERE fts MATCH ?", (_quote(term),)).fetchone()[0])
-            if len(self._counts) >= COUNT_CACHE_MAX:
-                self._counts.clear()
-            self._counts[term] = n
-        return n
+        return int(self._db.execute("SELECT count(*) FROM fts WHERE fts MATCH ?", (_quote(term),)).fetchone()[0])
 
     def matching_all(self, terms: Sequence[str], among: Sequence[int]) -> set[int]:
         """Those of the keys ``among`` whose rows contain every one of ``terms`` (after stemming)."""

@@ -153,7 +153,7 @@ class Retriever:
             rows = []
             for d in docs:
                 entry = self._new_entry(d)
-                rows.append((entry.key, d.memory_id, d.subject, d.summary, d.details, d.tags, d.category, d.active))
+                rows.append((entry.key, d.subject, d.summary, d.details, d.tags))
             self._lexical.put_many(rows)
             if self._embedder is not None:
                 vecs = self._embedder.embed([embedding_text(d) for d in docs])
@@ -173,8 +173,7 @@ class Retriever:
                     self._inactive.discard(entry.key)
                 else:
                     self._inactive.add(entry.key)
-            self._lexical.put(entry.key, doc.memory_id, doc.subject, doc.summary, doc.details, doc.tags, doc.category,
-                              doc.active)
+            self._lexical.put(entry.key, doc.subject, doc.summary, doc.details, doc.tags)
             if self._embedder is not None:
                 self._semantic.put(entry.key, self._embedder.embed([embedding_text(doc)])[0], doc.active)
 
