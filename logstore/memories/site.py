@@ -514,17 +514,16 @@ class SiteMemories:
         return out
 
     def try_surface(self, context: str, limit: int) -> list[Memory] | None:
-        """The auto-surface for ``context`` when it needs no waiting and no I/O beyond two stats; None otherwise.
+        """The auto-surface for ``context`` if it needs no waiting and no file reads or writes; else None.
 
-        See :meth:`LongTermMemory.try_surface`. Answers what :meth:`search`
+        Its only system calls are a stat, an fstat and a non-blocking flock. See
+        :meth:`LongTermMemory.try_surface`. Answers what :meth:`search`
         and :meth:`touch` would (under the same shared lock, on the same
         state), or None when this process's view may be stale (another
         process wrote, or the file was replaced), the index is not built yet,
         a lock is held, an erasure may be due, or access times are due to be
         written.
         """
-        from .store import surface_pick
-
         if not self._mutex.acquire(blocking=False):
             return None
         try:
@@ -630,3 +629,19 @@ def layout_header_size() -> int:
     from logstore.frame import SEGMENT_HEADER_SIZE
 
     return SEGMENT_HEADER_SIZE
+
+
+def surface_pick(hits: Sequence[tuple[Memory, float]], limit: int) -> list[Memory]:
+    """The first ``limit`` of ``hits``, skipping a memory whose ``dedupe_key`` an earlier one already has."""
+    out: list[Memory] = []
+    keys: set[str] = set()
+    for m, _ in hits:
+        key = m.fields.dedupe_key
+        if key is not None and key in keys:
+            continue
+        if key is not None:
+            keys.add(key)
+        out.append(m)
+        if len(out) >= limit:
+            break
+    return out

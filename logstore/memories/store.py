@@ -16,7 +16,7 @@ from logstore.timefmt import now_us
 from . import tokens
 from .limits import DEFAULT_RETENTION_SECONDS
 from .record import Memory, check_memory_id
-from .site import MEMORIES_DIR, Config, RetrieverFactory, SiteMemories, default_retriever
+from .site import MEMORIES_DIR, Config, RetrieverFactory, SiteMemories, default_retriever, surface_pick
 
 logger = logging.getLogger("convmem.memories")
 
@@ -207,19 +207,3 @@ class LongTermMemory:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def surface_pick(hits: Sequence[tuple[Memory, float]], limit: int) -> list[Memory]:
-    """The first ``limit`` of ``hits``, skipping a memory whose ``dedupe_key`` an earlier one already has."""
-    out: list[Memory] = []
-    keys: set[str] = set()
-    for m, _ in hits:
-        key = m.fields.dedupe_key
-        if key is not None and key in keys:
-            continue
-        if key is not None:
-            keys.add(key)
-        out.append(m)
-        if len(out) >= limit:
-            break
-    return out
