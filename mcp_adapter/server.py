@@ -234,16 +234,17 @@ async def _execute_with_memories(
     When the memory store can answer at once from memory (the usual case: see
     ``LongTermMemory.try_surface``), the lookup runs right here on the event
     loop. Otherwise it runs in a worker thread concurrently with the log call,
-    so that waiting for a lock or refreshing from disk overlaps with it. A failing memory store never fails the log
-    call: the section then says memories are unavailable and ``memories`` is
-    empty. A failing log call fails as it would without ``memory_context``.
+    so that waiting for a lock or refreshing from disk overlaps with it. A
+    failing memory store never fails the log call: the section then says
+    memories are unavailable and ``memories`` is empty. A failing log call
+    fails as it would without ``memory_context``.
     """
     try:
         quick = try_surface(backend, site, context)
     except Exception:  # the worker-thread path below reports (and logs) whatever the store says
         quick = None
     if quick is not None:
-        # Answered on the event loop from memory (about a millisecond of CPU at 10,000 memories):
+        # Answered on the event loop from memory (about 2 ms of CPU at 10,000 memories):
         # handing it to a worker thread costs two thread switches and GIL contention with the log call.
         done = await _execute(backend, site, args)
         section_now = relevant_text(quick)
