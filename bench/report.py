@@ -193,7 +193,7 @@ MEMORY_TARGETS = [
     ("ltm_para_recall5_gain", ">=", 0.05, "long-term memory: fusion over BM25 alone, recall@5 on paraphrases"),
     ("ltm_rest_recall5_gain", ">=", 0.0, "long-term memory: fusion never worse than BM25 on the other queries"),
     ("ltm_search_p50_ms", "<=", 5.0, "long-term memory: search p50 at 10,000 memories in a site"),
-    ("ltm_context_p50_ms", "<=", 2.0, "long-term memory: a memory_context lookup (top 2) p50 at 10,000 memories"),
+    ("ltm_context_p50_ms", "<=", 2.0, "long-term memory: memory_context lookup (search of 4) p50 at 10k memories"),
     ("ltm_context_added_ms", "<=", 2.0, "long-term memory: memory_context adds to recall_memory's p50 over MCP"),
 ]
 

@@ -137,12 +137,31 @@ def run_memory_call(backend: Backend, site: str, args: MemoryArgs) -> dict[str, 
     return {"memories": [record(m, s) for m, s in hits]}
 
 
+#: How many memories memory_context surfaces.
+SURFACE_LIMIT = 2
+
+
+def _compact(ms: list[Memory]) -> list[dict[str, str]]:
+    return [{"id": m.memory_id, "subject": m.fields.subject, "summary": m.fields.summary} for m in ms]
+
+
 def surface(backend: Backend, site: str, context: str) -> list[dict[str, str]]:
     """The one or two active memories most relevant to ``context``, compact (blocking)."""
-    return [
-        {"id": m.memory_id, "subject": m.fields.subject, "summary": m.fields.summary}
-        for m in backend.memory_store().surface(site, context, limit=2)
-    ]
+    return _compact(backend.memory_store().surface(site, context, limit=SURFACE_LIMIT))
+
+
+def try_surface(backend: Backend, site: str, context: str) -> list[dict[str, str]] | None:
+    """:func:`surface` when the store can answer at once, without waiting or I/O; None otherwise.
+
+    Cheap enough for the event loop (a ranking in memory); None when the store
+    is not open yet or must wait, refresh or write first (see
+    ``LongTermMemory.try_surface``): then call :func:`surface` in a worker thread.
+    """
+    store = backend.memories
+    if store is None:
+        return None
+    found = store.try_surface(site, context, limit=SURFACE_LIMIT)
+    return None if found is None else _compact(found)
 
 
 def relevant_text(memories: list[dict[str, str]]) -> str:

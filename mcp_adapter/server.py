@@ -32,7 +32,7 @@ from logstore.memories.limits import DEFAULT_RETENTION_SECONDS
 from . import __version__, requestlog
 from .auth import Authenticator
 from .errors import ToolFailure, from_store_error, internal_error, unauthenticated
-from .memory_calls import parse_memory_arguments, relevant_text, run_memory_call, surface
+from .memory_calls import parse_memory_arguments, relevant_text, run_memory_call, surface, try_surface
 from .memory_schemas import MEMORY_TOOL_NAMES
 from .tools import INSTRUCTIONS, tool_definitions
 from .validation import AppendArgs, ListArgs, RecallArgs, ReplayArgs, ToolArgs, parse_arguments
@@ -229,13 +229,29 @@ async def _execute(backend: Backend, site: str, args: ToolArgs) -> dict[str, Any
 async def _execute_with_memories(
     backend: Backend, site: str, args: ToolArgs, context: str, splice: Splice | None
 ) -> types.CallToolResult:
-    """The spec tool's call and the lookup of memories relevant to ``context``, run side by side.
+    """The spec tool's call and the lookup of memories relevant to ``context``.
 
-    The lookup runs concurrently with the log call, so it adds only what it
-    takes beyond the log call. A failing memory store never fails the log
-    call: the section then says memories are unavailable and ``memories`` is
-    empty. A failing log call fails as it would without ``memory_context``.
+    When the memory store can answer at once from memory (the usual case: see
+    ``LongTermMemory.try_surface``), the lookup runs right here on the event
+    loop. Otherwise it runs in a worker thread concurrently with the log call,
+    so that waiting for a lock or refreshing from disk overlaps with it. A
+    failing memory store never fails the log call: the section then says
+    memories are unavailable and ``memories`` is empty. A failing log call
+    fails as it would without ``memory_context``.
     """
+    try:
+        quick = try_surface(backend, site, context)
+    except Exception:  # the worker-thread path below reports (and logs) whatever the store says
+        quick = None
+    if quick is not None:
+        # Answered on the event loop from memory (about 2 ms of CPU at 10,000 memories):
+        # handing it to a worker thread costs two thread switches and GIL contention with the log call.
+        done = await _execute(backend, site, args)
+        section_now = relevant_text(quick)
+        if isinstance(done, Prepared):
+            return _finish(done.with_memories(quick, section_now), splice)
+        return _success({**done, "memories": quick}, section_now)
+
     found: list[dict[str, str]] = []
     section = ""
 

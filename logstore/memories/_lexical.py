@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import sqlite3
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 
 #: BM25 column weights, in column order: subject, summary, details, tags.
 #: Chosen by measurement on the dev half of bench/ltm_eval (see the README).
@@ -78,9 +78,9 @@ def _any(terms: Sequence[str]) -> str:
 class LexicalIndex:
     """BM25 ranking of memories by FTS5; rows are addressed by caller-chosen integer keys.
 
-    Beside the four searched columns, each row carries its memory id,
-    category and active flag (so that FTS5 filters before it keeps the best
-    ``limit``).
+    The table holds the four searched columns only; filters (activity,
+    category, tags) are the caller's, applied as rows come out of the ranking
+    (see :meth:`rank`).
     """
 
     def __init__(self, weights: Sequence[float] = DEFAULT_WEIGHTS) -> None:
@@ -92,33 +92,30 @@ class LexicalIndex:
         db.execute("PRAGMA temp_store=MEMORY")
         db.execute(
             "CREATE VIRTUAL TABLE fts USING fts5(subject, summary, details, tags, "
-            "mid UNINDEXED, category UNINDEXED, active UNINDEXED, "
             "tokenize = 'porter unicode61 remove_diacritics 2')"
         )
         w = self._weights
-        db.execute("INSERT INTO fts(fts, rank) VALUES ('rank', ?)", (f"bm25({w[0]!r}, {w[1]!r}, {w[2]!r}, {w[3]!r})",))
+        self._rank_sql = (f"SELECT rowid, bm25(fts, {w[0]!r}, {w[1]!r}, {w[2]!r}, {w[3]!r}) AS score "
+                          "FROM fts WHERE fts MATCH ? ORDER BY score, rowid")
         self._db = db
         self._rows = 0  # rows in the table
 
-    def put(self, key: int, mid: str, subject: str, summary: str, details: str, tags: Iterable[str], category: str,
-            active: bool) -> None:
-        """Index (or re-index) the row ``key`` of memory ``mid``."""
+    def put(self, key: int, subject: str, summary: str, details: str, tags: Iterable[str]) -> None:
+        """Index (or re-index) the row ``key``."""
         self._rows -= self._db.execute("DELETE FROM fts WHERE rowid = ?", (key,)).rowcount
         self._db.execute(
-            "INSERT INTO fts(rowid, subject, summary, details, tags, mid, category, active) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (key, subject, summary, details, " ".join(tags), mid, category, int(active)),
+            "INSERT INTO fts(rowid, subject, summary, details, tags) VALUES (?, ?, ?, ?, ?)",
+            (key, subject, summary, details, " ".join(tags)),
         )
         self._rows += 1
 
-    def put_many(self, rows: Iterable[tuple[int, str, str, str, str, Sequence[str], str, bool]]) -> None:
+    def put_many(self, rows: Iterable[tuple[int, str, str, str, Sequence[str]]]) -> None:
         """Index many new rows in one transaction (keys must not be present yet)."""
         self._db.execute("BEGIN")
         try:
             cur = self._db.executemany(
-                "INSERT INTO fts(rowid, subject, summary, details, tags, mid, category, active) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                ((k, s, m, d, " ".join(t), i, c, int(a)) for k, i, s, m, d, t, c, a in rows),
+                "INSERT INTO fts(rowid, subject, summary, details, tags) VALUES (?, ?, ?, ?, ?)",
+                ((k, s, m, d, " ".join(t)) for k, s, m, d, t in rows),
             )
         except BaseException:
             self._db.execute("ROLLBACK")
@@ -130,27 +127,31 @@ class LexicalIndex:
         """Drop the row ``key`` (no-op when absent)."""
         self._rows -= self._db.execute("DELETE FROM fts WHERE rowid = ?", (key,)).rowcount
 
-    def rank(self, terms: Sequence[str], *, limit: int | None, category: str | None,
-             include_inactive: bool) -> list[tuple[int, float]]:
-        """``(key, bm25)`` of rows matching any of ``terms`` and the filters, best first (lower bm25 is better).
+    def rank(self, terms: Sequence[str], *, limit: int | None, skip: Container[int] = (),
+             keep: Callable[[int], bool] | None = None) -> list[tuple[int, float]]:
+        """``(key, bm25)`` of rows matching any of ``terms``, not in ``skip``, passing ``keep``; best first.
 
-        Words common to many rows are dropped first (see ``COMMON_SHARE``).
-        At most ``limit`` when given. FTS5 orders ties by key; rows tied with
-        the last one kept may be cut in favour of a lower key.
+        Lower bm25 is better; ties are ordered by key. At most ``limit`` when
+        given. Words common to many rows are dropped first (see ``COMMON_SHARE``).
+
+        The filter runs here, in Python, on the caller's own record of each
+        row, rather than as SQL on the UNINDEXED columns: reading a column
+        means a lookup in FTS5's content table for every matching row, which
+        cost as much as ranking them. ``bm25()`` is called directly rather
+        than through the configured ``rank``, whose arguments FTS5 evaluates
+        again with a statement of its own on every query.
         """
         terms = self._uncommon(terms)
         if not terms:
             return []
-        sql = "SELECT rowid, rank FROM fts WHERE fts MATCH ?"
-        args: list[object] = [_any(terms)]
-        if not include_inactive:
-            sql += " AND active = 1"
-        if category is not None:
-            sql += " AND category = ?"
-            args.append(category)
-        sql += " ORDER BY rank LIMIT ?"
-        args.append(-1 if limit is None else limit)
-        return [(int(k), float(r)) for k, r in self._db.execute(sql, args)]
+        out: list[tuple[int, float]] = []
+        want = -1 if limit is None else limit
+        for k, r in self._db.execute(self._rank_sql, (_any(terms),)):
+            if k not in skip and (keep is None or keep(k)):
+                out.append((k, r))
+                if len(out) == want:
+                    break
+        return out
 
     def _uncommon(self, terms: Sequence[str]) -> list[str]:
         if not terms:

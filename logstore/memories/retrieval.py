@@ -124,6 +124,7 @@ class Retriever:
         self._semantic = SemanticIndex(self._embedder.dim if self._embedder else 1)
         self._entries: dict[str, _Entry] = {}
         self._ids: dict[int, str] = {}
+        self._inactive: set[int] = set()  # keys of soft-deleted memories
         self._next_key = 1
         self._closed = False
 
@@ -147,11 +148,12 @@ class Retriever:
             self._semantic = SemanticIndex(self._embedder.dim if self._embedder else 1)
             self._entries.clear()
             self._ids.clear()
+            self._inactive.clear()
             self._next_key = 1
             rows = []
             for d in docs:
                 entry = self._new_entry(d)
-                rows.append((entry.key, d.memory_id, d.subject, d.summary, d.details, d.tags, d.category, d.active))
+                rows.append((entry.key, d.subject, d.summary, d.details, d.tags))
             self._lexical.put_many(rows)
             if self._embedder is not None:
                 vecs = self._embedder.embed([embedding_text(d) for d in docs])
@@ -167,8 +169,11 @@ class Retriever:
             else:
                 entry = _Entry(old.key, doc.category, frozenset(doc.tags), doc.active)
                 self._entries[doc.memory_id] = entry
-            self._lexical.put(entry.key, doc.memory_id, doc.subject, doc.summary, doc.details, doc.tags, doc.category,
-                              doc.active)
+                if doc.active:
+                    self._inactive.discard(entry.key)
+                else:
+                    self._inactive.add(entry.key)
+            self._lexical.put(entry.key, doc.subject, doc.summary, doc.details, doc.tags)
             if self._embedder is not None:
                 self._semantic.put(entry.key, self._embedder.embed([embedding_text(doc)])[0], doc.active)
 
@@ -180,6 +185,7 @@ class Retriever:
             if entry is None:
                 return
             del self._ids[entry.key]
+            self._inactive.discard(entry.key)
             self._lexical.remove(entry.key)
             self._semantic.remove(entry.key)
 
@@ -227,6 +233,7 @@ class Retriever:
                 self._lexical.close()
                 self._entries.clear()
                 self._ids.clear()
+                self._inactive.clear()
 
     # -- internals ---------------------------------------------------------
 
@@ -239,6 +246,8 @@ class Retriever:
         self._next_key += 1
         self._entries[doc.memory_id] = entry
         self._ids[entry.key] = doc.memory_id
+        if not doc.active:
+            self._inactive.add(entry.key)
         return entry
 
     @staticmethod
@@ -266,26 +275,35 @@ class Retriever:
         use_semantic = self._embedder is not None and t.semantic > 0 and bool(terms)
         gate = use_semantic and len(terms) > 1
         qvec = self._embedder.embed([" ".join(terms)])[0] if use_semantic and self._embedder is not None else None
+        sims = self._semantic.scores(qvec) if qvec is not None else None  # one pass, shared by the gate and the ranking
         lex: list[str] = []
         if t.lexical > 0:
-            # Tags are checked here, so with a tag filter FTS5 cannot stop early at ``depth``.
-            scored = self._lexical.rank(terms, limit=None if tags else depth, category=category,
-                                        include_inactive=include_deleted)
+            entry_of = self._entries
+            ids = self._ids
+            if category is None and not tags:  # activity alone: a set lookup per row, no call
+                scored = self._lexical.rank(terms, limit=depth, skip=() if include_deleted else self._inactive)
+            else:
+                scored = self._lexical.rank(terms, limit=depth, keep=lambda k: keep(entry_of[ids[k]]))
             # Equal scores are ordered by memory id, not by key, so that a rebuilt index ranks the same.
-            ranked = sorted((score, self._ids[k], k) for k, score in scored)
-            keys = [k for _, mid, k in ranked if not tags or keep(self._entries[mid])][:depth]
-            if gate and qvec is not None and keys:
-                full = self._lexical.matching_all(terms, keys)
-                sims = self._semantic.similarity(qvec, keys)
-                keys = [k for k, sim in zip(keys, sims, strict=True) if k in full or sim >= t.lexical_gate]
+            # (A tie at the depth cut may still keep a lower key: see LexicalIndex.rank.)
+            ranked = sorted((score, ids[k], k) for k, score in scored)
+            keys = [k for _, _, k in ranked]
+            if gate and sims is not None and keys:
+                near = self._semantic.similarity(sims, keys)
+                doubtful = [k for k, sim in zip(keys, near, strict=True) if sim < t.lexical_gate]
+                full = self._lexical.matching_all(terms, doubtful)
+                keys = [k for k, sim in zip(keys, near, strict=True) if sim >= t.lexical_gate or k in full]
             lex = [self._ids[k] for k in keys]
         sem: list[str] = []
-        if use_semantic and qvec is not None:
+        if use_semantic and sims is not None:
             total = len(self._entries)
-            want = 2 * depth
+            # Without a category or tag filter every candidate counts (rank applies activity itself, and
+            # includes every row tied with the last), so the top ``depth`` are exactly the best ``depth``.
+            unfiltered = category is None and not tags
+            want = depth if unfiltered else 2 * depth
             while True:
-                cands = self._semantic.rank(qvec, t.min_similarity, want, active_only=not include_deleted)
-                if category is None and not tags:  # the only filter, activity, was applied by rank
+                cands = self._semantic.rank(sims, t.min_similarity, want, active_only=not include_deleted)
+                if unfiltered:
                     kept = [(sim, self._ids[key]) for sim, key in cands]
                 else:
                     kept = [(sim, mid) for sim, key in cands if keep(self._entries[mid := self._ids[key]])]

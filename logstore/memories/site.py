@@ -485,27 +485,66 @@ class SiteMemories:
         touch: bool = True,
     ) -> list[tuple[Memory, float]]:
         with self._locked(False):
-            if not self.state:
-                return []
-            hits = self._retriever_now().search(
-                query, limit=limit, category=category, tags=tags, include_deleted=include_deleted
-            )
-            out: list[tuple[Memory, float]] = []
-            for hit in hits:
-                m = self.state.get(hit.memory_id)
-                if m is None or (not include_deleted and not m.active):
-                    continue
-                if category is not None and m.fields.category != category:
-                    continue
-                if tags and not set(tags) <= set(m.fields.tags):
-                    continue
-                out.append((m, float(hit.score)))
-                if len(out) >= limit:
-                    break
+            out = self._search_locked(query, limit, category, tags, include_deleted)
             if touch and out:
                 fresh = self._touch([m for m, _ in out])
                 out = [(f, s) for f, (_, s) in zip(fresh, out, strict=True)]
             return out
+
+    def _search_locked(self, query: str, limit: int, category: str | None, tags: Sequence[str],
+                       include_deleted: bool) -> list[tuple[Memory, float]]:
+        """Ranked memories from the current state (the caller holds the lock and has refreshed)."""
+        if not self.state:
+            return []
+        hits = self._retriever_now().search(
+            query, limit=limit, category=category, tags=tags, include_deleted=include_deleted
+        )
+        out: list[tuple[Memory, float]] = []
+        for hit in hits:
+            m = self.state.get(hit.memory_id)
+            if m is None or (not include_deleted and not m.active):
+                continue
+            if category is not None and m.fields.category != category:
+                continue
+            if tags and not set(tags) <= set(m.fields.tags):
+                continue
+            out.append((m, float(hit.score)))
+            if len(out) >= limit:
+                break
+        return out
+
+    def try_surface(self, context: str, limit: int) -> list[Memory] | None:
+        """The auto-surface for ``context`` if it needs no waiting and no file reads or writes; else None.
+
+        Its only system calls are a stat, an fstat and a non-blocking flock. See
+        :meth:`LongTermMemory.try_surface`. Answers what :meth:`search`
+        and :meth:`touch` would (under the same shared lock, on the same
+        state), or None when this process's view may be stale (another
+        process wrote, or the file was replaced), the index is not built yet,
+        a lock is held, an erasure may be due, or access times are due to be
+        written.
+        """
+        if not self._mutex.acquire(blocking=False):
+            return None
+        try:
+            fd = self._lock_fd
+            if self._closed or fd is None or self._retriever is None:
+                return None
+            if time.monotonic() - self._flushed_at >= access.FLUSH_INTERVAL_S:
+                return None  # the touch would write the access file: leave that to a worker thread
+            if not fileio.try_lock(fd, False):
+                return None
+            try:
+                if self.log.changed() or self.log.size() != self._end:
+                    return None
+                if not self._surely_nothing_due() and self._has_expired():  # in memory: O(1) unless the log grew
+                    return None
+                picked = surface_pick(self._search_locked(context, limit + 2, None, (), False), limit)
+            finally:
+                fileio.unlock(fd)
+            return self._touch(picked, flush=False)
+        finally:
+            self._mutex.release()
 
     def all(self) -> list[Memory]:
         """Every memory (active and soft-deleted), oldest first; does not count as access."""
@@ -518,7 +557,7 @@ class SiteMemories:
             current = [self.state.get(m.memory_id) for m in ms]
             return self._touch([m for m in current if m is not None])
 
-    def _touch(self, ms: list[Memory]) -> list[Memory]:
+    def _touch(self, ms: list[Memory], flush: bool = True) -> list[Memory]:
         now = self._now()
         out = []
         for m in ms:
@@ -526,7 +565,7 @@ class SiteMemories:
             self.state[m.memory_id] = t
             self._touched[m.memory_id] = t.last_accessed_us
             out.append(t)
-        if time.monotonic() - self._flushed_at >= access.FLUSH_INTERVAL_S:
+        if flush and time.monotonic() - self._flushed_at >= access.FLUSH_INTERVAL_S:
             self.flush_access()
         return out
 
@@ -590,3 +629,19 @@ def layout_header_size() -> int:
     from logstore.frame import SEGMENT_HEADER_SIZE
 
     return SEGMENT_HEADER_SIZE
+
+
+def surface_pick(hits: Sequence[tuple[Memory, float]], limit: int) -> list[Memory]:
+    """The first ``limit`` of ``hits``, skipping a memory whose ``dedupe_key`` an earlier one already has."""
+    out: list[Memory] = []
+    keys: set[str] = set()
+    for m, _ in hits:
+        key = m.fields.dedupe_key
+        if key is not None and key in keys:
+            continue
+        if key is not None:
+            keys.add(key)
+        out.append(m)
+        if len(out) >= limit:
+            break
+    return out

@@ -16,7 +16,7 @@ from logstore.timefmt import now_us
 from . import tokens
 from .limits import DEFAULT_RETENTION_SECONDS
 from .record import Memory, check_memory_id
-from .site import MEMORIES_DIR, Config, RetrieverFactory, SiteMemories, default_retriever
+from .site import MEMORIES_DIR, Config, RetrieverFactory, SiteMemories, default_retriever, surface_pick
 
 logger = logging.getLogger("convmem.memories")
 
@@ -153,19 +153,23 @@ class LongTermMemory:
 
     def surface(self, site: str, context: str, limit: int = 2) -> list[Memory]:
         """The top ``limit`` active memories for a task hint (auto-surface); never hides one shown before."""
-        out: list[Memory] = []
-        keys: set[str] = set()
         s = self._read(site)
-        for m, _ in s.search(context, limit=limit + 2, touch=False):
-            key = m.fields.dedupe_key
-            if key is not None and key in keys:
-                continue
-            if key is not None:
-                keys.add(key)
-            out.append(m)
-            if len(out) >= limit:
-                break
-        return s.touch(out)
+        return s.touch(surface_pick(s.search(context, limit=limit + 2, touch=False), limit))
+
+    def try_surface(self, site: str, context: str, limit: int = 2) -> list[Memory] | None:
+        """:meth:`surface` if it can answer at once from what this process holds; None otherwise.
+
+        It answers only when the site's index is already built, no other
+        process wrote since this one last read, no lock is held against it,
+        nothing is due for erasure and no access-time flush is due: then the
+        lookup is CPU work only, short enough to run on a server's event loop.
+        None means: call :meth:`surface` (in a worker thread), which does the
+        waiting, refreshing, purging or flushing. Never raises for those cases.
+        """
+        if self._closed:
+            return None
+        s = self._sites.get(SiteName(site))
+        return None if s is None else s.try_surface(context, limit)
 
     def all(self, site: str) -> list[Memory]:
         return self._read(site).all()

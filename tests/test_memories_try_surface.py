@@ -1,0 +1,84 @@
+"""``try_surface``: the lookup memory_context runs on the event loop answers as ``surface`` does, or declines.
+
+It must never answer from a stale view: when another process (here, a second
+store on the same data directory) wrote, when a lock is held against it, when
+the index is not built yet, or when an access-time flush is due, it returns
+None and the caller takes the ordinary path.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from memories_support import SITE, create, delete, fields
+
+from logstore import fileio
+from logstore.memories import LongTermMemory, Memory, access
+from logstore.memories.site import LOCK_NAME, memories_dir
+
+
+def _ids(ms: list[Memory] | None) -> list[str] | None:
+    return None if ms is None else [m.memory_id for m in ms]
+
+
+def test_declines_before_the_index_is_built(tmp_path: Path) -> None:
+    with LongTermMemory(tmp_path) as writer:
+        create(writer, fields(1, summary="deploys go out from the release branch"))
+    with LongTermMemory(tmp_path) as store:
+        assert store.try_surface(SITE, "how do deploys go out") is None  # nothing opened in this process yet
+        first = store.surface(SITE, "how do deploys go out")  # builds the index
+        assert _ids(store.try_surface(SITE, "how do deploys go out")) == _ids(first)
+
+
+def test_answers_like_surface_and_touches(tmp_path: Path) -> None:
+    with LongTermMemory(tmp_path) as store:
+        made = [create(store, fields(i, summary=f"deploys go out from the release branch {i}")) for i in range(4)]
+        create(store, fields(9, subject="Units", summary="the user wants metric units"))
+        expected = store.surface(SITE, "which units does the user want")
+        got = store.try_surface(SITE, "which units does the user want")
+        assert got is not None and _ids(got) == _ids(expected) and len(got) >= 1
+        assert got[0].last_accessed_us >= expected[0].last_accessed_us
+        assert store.get(SITE, got[0].memory_id).last_accessed_us >= got[0].last_accessed_us
+        deploys = store.try_surface(SITE, "how do deploys go out")
+        assert deploys is not None and 1 <= len(deploys) <= 2
+        assert {m.memory_id for m in deploys} <= {m.memory_id for m in made}
+
+
+def test_declines_after_another_process_wrote_then_sees_the_write(tmp_path: Path) -> None:
+    with LongTermMemory(tmp_path) as store, LongTermMemory(tmp_path) as other:
+        create(store, fields(1, summary="deploys go out from the release branch"))
+        assert store.surface(SITE, "release branch deploys") != []
+        m = create(other, fields(2, subject="Pager", summary="the pager rotation changes on mondays"))
+        assert store.try_surface(SITE, "pager rotation mondays") is None  # its view is stale
+        assert _ids(store.surface(SITE, "pager rotation mondays"))[:1] == [m.memory_id]  # type: ignore[index]
+        assert _ids(store.try_surface(SITE, "pager rotation mondays"))[:1] == [m.memory_id]  # type: ignore[index]
+        delete(other, m.memory_id)
+        assert store.try_surface(SITE, "pager rotation mondays") is None
+        assert m.memory_id not in (_ids(store.surface(SITE, "pager rotation mondays")) or [])
+
+
+def test_declines_while_a_writer_holds_the_lock(tmp_path: Path) -> None:
+    with LongTermMemory(tmp_path) as store:
+        create(store, fields(1, summary="deploys go out from the release branch"))
+        assert store.surface(SITE, "release branch deploys") != []
+        fd = fileio.open_create(str(Path(memories_dir(str(tmp_path), SITE)) / LOCK_NAME))
+        try:
+            assert fileio.try_lock(fd, True)
+            assert store.try_surface(SITE, "release branch deploys") is None
+        finally:
+            fileio.unlock(fd)
+            os.close(fd)
+        assert store.try_surface(SITE, "release branch deploys") is not None
+
+
+def test_declines_when_access_times_are_due_to_be_written(tmp_path: Path) -> None:
+    with LongTermMemory(tmp_path) as store:
+        create(store, fields(1, summary="deploys go out from the release branch"))
+        assert store.surface(SITE, "release branch deploys") != []
+        s = store.site(SITE)
+        s._flushed_at -= access.FLUSH_INTERVAL_S + 1  # as if the last write of access.json was long ago
+        assert store.try_surface(SITE, "release branch deploys") is None
+        assert store.surface(SITE, "release branch deploys") != []  # the ordinary path writes the file
+        assert (Path(memories_dir(str(tmp_path), SITE)) / access.ACCESS_FILE).exists()
+        assert store.try_surface(SITE, "release branch deploys") is not None
