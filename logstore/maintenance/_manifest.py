@@ -539,7 +539,11 @@ def _judge_listing(
             f"owes it: a writer logs it with its next intent or at close); {wrote}, "
             f"which holds {_describe(truth)}",
             "none needed: the engine resolves it by reading the log at the site's next listing; "
-            "--repair resolves it now",
+            + (
+                "--repair leaves it (a running writer may still owe the commit)"
+                if have == pending[2]
+                else "--repair resolves it now"
+            ),
             resolves_itself=True,
         )
     if listed != truth and before_boot and have > committed:
