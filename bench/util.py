@@ -166,30 +166,41 @@ def median_ci(values: list[float]) -> tuple[float, float, float]:
     return median(values), float(lo), float(hi)
 
 
+#: Seed of the turn order in :func:`interleaved_ops` (recorded so a run can be repeated).
+ORDER_SEED = 20261130
+
+
 def interleaved_ops(n: int, fns: dict[str, Callable[[], Any]], before: Callable[[int], Any] | None = None,
                     progress: Progress | None = None, label: str = "") -> dict[str, list[float]]:
     """Time ``n`` single calls of each function, the functions taking turns op by op.
 
-    The order within each turn rotates, so no backend always follows the same
-    neighbour; a burst of noise from another process hits all of them alike.
-    After each call, untimed, convmem's extend-ahead jobs (background I/O an
-    append may hand over) are waited for, so that they never run inside
-    another backend's timed call. Returns seconds per call.
+    Each turn runs the functions in a fresh random order (seeded, ``ORDER_SEED``),
+    so no backend always follows the same neighbour (a fixed rotation showed
+    about 5% between two copies of the same code); a burst of noise from
+    another process hits all of them alike.
+
+    A call is timed until convmem's extend-ahead jobs (background zeroing an
+    append may hand over) have finished: their I/O never falls into another
+    backend's time and always counts in the call that started it, the
+    conservative choice (``python -m bench.tail_probe`` shows the back-to-back
+    case, where jobs overlap the next appends). Returns seconds per call.
     """
     out: dict[str, list[float]] = {k: [] for k in fns}
     names = list(fns)
+    order = random.Random(ORDER_SEED)
     clock = time.perf_counter
     tick = max(n // 20, 1)
     for i in range(n):
         if before is not None:
             before(i)
-        k = i % len(names)
-        for name in names[k:] + names[:k]:
+        turn = names[:]
+        order.shuffle(turn)
+        for name in turn:
             fn = fns[name]
             t0 = clock()
             fn()
-            out[name].append(clock() - t0)
             wait_for_extensions()
+            out[name].append(clock() - t0)
         if progress is not None and i % tick == 0:
             progress.note(f"{label} {i:,}/{n:,}")
     return out
