@@ -42,6 +42,7 @@ from . import (
     rss,
     session,
     sqlite_peer,
+    util,
 )
 from .context import Ctx, Sizes
 from .util import Progress, Row
@@ -189,6 +190,14 @@ def main(argv: list[str] | None = None) -> int:
     if env["noisy"]:
         print("WARNING: this run was NOISY (" + "; ".join(env["noisy_reasons"]) + "): its figures carry more noise "
               "than their intervals show; rerun on a quiet machine before quoting them.")
+    background = {k: {"waited_s": round(v[0], 4), "timed_s": round(v[1], 4), "calls": int(v[2])}
+                  for k, v in util.BACKGROUND.items() if k.split(" / ")[-1].startswith(util.CONVMEM)}
+    if background:
+        print("\nbackground work waited for between calls (convmem's extend-ahead jobs; not in the latencies "
+              "above, which are what a caller sees):")
+        for k, v in background.items():
+            print(f"  {k}: {v['waited_s'] / v['calls'] * 1e6:.0f} µs per call on average, "
+                  f"{v['waited_s'] / v['timed_s']:.1%} on top of the calls' own time")
     for name, why in failures.items():
         print(f"\nworkload {name} failed: {why}")
     if missing:
@@ -210,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         "results": [row.to_json() for row in rows],
         "failures": failures,
         "missing_ratios": missing,
+        "background_waits": background,
     }
     if args.json:
         with open(args.json, "w") as f:

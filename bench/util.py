@@ -166,6 +166,10 @@ def median_ci(values: list[float]) -> tuple[float, float, float]:
     return median(values), float(lo), float(hi)
 
 
+#: Per "workload / backend": [seconds waited for background jobs after the calls, seconds
+#: of the timed calls, calls], filled by :func:`interleaved_ops`.
+BACKGROUND: dict[str, list[float]] = {}
+
 #: Seed of the turn order in :func:`interleaved_ops` (recorded so a run can be repeated).
 ORDER_SEED = 20261130
 
@@ -179,11 +183,14 @@ def interleaved_ops(n: int, fns: dict[str, Callable[[], Any]], before: Callable[
     about 5% between two copies of the same code); a burst of noise from
     another process hits all of them alike.
 
-    A call is timed until convmem's extend-ahead jobs (background zeroing an
-    append may hand over) have finished: their I/O never falls into another
-    backend's time and always counts in the call that started it, the
-    conservative choice (``python -m bench.tail_probe`` shows the back-to-back
-    case, where jobs overlap the next appends). Returns seconds per call.
+    After each call, convmem's extend-ahead jobs (background zeroing an append
+    may hand over; the caller does not wait for them) are waited for outside
+    the call's time, so their I/O never falls into another backend's timed
+    call. The latencies are therefore what a caller sees; the time waited is
+    added up in :data:`BACKGROUND` and reported beside them, so that it is
+    never simply left out (``python -m bench.tail_probe`` shows the
+    back-to-back case, where jobs overlap the next appends). Returns seconds
+    per call.
     """
     out: dict[str, list[float]] = {k: [] for k in fns}
     names = list(fns)
@@ -199,8 +206,13 @@ def interleaved_ops(n: int, fns: dict[str, Callable[[], Any]], before: Callable[
             fn = fns[name]
             t0 = clock()
             fn()
+            t1 = clock()
+            out[name].append(t1 - t0)
             wait_for_extensions()
-            out[name].append(clock() - t0)
+            acc = BACKGROUND.setdefault(f"{label or 'ops'} / {name}", [0.0, 0.0, 0])
+            acc[0] += clock() - t1
+            acc[1] += t1 - t0
+            acc[2] += 1
         if progress is not None and i % tick == 0:
             progress.note(f"{label} {i:,}/{n:,}")
     return out
