@@ -385,7 +385,6 @@ class Reader(Recovery):
         start, stop, seg_end, raw = span
         make: Callable[..., Any] = RawMemoryItem if raw else MemoryItem
         decode = batch_decoder.decode
-        stamps = _STAMPS
         items: list[Any]
         pos, seq = (entry[1], entry[0]) if entry else (SEGMENT_HEADER_SIZE, base)
         check_entry = entry is not None
@@ -450,20 +449,8 @@ class Reader(Recovery):
                     h = RecordHeader(checksum, body_len, count, kind, first, us)
                     items = self._part(path, pos + rel, h, body, lo, hi, raw, reuse)
                 else:
-                    # The whole batch: decoding it is what checks it, in one pass.
-                    try:
-                        items = decode(body)
-                    except Exception as exc:
-                        why = f"batch body is not a JSON array of objects: {exc}"
-                        raise Corrupted(path, pos + rel, why, first, seq - 1) from None
-                    if len(items) != count:
-                        why = f"batch holds {len(items)} items, header says {count}"
-                        raise Corrupted(path, pos + rel, why, first, seq - 1)
-                stamp = stamps.get(us)
-                if stamp is None:
-                    stamp = _stamp_us(us)
-                # map() builds the items in C: per item this is most of a replay's overhead.
-                out.extend(map(make, range(first + lo, first + hi), repeat(stamp), items))
+                    items = _decode_whole(decode, body, count, path, pos + rel, first, seq - 1)
+                _emit(out, make, us, first + lo, first + hi, items)
                 if seq >= stop:
                     return
             rel = rend
@@ -502,20 +489,8 @@ class Reader(Recovery):
                         if raw or lo or hi < count:
                             items = self._part(path, roff, h, body, lo, hi, raw, reuse)
                         else:
-                            # The whole batch: decoding it is what checks it, in one pass.
-                            try:
-                                items = decode(body)
-                            except Exception as exc:
-                                why = f"batch body is not a JSON array of objects: {exc}"
-                                raise Corrupted(path, roff, why, first, seq - 1) from None
-                            if len(items) != count:
-                                why = f"batch holds {len(items)} items, header says {count}"
-                                raise Corrupted(path, roff, why, first, seq - 1)
-                        stamp = stamps.get(us)
-                        if stamp is None:
-                            stamp = _stamp_us(us)
-                        # map() builds the items in C: per item this is most of a replay's overhead.
-                        out.extend(map(make, range(first + lo, first + hi), repeat(stamp), items))
+                            items = _decode_whole(decode, body, count, path, roff, first, seq - 1)
+                        _emit(out, make, us, first + lo, first + hi, items)
                     if seq >= stop:
                         return
                 return
@@ -595,6 +570,34 @@ class Reader(Recovery):
         if base == self._segments[-1]:
             self._damage = exc
         raise exc
+
+
+def _emit(out: list[Any], make: Callable[..., Any], us: int, first: int, stop: int, items: list[Any]) -> None:
+    """Append the items of seqs ``first``..``stop - 1`` stamped ``us`` to ``out``.
+
+    ``map()`` builds the items in C: per item this is most of a replay's overhead.
+    """
+    stamp = _STAMPS.get(us)
+    if stamp is None:
+        stamp = _stamp_us(us)
+    out.extend(map(make, range(first, stop), repeat(stamp), items))
+
+
+def _decode_whole(
+    decode: Callable[[Any], list[Any]], body: Any, count: int, path: str, offset: int, first: int, last: int
+) -> list[Any]:
+    """A whole batch's items: decoding the body is what checks it, in one pass.
+
+    Corrupted (at the record's ``offset``, items ``first``..``last``) when the
+    body is not a JSON array of objects or holds other than ``count`` items.
+    """
+    try:
+        items = decode(body)
+    except Exception as exc:
+        raise Corrupted(path, offset, f"batch body is not a JSON array of objects: {exc}", first, last) from None
+    if len(items) != count:
+        raise Corrupted(path, offset, f"batch holds {len(items)} items, header says {count}", first, last)
+    return items
 
 
 def _stamp(h: RecordHeader) -> str:
