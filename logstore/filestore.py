@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from . import fileio, layout, observe
+from . import convpool, fileio, layout, observe
 from .codec import encode_batch
 from .conversation import Conversation, Options, Tip
 from .errors import Io, StoreError, Timeout, Unavailable
@@ -79,6 +79,8 @@ class FileStore(MemoryStore):
         self._lock = threading.Lock()
         self._convs: OrderedDict[tuple[str, str], Conversation] = OrderedDict()
         self._manifests: dict[str, SiteManifest] = {}
+        #: Pools of pre-created conversation directories, per site (logstore.convpool).
+        self._pools: dict[str, convpool.SitePool] = {}
         self._closed = False
         #: Present only when a quota is set: without one, appends do no accounting at all.
         self._usage = UsageTracker(self.root, quota) if quota is not None and quota.active else None
@@ -170,6 +172,11 @@ class FileStore(MemoryStore):
             conv = self._convs.get(key)
             if conv is None or conv.closed:
                 conv = Conversation(path, conversation_id, self.options, manifest)
+                pool = self._pools.get(site)
+                if pool is None:
+                    pool = convpool.SitePool(layout.site_dir(self.root, site), convpool.request_fill)
+                    self._pools[site] = pool
+                conv.pool = pool
                 self._convs[key] = conv
             self._convs.move_to_end(key)
             self._evict_locked()
@@ -383,6 +390,9 @@ class FileStore(MemoryStore):
                 with conv.mutex:
                     conv.close()
             m = self._manifests.pop(site, None)
+            pool = self._pools.pop(site, None)
+        if pool is not None:
+            pool.close()
         if m is not None:
             m.close()
         if self._usage is not None:
@@ -405,6 +415,10 @@ class FileStore(MemoryStore):
             self._convs.clear()
             manifests = list(self._manifests.values())
             self._manifests.clear()
+            pools = list(self._pools.values())
+            self._pools.clear()
+        for pool in pools:
+            pool.close()
         for conv in convs:
             with conv.mutex:
                 conv.close()

@@ -24,7 +24,7 @@ import os
 import time
 from collections.abc import Iterator
 
-from . import fileio, frame, index, layout
+from . import convpool, fileio, frame, index, layout
 from .convstate import Tip
 from .errors import ConversationFull, Io, StoreError, Timeout
 from .frame import KIND_BATCH, KIND_SEAL, SEGMENT_HEADER_SIZE
@@ -154,7 +154,7 @@ class Writer(Recovery):
     @contextlib.contextmanager
     def _exclusive(self, deadline: float, started: float) -> Iterator[None]:
         """Hold the conversation for writing, its tail verified and undamaged. Caller holds ``mutex``."""
-        if self._fd is None:
+        if self._fd is None and not self._claim_from_pool():
             # No segment open: the directory may not exist yet. Made here, unsynced (its lock
             # file lives in it); the first segment's creation makes it durable before any
             # batch in it is acknowledged (_create_first_segment).
@@ -172,6 +172,27 @@ class Writer(Recovery):
             yield
         finally:
             self._unlock()
+
+    def _claim_from_pool(self) -> bool:
+        """For a conversation with no directory yet: claim a pre-created one (:mod:`logstore.convpool`).
+
+        True when this conversation's directory is a claimed pool entry whose
+        first segment is not written yet; its lock file's flock, held, is then
+        the conversation's writer lock. Caller holds ``mutex``.
+        """
+        if self._claim is not None:
+            return True
+        pool = self.pool
+        if pool is None or self._first_chunk() != convpool.ENTRY_BYTES or os.path.isdir(self.path):
+            return False
+        claim = pool.claim(self.path)
+        if claim is None:
+            return False
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+        self._lock_fd = claim.lock_fd
+        self._claim = claim
+        return True
 
     def _commit_group(self, todo: list[_Batch], stamp: int) -> int:
         """Log the intent, write and sync the records, log the commit (inside :meth:`_exclusive`); batches written."""
@@ -334,19 +355,40 @@ class Writer(Recovery):
         salt = frame.new_salt()
         records = self._encode(todo, stamp, salt)
         data = frame.encode_segment_header(0, salt) + b"".join(records)
-        self._alloc = 0
-        size = self._extended_size(len(data))
-        # O_TRUNC: a torn creation's file may be there (only then: there is no segment otherwise).
-        fd = fileio.open_create(self._seg_path(0), os.O_RDWR | os.O_TRUNC)
-        self._close_active()
-        self._fd = fd
-        self._pending_end = 0  # on failure the file is emptied: an empty file is a torn creation
-        fileio.pwrite_all(fd, data + bytes(size - len(data)), 0)
-        fileio.crashpoint("after-file-create")
-        fileio.crashpoint("before-data-sync")
-        # The data sync and the directory syncs at the same time (measured faster than one after
-        # the other on the benchmark machine's filesystem; see fileio.fsync_dirs).
-        fileio.sync_dir_chain(self.path, layout.sites_dir_of_conversation(self.path), data_fd=fd)
+        claim, self._claim = self._claim, None
+        if claim is not None:
+            # A claimed pool entry: its file is ENTRY_BYTES of synced zeros, so the write
+            # goes into allocated space (extending it only when the batch is bigger).
+            self._alloc = claim.size
+            size = claim.size if len(data) <= claim.size else self._extended_size(len(data))
+            fd = claim.seg_fd
+            self._close_active()
+            self._fd = fd
+            self._pending_end = 0  # on failure the file is emptied: an empty file is a torn creation
+            fileio.pwrite_all(fd, data if size == claim.size else data + bytes(size - len(data)), 0)
+            fileio.crashpoint("after-file-create")
+            fileio.crashpoint("before-data-sync")
+            # The directory syncs started at the claim, right after the rename: this waits
+            # for them and the data's fdatasync (convpool's module doc).
+            claim.syncs.finish(data_fd=fd)
+            fileio.mark_durable(claim.linked)
+        else:
+            self._alloc = 0
+            size = self._extended_size(len(data))
+            # O_TRUNC: a torn creation's file may be there (only then: there is no segment otherwise).
+            fd = fileio.open_create(self._seg_path(0), os.O_RDWR | os.O_TRUNC)
+            self._close_active()
+            self._fd = fd
+            self._pending_end = 0  # on failure the file is emptied: an empty file is a torn creation
+            fileio.pwrite_all(fd, data + bytes(size - len(data)), 0)
+            fileio.crashpoint("after-file-create")
+            fileio.crashpoint("before-data-sync")
+            # The data sync and the directory syncs at the same time (measured faster than one after
+            # the other on the benchmark machine's filesystem; see fileio.fsync_dirs). A claim that
+            # failed before its first segment was durable left its directories to sync here.
+            fileio.sync_dir_chain(self.path, layout.sites_dir_of_conversation(self.path), data_fd=fd,
+                                  also=convpool.unsettled(self.path))
+        convpool.settled(self.path)
         fileio.crashpoint("after-data-sync")
         self._salt = salt
         self._alloc = size

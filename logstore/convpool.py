@@ -1,0 +1,326 @@
+"""A site's pool of conversation directories made ahead of need.
+
+A new conversation's first append would otherwise make a directory, a lock
+file and a segment file, and wait for the file and each new directory to be
+written out. The pool moves that work off the append: a background thread
+keeps a few *entries* per site in ``<site>/pool/`` (FORMAT.md 1 and 6), each
+a directory holding the lock file and a first segment file of
+:data:`ENTRY_BYTES` zeros, all synced. A first append *claims* one by renaming
+it into place as the conversation's directory (``renameat2`` with
+``RENAME_NOREPLACE``: atomic, exactly one of several racing processes wins,
+and an existing directory, even an empty one another process has just made,
+is never replaced), then writes the segment header and its records into the
+zeros and makes them durable with the rename: the file's ``fdatasync`` runs
+beside the syncs of the conversation's parent directory (and any new one
+above it) and of the pool directory, which started right after the rename.
+Nothing is acknowledged before all of them are done.
+
+Invariants:
+
+* A ready entry (``e-<16 hex>``) holds a lock file and a segment
+  ``00000000000000000000.seg`` of exactly :data:`ENTRY_BYTES` zeros, both
+  synced, and its name is never reused. Whoever holds the flock of its lock
+  file may claim or discard it; the claimer keeps that flock as the
+  conversation's writer lock until its first batch is durable, so no other
+  process can see the new conversation as writable before then.
+* An entry being built (``t-<16 hex>``) is flocked by its builder; one whose
+  flock can be taken has no builder left and is removed.
+* A segment in the pool that is not all zeros was claimed by a first append
+  whose rename did not reach the disk before a power cut (the data can be
+  there, the name not): nothing in it was acknowledged (the pool directory's
+  sync comes before the acknowledgement), so the entry is removed.
+* A claimed conversation whose data did not reach the disk holds a segment
+  whose first sector is zeros: a torn creation, which reads as empty
+  (:func:`logstore.recovery.is_torn_creation`) and is written again by the
+  next append.
+
+Nothing that lists a site looks in ``pool/`` (the listing walks ``c/``); fsck
+accepts the name; stats do not count it; a dropped site takes it with it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable
+
+from . import fileio, layout
+from .frame import SEGMENT_HEADER_SIZE
+
+#: Bytes of an entry's segment file: the writer's first chunk of preallocated space.
+ENTRY_BYTES = 4096
+#: Ready entries a site's pool is filled to.
+TARGET = 4
+#: An unfinished entry with no lock file is removed only when older than this (seconds):
+#: its builder may be between making the directory and the lock file.
+STALE_UNLOCKED_S = 60.0
+
+#: Conversation directory -> directories whose sync must be part of its first segment's
+#: durability (the claim's parents and pool directory): set when a claim renames an entry
+#: into place, cleared when the first segment is durable. Kept per process, beyond any
+#: one Conversation object, so that a retry after a failed first append syncs them too.
+_unsettled: dict[str, list[str]] = {}
+_unsettled_lock = threading.Lock()
+
+
+def unsettled(conversation_path: str) -> tuple[str, ...]:
+    """Directories a claim of ``conversation_path`` left to be synced with its first segment."""
+    with _unsettled_lock:
+        return tuple(_unsettled.get(conversation_path, ()))
+
+
+def settled(conversation_path: str) -> None:
+    """The conversation's first segment is durable, with every directory of its claim."""
+    with _unsettled_lock:
+        _unsettled.pop(conversation_path, None)
+
+
+class Claim:
+    """An entry renamed into place as a conversation: its locked lock file, its segment and syncs under way."""
+
+    __slots__ = ("linked", "lock_fd", "seg_fd", "size", "syncs")
+
+    def __init__(self, lock_fd: int, seg_fd: int, size: int, syncs: fileio.DirSyncs, linked: list[str]) -> None:
+        self.lock_fd = lock_fd
+        self.seg_fd = seg_fd
+        self.size = size
+        self.syncs = syncs
+        self.linked = linked
+
+    def release(self) -> None:
+        """Close the segment's descriptor (the first append did not use it; the lock is the conversation's)."""
+        try:
+            os.close(self.seg_fd)
+        except OSError:
+            pass
+
+
+class SitePool:
+    """The pool of one site directory, in this process."""
+
+    def __init__(self, site_path: str, request_fill: Callable[[SitePool], None]) -> None:
+        self.site_path = site_path
+        self.dir = layout.pool_dir(site_path)
+        self._sites_dir = os.path.dirname(site_path)
+        self._request_fill = request_fill
+        self._fill_lock = threading.Lock()
+        self.closed = False
+        self._reclaimed = False
+        self.disabled = not fileio.can_rename_noreplace()
+
+    # ------------------------------------------------------------ claiming
+
+    def claim(self, conversation_path: str) -> Claim | None:
+        """Rename a ready entry into place as ``conversation_path`` (which did not exist); None to create in place.
+
+        None when the pool is empty or unusable, or when the directory exists
+        by now (another process made it): the caller then goes the ordinary
+        way. Refill is requested either way.
+        """
+        if self.closed or self.disabled:
+            return None
+        try:
+            names = [n for n in os.listdir(self.dir) if n.startswith(layout.POOL_READY_PREFIX)]
+        except (FileNotFoundError, NotADirectoryError):
+            names = []
+        if len(names) <= TARGET // 2:
+            self._request_fill(self)
+        if not names:
+            return None
+        start = os.getpid() % len(names)  # processes start at different entries
+        for name in names[start:] + names[:start]:
+            got = self._take(os.path.join(self.dir, name), conversation_path)
+            if got is not None:
+                return got if isinstance(got, Claim) else None
+        return None
+
+    def _take(self, entry: str, conversation_path: str) -> Claim | bool | None:
+        """Claim ``entry``: the claim, False when the conversation exists, None to try another entry."""
+        try:
+            lock_fd = os.open(os.path.join(entry, layout.LOCK_FILE), os.O_RDWR)
+        except OSError:
+            return None
+        keep = False
+        seg_fd = -1
+        try:
+            if not fileio.try_lock(lock_fd, True):
+                return None  # another process is claiming it
+            try:
+                seg_fd = os.open(os.path.join(entry, layout.segment_name(0)), os.O_RDWR)
+                size = os.fstat(seg_fd).st_size
+                clean = size == ENTRY_BYTES and not any(os.pread(seg_fd, size, 0))
+            except FileNotFoundError:
+                return None  # claimed and gone already
+            if not clean:
+                self._discard(entry)
+                return None
+            parent = os.path.dirname(conversation_path)
+            try:
+                fileio.make_dirs(parent)
+                fileio.rename_noreplace(entry, conversation_path)
+            except FileExistsError:
+                return False
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                if exc.errno in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EPERM):
+                    self.disabled = True  # this filesystem cannot rename without replacing
+                    return False
+                raise
+            fileio.crashpoint("pool-claimed")
+            chain, linked = fileio.dir_chain(parent, self._sites_dir)
+            dirs = [*chain, self.dir]
+            with _unsettled_lock:
+                _unsettled[conversation_path] = dirs
+            syncs = fileio.start_dir_syncs(dirs)
+            keep = True
+            return Claim(lock_fd, seg_fd, size, syncs, linked)
+        finally:
+            if not keep:
+                if seg_fd >= 0:
+                    os.close(seg_fd)
+                os.close(lock_fd)
+
+    @staticmethod
+    def _discard(entry: str) -> None:
+        """Remove an entry we hold the lock of (a claim that never became durable left data in it)."""
+        try:
+            fileio.remove_tree(entry)
+        except OSError:
+            pass
+
+    # ------------------------------------------------------------- filling
+
+    def close(self) -> None:
+        """Stop filling (waits for a fill under way, so the site can be removed after)."""
+        self.closed = True
+        with self._fill_lock:
+            pass
+
+    def fill(self) -> None:
+        """Build ready entries up to :data:`TARGET` (removing what dead builders left, once per process)."""
+        with self._fill_lock:
+            if self.closed or self.disabled:
+                return
+            try:
+                self._fill_locked()
+            except OSError:
+                pass  # the site is being dropped, the disk is full...: first appends create in place
+
+    def _fill_locked(self) -> None:
+        if not os.path.isdir(self.dir):
+            try:
+                fileio.mkdir(self.dir)  # never the site itself: a dropped site stays dropped
+            except FileExistsError:
+                pass
+            fileio.fsync_dir(self.site_path)
+        names = os.listdir(self.dir)
+        if not self._reclaimed:
+            self._reclaimed = True
+            for name in names:
+                if name.startswith(layout.POOL_BUILDING_PREFIX):
+                    self._reclaim(os.path.join(self.dir, name))
+        ready = sum(1 for n in names if n.startswith(layout.POOL_READY_PREFIX))
+        built = 0
+        while ready + built < TARGET and not self.closed:
+            self._build()
+            built += 1
+        if built:
+            fileio.fsync_dir(self.dir)
+
+    def _build(self) -> None:
+        """Make one entry: built under a ``t-`` name, synced, then renamed ready (the caller syncs the pool)."""
+        token = secrets.token_hex(8)
+        tmp = os.path.join(self.dir, layout.POOL_BUILDING_PREFIX + token)
+        fileio.mkdir(tmp)
+        lock_fd = fileio.open_create(os.path.join(tmp, layout.LOCK_FILE))
+        try:
+            fileio.try_lock(lock_fd, True)
+            seg_fd = fileio.open_create(os.path.join(tmp, layout.segment_name(0)), os.O_RDWR | os.O_TRUNC)
+            try:
+                fileio.pwrite_all(seg_fd, bytes(ENTRY_BYTES), 0)
+                fileio.fsync_dirs([tmp], data_fd=seg_fd)
+            finally:
+                os.close(seg_fd)
+            fileio.crashpoint("pool-entry-built")
+            fileio.rename(tmp, os.path.join(self.dir, layout.POOL_READY_PREFIX + token))
+        finally:
+            os.close(lock_fd)
+
+    @staticmethod
+    def _reclaim(entry: str) -> None:
+        """Remove an unfinished entry whose builder is gone."""
+        try:
+            fd = os.open(os.path.join(entry, layout.LOCK_FILE), os.O_RDWR)
+        except FileNotFoundError:
+            try:
+                if time.time() - os.stat(entry).st_mtime > STALE_UNLOCKED_S:
+                    fileio.remove_tree(entry)
+            except OSError:
+                pass
+            return
+        try:
+            if fileio.try_lock(fd, True):
+                fileio.remove_tree(entry)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+assert ENTRY_BYTES > SEGMENT_HEADER_SIZE
+
+
+class Keeper:
+    """One background thread per process that fills the pools asking for it."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._wanted: list[SitePool] = []
+        self._thread: threading.Thread | None = None
+
+    def request(self, pool: SitePool) -> None:
+        with self._cond:
+            if pool not in self._wanted:
+                self._wanted.append(pool)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="logstore-convpool", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._wanted:
+                    self._cond.wait()
+                pool = self._wanted.pop(0)
+            pool.fill()
+
+
+_keeper = Keeper()
+
+
+#: Fill on the calling thread instead of the keeper's (tests that record every file
+#: operation in order, e.g. the power-cut simulation, set it).
+inline_fill = False
+
+
+def request_fill(pool: SitePool) -> None:
+    """Ask the process's keeper thread to fill ``pool`` (or fill it now, with :data:`inline_fill`)."""
+    if inline_fill:
+        pool.fill()
+    else:
+        _keeper.request(pool)
+
+
+def _after_fork() -> None:
+    global _keeper, _unsettled_lock
+    _keeper = Keeper()  # the parent's thread does not exist in the child
+    _unsettled_lock = threading.Lock()  # another thread may have held it at the fork
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
