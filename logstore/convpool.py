@@ -52,6 +52,7 @@ from .frame import SEGMENT_HEADER_SIZE
 
 #: Bytes of an entry's segment file: the writer's first chunk of preallocated space.
 ENTRY_BYTES = 4096
+_ZEROS = bytes(ENTRY_BYTES)
 #: Ready entries a site's pool is filled to.
 TARGET = 4
 #: An unfinished entry with no lock file is removed only when older than this (seconds):
@@ -109,6 +110,9 @@ class SitePool:
         self._fill_lock = threading.Lock()
         self.closed = False
         self._reclaimed = False
+        #: Ready entries as last listed or built here (others may have claimed some since).
+        self._names: list[str] = []
+        self._names_lock = threading.Lock()
         self.disabled = not fileio.can_rename_noreplace()
 
     # ------------------------------------------------------------ claiming
@@ -122,20 +126,29 @@ class SitePool:
         """
         if self.closed or self.disabled:
             return None
+        with self._names_lock:
+            if not self._names:
+                self._names = self._list_ready()
+            names, self._names = self._names, []
         try:
-            names = [n for n in os.listdir(self.dir) if n.startswith(layout.POOL_READY_PREFIX)]
-        except (FileNotFoundError, NotADirectoryError):
-            names = []
-        if len(names) <= TARGET // 2:
-            self._request_fill(self)
-        if not names:
+            while names:
+                # Several processes share the pool: each starts at a different entry.
+                name = names.pop(os.getpid() % len(names))
+                got = self._take(os.path.join(self.dir, name), conversation_path)
+                if got is not None:
+                    return got if isinstance(got, Claim) else None
             return None
-        start = os.getpid() % len(names)  # processes start at different entries
-        for name in names[start:] + names[:start]:
-            got = self._take(os.path.join(self.dir, name), conversation_path)
-            if got is not None:
-                return got if isinstance(got, Claim) else None
-        return None
+        finally:
+            with self._names_lock:
+                self._names = names + self._names
+            if len(names) <= TARGET // 2:
+                self._request_fill(self)
+
+    def _list_ready(self) -> list[str]:
+        try:
+            return [n for n in os.listdir(self.dir) if n.startswith(layout.POOL_READY_PREFIX)]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
 
     def _take(self, entry: str, conversation_path: str) -> Claim | bool | None:
         """Claim ``entry``: the claim, False when the conversation exists, None to try another entry."""
@@ -151,7 +164,7 @@ class SitePool:
             try:
                 seg_fd = os.open(os.path.join(entry, layout.segment_name(0)), os.O_RDWR)
                 size = os.fstat(seg_fd).st_size
-                clean = size == ENTRY_BYTES and not any(os.pread(seg_fd, size, 0))
+                clean = size == ENTRY_BYTES and os.pread(seg_fd, size, 0) == _ZEROS
             except FileNotFoundError:
                 return None  # claimed and gone already
             if not clean:
@@ -223,15 +236,16 @@ class SitePool:
             for name in names:
                 if name.startswith(layout.POOL_BUILDING_PREFIX):
                     self._reclaim(os.path.join(self.dir, name))
-        ready = sum(1 for n in names if n.startswith(layout.POOL_READY_PREFIX))
-        built = 0
-        while ready + built < TARGET and not self.closed:
-            self._build()
-            built += 1
+        ready = [n for n in names if n.startswith(layout.POOL_READY_PREFIX)]
+        built = []
+        while len(ready) + len(built) < TARGET and not self.closed:
+            built.append(self._build())
         if built:
             fileio.fsync_dir(self.dir)
+        with self._names_lock:
+            self._names = ready + built
 
-    def _build(self) -> None:
+    def _build(self) -> str:
         """Make one entry: built under a ``t-`` name, synced, then renamed ready (the caller syncs the pool)."""
         token = secrets.token_hex(8)
         tmp = os.path.join(self.dir, layout.POOL_BUILDING_PREFIX + token)
@@ -249,6 +263,7 @@ class SitePool:
             fileio.rename(tmp, os.path.join(self.dir, layout.POOL_READY_PREFIX + token))
         finally:
             os.close(lock_fd)
+        return layout.POOL_READY_PREFIX + token
 
     @staticmethod
     def _reclaim(entry: str) -> None:

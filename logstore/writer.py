@@ -163,7 +163,9 @@ class Writer(Recovery):
         self._lock(True, deadline, started)
         try:
             try:
-                self._refresh(True)
+                if self._claim is None:
+                    self._refresh(True)
+                # else: a claimed pool entry, its state set at the claim (nobody else can write it)
             except OSError as exc:
                 self._close_files()
                 raise Io(f"reading the conversation's tail failed: {exc}", exc.errno) from exc
@@ -192,6 +194,9 @@ class Writer(Recovery):
             os.close(self._lock_fd)
         self._lock_fd = claim.lock_fd
         self._claim = claim
+        # What loading it would find: one segment of zeros, a torn creation, so nothing.
+        self._close_files()
+        self._loaded = True
         return True
 
     def _commit_group(self, todo: list[_Batch], stamp: int) -> int:
