@@ -5,7 +5,7 @@ file and a segment file, and wait for the file and each new directory to be
 written out. The pool moves that work off the append: a background thread
 keeps a few *entries* per site in ``<site>/pool/`` (FORMAT.md 1 and 6), each
 a directory holding the lock file and a first segment file of
-:data:`ENTRY_BYTES` zeros, all synced. A first append *claims* one by renaming
+zeros, all synced. A first append *claims* one by renaming
 it into place as the conversation's directory (``renameat2`` with
 ``RENAME_NOREPLACE``: atomic, exactly one of several racing processes wins,
 and an existing directory, even an empty one another process has just made,
@@ -18,8 +18,9 @@ Nothing is acknowledged before all of them are done.
 Invariants:
 
 * A ready entry (``e-<16 hex>``) holds a lock file and a segment
-  ``00000000000000000000.seg`` of exactly :data:`ENTRY_BYTES` zeros, both
-  synced, and its name is never reused. Whoever holds the flock of its lock
+  ``00000000000000000000.seg`` of exactly ``entry_bytes`` zeros, both
+  synced (``entry_bytes``: the store's first chunk of preallocated space, 4 KiB
+  by default), and its name is never reused. Whoever holds the flock of its lock
   file may claim or discard it; the claimer keeps that flock as the
   conversation's writer lock until its first batch is durable, so no other
   process can see the new conversation as writable before then.
@@ -50,9 +51,9 @@ from collections.abc import Callable
 from . import fileio, layout
 from .frame import SEGMENT_HEADER_SIZE
 
-#: Bytes of an entry's segment file: the writer's first chunk of preallocated space.
+#: Bytes of an entry's segment file by default: the writer's first chunk of preallocated
+#: space (smaller for stores with tiny segments, see SitePool).
 ENTRY_BYTES = 4096
-_ZEROS = bytes(ENTRY_BYTES)
 #: Ready entries a site's pool is filled to.
 TARGET = 4
 #: An unfinished entry with no lock file is removed only when older than this (seconds):
@@ -102,7 +103,14 @@ class Claim:
 class SitePool:
     """The pool of one site directory, in this process."""
 
-    def __init__(self, site_path: str, request_fill: Callable[[SitePool], None]) -> None:
+    def __init__(
+        self, site_path: str, request_fill: Callable[[SitePool], None], entry_bytes: int = ENTRY_BYTES
+    ) -> None:
+        if entry_bytes <= SEGMENT_HEADER_SIZE:
+            raise ValueError(f"a pool entry's segment must be larger than a segment header ({entry_bytes} bytes)")
+        #: Bytes of each entry's segment file: the first chunk of a new segment.
+        self.entry_bytes = entry_bytes
+        self._zeros = bytes(entry_bytes)
         self.site_path = site_path
         self.dir = layout.pool_dir(site_path)
         self._sites_dir = os.path.dirname(site_path)
@@ -164,7 +172,7 @@ class SitePool:
             try:
                 seg_fd = os.open(os.path.join(entry, layout.segment_name(0)), os.O_RDWR)
                 size = os.fstat(seg_fd).st_size
-                clean = size == ENTRY_BYTES and os.pread(seg_fd, size, 0) == _ZEROS
+                clean = size == self.entry_bytes and os.pread(seg_fd, size, 0) == self._zeros
             except FileNotFoundError:
                 return None  # claimed and gone already
             if not clean:
@@ -255,7 +263,7 @@ class SitePool:
             fileio.try_lock(lock_fd, True)
             seg_fd = fileio.open_create(os.path.join(tmp, layout.segment_name(0)), os.O_RDWR | os.O_TRUNC)
             try:
-                fileio.pwrite_all(seg_fd, bytes(ENTRY_BYTES), 0)
+                fileio.pwrite_all(seg_fd, self._zeros, 0)
                 fileio.fsync_dirs([tmp], data_fd=seg_fd)
             finally:
                 os.close(seg_fd)
@@ -284,9 +292,6 @@ class SitePool:
             pass
         finally:
             os.close(fd)
-
-
-assert ENTRY_BYTES > SEGMENT_HEADER_SIZE
 
 
 class Keeper:

@@ -174,7 +174,9 @@ class FileStore(MemoryStore):
                 conv = Conversation(path, conversation_id, self.options, manifest)
                 pool = self._pools.get(site)
                 if pool is None:
-                    pool = convpool.SitePool(layout.site_dir(self.root, site), convpool.request_fill)
+                    pool = convpool.SitePool(
+                        layout.site_dir(self.root, site), convpool.request_fill, conv._first_chunk()
+                    )
                     self._pools[site] = pool
                 conv.pool = pool
                 self._convs[key] = conv

@@ -185,7 +185,7 @@ class Writer(Recovery):
         if self._claim is not None:
             return True
         pool = self.pool
-        if pool is None or self._first_chunk() != convpool.ENTRY_BYTES or os.path.isdir(self.path):
+        if pool is None or self._first_chunk() != pool.entry_bytes or os.path.isdir(self.path):
             return False
         claim = pool.claim(self.path)
         if claim is None:
@@ -362,7 +362,7 @@ class Writer(Recovery):
         data = frame.encode_segment_header(0, salt) + b"".join(records)
         claim, self._claim = self._claim, None
         if claim is not None:
-            # A claimed pool entry: its file is ENTRY_BYTES of synced zeros, so the write
+            # A claimed pool entry: its file is the pool's entry_bytes of synced zeros, so the write
             # goes into allocated space (extending it only when the batch is bigger).
             self._alloc = claim.size
             size = claim.size if len(data) <= claim.size else self._extended_size(len(data))
