@@ -152,6 +152,11 @@ class SitePool:
             if len(names) <= TARGET // 2:
                 self._request_fill(self)
 
+    def request_fill(self) -> None:
+        """Have the pool filled (in the background unless :data:`inline_fill`)."""
+        if not (self.closed or self.disabled):
+            self._request_fill(self)
+
     def _list_ready(self) -> list[str]:
         try:
             return [n for n in os.listdir(self.dir) if n.startswith(layout.POOL_READY_PREFIX)]

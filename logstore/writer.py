@@ -395,6 +395,8 @@ class Writer(Recovery):
                                   also=convpool.unsettled(self.path))
         convpool.settled(self.path)
         fileio.crashpoint("after-data-sync")
+        if claim is None and self.pool is not None and self._first_chunk() == self.pool.entry_bytes:
+            self.pool.request_fill()  # a site's first conversation: its pool can be made now
         self._salt = salt
         self._alloc = size
         self._sealed_active = False

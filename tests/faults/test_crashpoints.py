@@ -4,7 +4,9 @@
 status 86 the N-th time it reaches a point: mid-record write, before and
 after the data sync, between a file's creation and its directory's sync,
 after a directory creation, during a segment roll (sealed / next created),
-after the manifest intent and commit, and after a manifest compaction. Each
+after the manifest intent and commit, after a manifest compaction, right
+after a first append claimed a pre-created directory of the site's pool
+(renamed into place, nothing written), and while the pool is refilled. Each
 is crashed at, for several N, and then checked as in the SIGKILL test: every
 acknowledged item is there, seqs are gapless, no partial batch, every
 conversation with an acknowledged item is listed, and appends (by this
@@ -33,6 +35,8 @@ POINTS = [
     "manifest-intent",
     "manifest-commit",
     "manifest-compact",
+    "pool-claimed",
+    "pool-entry-built",
 ]
 HITS = list(range(1, 120)) if soak() else [1, 2, 3, 5, 9, 17]
 CONVS = [f"cp-conv-{i:04d}" for i in range(5)]
