@@ -250,7 +250,7 @@ class SitePool:
                 if name.startswith(layout.POOL_BUILDING_PREFIX):
                     self._reclaim(os.path.join(self.dir, name))
         ready = [n for n in names if n.startswith(layout.POOL_READY_PREFIX)]
-        built = []
+        built: list[str] = []
         while len(ready) + len(built) < TARGET and not self.closed:
             built.append(self._build())
         if built:
