@@ -12,8 +12,8 @@ and an existing directory, even an empty one another process has just made,
 is never replaced), then writes the segment header and its records into the
 zeros and makes them durable with the rename: the file's ``fdatasync`` runs
 beside the syncs of the conversation's parent directory (and any new one
-above it) and of the pool directory, which started right after the rename.
-Nothing is acknowledged before all of them are done.
+above it) and of the pool directory, started just before the write. Nothing
+is acknowledged before all of them are done.
 
 Invariants:
 
@@ -54,8 +54,8 @@ from .frame import SEGMENT_HEADER_SIZE
 #: Bytes of an entry's segment file by default: the writer's first chunk of preallocated
 #: space (smaller for stores with tiny segments, see SitePool).
 ENTRY_BYTES = 4096
-#: Ready entries a site's pool is filled to.
-TARGET = 4
+#: Ready entries a site's pool is filled to (refilled, in one batch, once half are used).
+TARGET = 8
 #: An unfinished entry with no lock file is removed only when older than this (seconds):
 #: its builder may be between making the directory and the lock file.
 STALE_UNLOCKED_S = 60.0
@@ -83,13 +83,16 @@ def settled(conversation_path: str) -> None:
 class Claim:
     """An entry renamed into place as a conversation: its locked lock file, its segment and syncs under way."""
 
-    __slots__ = ("linked", "lock_fd", "seg_fd", "size", "syncs")
+    __slots__ = ("dirs", "linked", "lock_fd", "seg_fd", "size")
 
-    def __init__(self, lock_fd: int, seg_fd: int, size: int, syncs: fileio.DirSyncs, linked: list[str]) -> None:
+    def __init__(self, lock_fd: int, seg_fd: int, size: int, dirs: list[str], linked: list[str]) -> None:
         self.lock_fd = lock_fd
         self.seg_fd = seg_fd
         self.size = size
-        self.syncs = syncs
+        #: Directories to sync with the first segment's data: the new entry's parent (and any
+        #: directory above it not yet known durable), and the pool directory.
+        self.dirs = dirs
+        #: Those of them to remember as durably linked once synced (fileio.mark_durable).
         self.linked = linked
 
     def release(self) -> None:
@@ -201,9 +204,8 @@ class SitePool:
             dirs = [*chain, self.dir]
             with _unsettled_lock:
                 _unsettled[conversation_path] = dirs
-            syncs = fileio.start_dir_syncs(dirs)
             keep = True
-            return Claim(lock_fd, seg_fd, size, syncs, linked)
+            return Claim(lock_fd, seg_fd, size, dirs, linked)
         finally:
             if not keep:
                 if seg_fd >= 0:
@@ -251,32 +253,44 @@ class SitePool:
                     self._reclaim(os.path.join(self.dir, name))
         ready = [n for n in names if n.startswith(layout.POOL_READY_PREFIX)]
         built: list[str] = []
-        while len(ready) + len(built) < TARGET and not self.closed:
-            built.append(self._build())
-        if built:
+        if len(ready) < TARGET and not self.closed:
+            built = self._build(TARGET - len(ready))
             fileio.fsync_dir(self.dir)
         with self._names_lock:
             self._names = ready + built
 
-    def _build(self) -> str:
-        """Make one entry: built under a ``t-`` name, synced, then renamed ready (the caller syncs the pool)."""
-        token = secrets.token_hex(8)
-        tmp = os.path.join(self.dir, layout.POOL_BUILDING_PREFIX + token)
-        fileio.mkdir(tmp)
-        lock_fd = fileio.open_create(os.path.join(tmp, layout.LOCK_FILE))
+    def _build(self, count: int) -> list[str]:
+        """Make ``count`` entries, built under ``t-`` names, synced together, then renamed ready.
+
+        The caller syncs the pool directory after. Each entry is flocked by
+        this builder until it is named ready (so no claimer or reclaimer
+        touches it unfinished).
+        """
+        tokens: list[str] = []
+        lock_fds: list[int] = []
+        seg_fds: list[int] = []
         try:
-            fileio.try_lock(lock_fd, True)
-            seg_fd = fileio.open_create(os.path.join(tmp, layout.segment_name(0)), os.O_RDWR | os.O_TRUNC)
-            try:
-                fileio.pwrite_all(seg_fd, self._zeros, 0)
-                fileio.fsync_dirs([tmp], data_fd=seg_fd)
-            finally:
-                os.close(seg_fd)
+            for _ in range(count):
+                token = secrets.token_hex(8)
+                tmp = os.path.join(self.dir, layout.POOL_BUILDING_PREFIX + token)
+                fileio.mkdir(tmp)
+                tokens.append(token)
+                lock_fds.append(fileio.open_create(os.path.join(tmp, layout.LOCK_FILE)))
+                fileio.try_lock(lock_fds[-1], True)
+                seg_fds.append(fileio.open_create(os.path.join(tmp, layout.segment_name(0)), os.O_RDWR | os.O_TRUNC))
+                fileio.pwrite_all(seg_fds[-1], self._zeros, 0)
+            # Every entry's segment and directory at once: one round of device flushes for the batch.
+            fileio.sync_all(seg_fds, [os.path.join(self.dir, layout.POOL_BUILDING_PREFIX + t) for t in tokens])
             fileio.crashpoint("pool-entry-built")
-            fileio.rename(tmp, os.path.join(self.dir, layout.POOL_READY_PREFIX + token))
+            for t in tokens:
+                fileio.rename(
+                    os.path.join(self.dir, layout.POOL_BUILDING_PREFIX + t),
+                    os.path.join(self.dir, layout.POOL_READY_PREFIX + t),
+                )
         finally:
-            os.close(lock_fd)
-        return layout.POOL_READY_PREFIX + token
+            for fd in seg_fds + lock_fds:
+                os.close(fd)
+        return [layout.POOL_READY_PREFIX + t for t in tokens]
 
     @staticmethod
     def _reclaim(entry: str) -> None:

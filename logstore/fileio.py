@@ -328,8 +328,9 @@ def fsync_dirs(paths: list[str], data_fd: int | None = None) -> None:
 class DirSyncs:
     """Directory syncs started in the background (:func:`start_dir_syncs`), awaited by :meth:`finish`."""
 
-    def __init__(self, paths: list[str], futures: list[concurrent.futures.Future[None]]) -> None:
+    def __init__(self, paths: list[str], fds: list[int], futures: list[concurrent.futures.Future[None]]) -> None:
         self.paths = paths
+        self._fds = fds
         self._futures = futures
 
     def finish(self, data_fd: int | None = None) -> None:
@@ -343,8 +344,9 @@ class DirSyncs:
                 fdatasync(data_fd)
             except OSError as exc:
                 errors.append(exc)
-        for p, f in zip(self.paths, self._futures, strict=True):
+        for p, fd, f in zip(self.paths, self._fds, self._futures, strict=True):
             failure = f.exception()
+            os.close(fd)
             if failure is not None:
                 errors.append(failure)
                 _unsynced_dirs.add(p)
@@ -356,21 +358,50 @@ class DirSyncs:
             raise errors[0]
 
 
+def sync_all(data_fds: list[int], paths: list[str]) -> None:
+    """``fdatasync`` every file of ``data_fds`` and sync every directory of ``paths``, all at the same time.
+
+    Raises the first error once all are done (see :func:`fsync_dirs`).
+    """
+    for _ in data_fds:
+        _fault("fdatasync")
+    syncs = start_dir_syncs(paths)
+    pool = _dir_sync_pool()
+    futures = [pool.submit(os.fdatasync, fd) for fd in data_fds]
+    errors = [e for e in (f.exception() for f in futures) if e is not None]
+    try:
+        syncs.finish()
+    except OSError as exc:
+        errors.append(exc)
+    if errors:
+        raise errors[0]
+    if recorder is not None:
+        for fd in data_fds:
+            recorder("sync", fd)
+
+
 def start_dir_syncs(paths: list[str]) -> DirSyncs:
     """Start syncing each directory of ``paths`` at once, in the background; :meth:`DirSyncs.finish` waits.
 
     The syncs overlap whatever the caller does meanwhile (e.g. writing the
-    data they must be durable with). The fault hook runs here, on the calling
-    thread; the recorder hears of each sync when it is awaited.
+    data they must be durable with). The directories are opened here, on the
+    calling thread, so that the pool's threads only wait in ``fsync`` (and
+    hardly compete for the interpreter lock). The fault hook runs here; the
+    recorder hears of each sync when it is awaited.
     """
+    fds: list[int] = []
     try:
         for _ in paths:
             _fault("fsync")
+        for p in paths:
+            fds.append(os.open(p, os.O_RDONLY | os.O_DIRECTORY))
     except OSError:
+        for fd in fds:
+            os.close(fd)
         _unsynced_dirs.update(paths)
         raise
     pool = _dir_sync_pool()
-    return DirSyncs(list(paths), [pool.submit(_fsync_dir_timed, p) for p in paths])
+    return DirSyncs(list(paths), fds, [pool.submit(os.fsync, fd) for fd in fds])
 
 
 def _fsync_dir_timed(path: str) -> None:

@@ -370,12 +370,17 @@ class Writer(Recovery):
             self._close_active()
             self._fd = fd
             self._pending_end = 0  # on failure the file is emptied: an empty file is a torn creation
-            fileio.pwrite_all(fd, data if size == claim.size else data + bytes(size - len(data)), 0)
+            # The directory syncs (the rename into place) run while the data is written and synced.
+            syncs = fileio.start_dir_syncs(claim.dirs)
+            try:
+                fileio.pwrite_all(fd, data if size == claim.size else data + bytes(size - len(data)), 0)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    syncs.finish()  # (their descriptors closed; the claim's directories stay owed a sync)
+                raise
             fileio.crashpoint("after-file-create")
             fileio.crashpoint("before-data-sync")
-            # The directory syncs started at the claim, right after the rename: this waits
-            # for them and the data's fdatasync (convpool's module doc).
-            claim.syncs.finish(data_fd=fd)
+            syncs.finish(data_fd=fd)
             fileio.mark_durable(claim.linked)
         else:
             self._alloc = 0
