@@ -123,6 +123,9 @@ class SitePool:
         self._reclaimed = False
         #: Ready entries as last listed or built here (others may have claimed some since).
         self._names: list[str] = []
+        #: Directories (``c/`` and ``c/<aa>/``) whose spare was used, or that may lack one.
+        self._spares_wanted: set[str] = set()
+        self._conversations_dir = os.path.join(site_path, layout.CONVERSATIONS_DIR)
         self._names_lock = threading.Lock()
         self.disabled = not fileio.can_rename_noreplace()
 
@@ -188,7 +191,7 @@ class SitePool:
                 return None
             parent = os.path.dirname(conversation_path)
             try:
-                fileio.make_dirs(parent)
+                self._fanout(parent)
                 fileio.rename_noreplace(entry, conversation_path)
             except FileExistsError:
                 return False
@@ -211,6 +214,44 @@ class SitePool:
                 if seg_fd >= 0:
                     os.close(seg_fd)
                 os.close(lock_fd)
+
+    def _fanout(self, leaf: str) -> None:
+        """Make the fan-out directory ``leaf`` (``c/<aa>/<bb>``) and ``c/<aa>`` when missing, from spares if any.
+
+        A spare is an empty directory made and synced ahead of need in the same
+        parent, renamed into place (no replace): syncing it after costs one
+        write of each directory, where a directory made now would have the
+        filesystem write each new parent in turn (ext4 without a journal).
+        Without a spare (or when another process takes it first) it is made.
+        """
+        if os.path.isdir(leaf):
+            return
+        middle = os.path.dirname(leaf)
+        if not os.path.isdir(middle):
+            self._place(middle)
+        self._place(leaf)
+
+    def _place(self, path: str) -> None:
+        parent = os.path.dirname(path)
+        spare = os.path.join(parent, layout.SPARE_DIR)
+        try:
+            # Never one that holds anything (a power cut can leave a rename undone after
+            # entries were made below its new name; none of them was acknowledged).
+            if os.stat(spare).st_nlink == 2:
+                fileio.rename_noreplace(spare, path)
+                fileio.forget_dirs(path)
+                self._want_spare(parent)
+                return
+        except FileExistsError:
+            return  # made meanwhile by another writer
+        except FileNotFoundError:
+            pass  # no spare (or another writer took it)
+        fileio.make_dirs(path)
+        self._want_spare(parent)
+
+    def _want_spare(self, parent: str) -> None:
+        with self._names_lock:
+            self._spares_wanted.add(parent)
 
     @staticmethod
     def _discard(entry: str) -> None:
@@ -251,6 +292,10 @@ class SitePool:
             for name in names:
                 if name.startswith(layout.POOL_BUILDING_PREFIX):
                     self._reclaim(os.path.join(self.dir, name))
+            # Every fan-out directory made before this process: give each a spare.
+            with self._names_lock:
+                self._spares_wanted.add(self._conversations_dir)
+                self._spares_wanted.update(_subdirs(self._conversations_dir))
         ready = [n for n in names if n.startswith(layout.POOL_READY_PREFIX)]
         built: list[str] = []
         if len(ready) < TARGET and not self.closed:
@@ -258,6 +303,33 @@ class SitePool:
             fileio.fsync_dir(self.dir)
         with self._names_lock:
             self._names = ready + built
+            wanted, self._spares_wanted = self._spares_wanted, set()
+        self._make_spares(sorted(wanted))
+
+    def _make_spares(self, parents: list[str]) -> None:
+        """Make the missing spare of each directory of ``parents``, each synced (so none is new to the filesystem).
+
+        Their entries need not be durable: a spare lost to a power cut is only
+        not there, and a first append then makes the directory itself.
+        """
+        made = []
+        for parent in parents:
+            if self.closed:
+                break
+            spare = os.path.join(parent, layout.SPARE_DIR)
+            try:
+                fileio.mkdir(spare)
+                made.append(spare)
+            except FileExistsError:
+                try:
+                    if os.stat(spare).st_nlink != 2:
+                        fileio.remove_tree(spare)  # holds what a power cut left below an undone rename
+                except OSError:
+                    pass
+            except FileNotFoundError:
+                pass  # the directory itself is gone (its site was dropped)
+        if made:
+            fileio.sync_all([], made)
 
     def _build(self, count: int) -> list[str]:
         """Make ``count`` entries, built under ``t-`` names, synced together, then renamed ready.
@@ -363,3 +435,12 @@ def _after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
+
+
+def _subdirs(path: str) -> list[str]:
+    """The fan-out directories in ``path`` (two hex digits), as paths; none when it is missing."""
+    try:
+        with os.scandir(path) as it:
+            return [e.path for e in it if len(e.name) == 2 and e.is_dir(follow_symlinks=False)]
+    except (FileNotFoundError, NotADirectoryError):
+        return []

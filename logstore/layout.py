@@ -14,6 +14,7 @@ conversations put about fifteen entries in each leaf directory.
     DATA/sites/<site-hex>/c/<aa>/<bb>/<conversation-hex>/<base-seq:020d>.idx
     DATA/sites/<site-hex>/pool/e-<16 hex>/{lock,00000000000000000000.seg}   a ready pool entry
     DATA/sites/<site-hex>/pool/t-<16 hex>/...                              a pool entry being built
+    DATA/sites/<site-hex>/c/.spare,  DATA/sites/<site-hex>/c/<aa>/.spare   empty, the next new <aa> / <bb>
 
 The pool (:mod:`logstore.convpool`) holds conversation directories made
 ahead of need; nothing that lists a site looks inside it.
@@ -36,6 +37,9 @@ POOL_DIR = "pool"
 #: Name prefixes in the pool: a ready entry, and one being built.
 POOL_READY_PREFIX = "e-"
 POOL_BUILDING_PREFIX = "t-"
+#: An empty directory kept in ``c/`` and in each ``c/<aa>/`` (see :mod:`logstore.convpool`),
+#: renamed into place as the next new fan-out directory there. Not a fan-out name.
+SPARE_DIR = ".spare"
 
 
 def encode_name(ident: str) -> str:

@@ -534,6 +534,8 @@ def test_power_cut_pool_claims(shm_path: Path) -> None:
     pool = os.sep + layout.POOL_DIR + os.sep
     claims = [op for op in rec.disk.ops if op[0] == "rename" and pool in op[1] and os.sep + "c" + os.sep in op[2]]
     assert len(claims) >= len(POOL_CONVS) - 1, f"only {len(claims)} first appends claimed a pool entry"
+    spares = [op for op in rec.disk.ops if op[0] == "rename" and op[1].endswith(os.sep + layout.SPARE_DIR)]
+    assert spares, "no new fan-out directory was a spare renamed into place"
     counts = explore(rec, "pool claims", shm_path, _check_pool_state)
     assert counts["strict"] and counts["lenient"]
 
