@@ -35,8 +35,21 @@ Invariants:
   (:func:`logstore.recovery.is_torn_creation`) and is written again by the
   next append.
 
-Nothing that lists a site looks in ``pool/`` (the listing walks ``c/``); fsck
-accepts the name; stats do not count it; a dropped site takes it with it.
+* Spares: ``c/.spare`` and ``c/<aa>/.spare`` are empty directories, made and
+  synced by the keeper, renamed (no replace) into place as the next new
+  ``<aa>`` or ``<bb>`` in that directory. A directory made by ``mkdir`` on the
+  append's path would be new to the filesystem, and on ext4 without a
+  journal syncing below it writes each new parent in turn; a spare is not,
+  and its parent's sync covers both its old and its new name (one
+  directory). A spare that is not empty is never used (a power cut undid its
+  rename after entries below the new name reached the disk; none of them was
+  acknowledged, since that needs the parent synced) and is removed.
+
+Nothing that lists a site looks in ``pool/`` (the listing walks ``c/``, where
+a spare is an empty directory); fsck accepts the names; stats do not count
+the pool; a dropped site takes it with it. Cost on disk: :data:`TARGET`
+entries (two inodes and ``entry_bytes`` each) and up to 257 empty spare
+directories per site that had a first append.
 """
 
 from __future__ import annotations
@@ -55,7 +68,7 @@ from .frame import SEGMENT_HEADER_SIZE
 #: space (smaller for stores with tiny segments, see SitePool).
 ENTRY_BYTES = 4096
 #: Ready entries a site's pool is filled to (refilled, in one batch, once half are used).
-TARGET = 8
+TARGET = 4
 #: An unfinished entry with no lock file is removed only when older than this (seconds):
 #: its builder may be between making the directory and the lock file.
 STALE_UNLOCKED_S = 60.0
