@@ -3,7 +3,8 @@
 A new conversation's first append would otherwise make a directory, a lock
 file and a segment file, and wait for the file and each new directory to be
 written out. The pool moves that work off the append: a background thread
-keeps a few *entries* per site in ``<site>/pool/`` (FORMAT.md 1 and 6), each
+keeps a few *entries* per site in ``<site>/pool/`` (FORMAT.md 1 and 6),
+built when the process's appends pause (:data:`IDLE_S`), each
 a directory holding the lock file and a first segment file of
 zeros, all synced. A first append *claims* one by renaming
 it into place as the conversation's directory (``renameat2`` with
@@ -398,8 +399,20 @@ class SitePool:
             os.close(fd)
 
 
+#: The keeper builds only after appends have paused this long (seconds): its syncs and its
+#: interpreter time would otherwise delay the appends of a busy process.
+IDLE_S = 0.02
+#: time.monotonic() of this process's latest append (set by the store on every append).
+last_append = [0.0]
+
+
+def note_append() -> None:
+    """Record that an append ran now (the keeper waits for a pause)."""
+    last_append[0] = time.monotonic()
+
+
 class Keeper:
-    """One background thread per process that fills the pools asking for it."""
+    """One background thread per process that fills the pools asking for it, when appends pause."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -420,7 +433,11 @@ class Keeper:
             with self._cond:
                 while not self._wanted:
                     self._cond.wait()
-                pool = self._wanted.pop(0)
+                pool = self._wanted[0]
+            while (quiet := time.monotonic() - last_append[0]) < IDLE_S:
+                time.sleep(IDLE_S - quiet)
+            with self._cond:
+                self._wanted.remove(pool)
             pool.fill()
 
 

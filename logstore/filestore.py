@@ -60,7 +60,10 @@ class FileStore(MemoryStore):
 
     Safe for many threads, and for several processes sharing one directory.
     At most ``max_open`` conversations keep descriptors open (three each);
-    the least recently used are closed beyond that.
+    the least recently used are closed beyond that. With
+    ``conversation_pool`` (the default) a first append takes a directory made
+    ahead of need from the site's pool (:mod:`logstore.convpool`); without,
+    every new conversation is created in place.
     """
 
     def __init__(
@@ -72,6 +75,7 @@ class FileStore(MemoryStore):
         index_interval: int = 4096,
         max_open: int = 256,
         quota: SiteQuota | None = None,
+        conversation_pool: bool = True,
     ) -> None:
         self.root = os.path.abspath(os.fspath(data_dir))
         self.options = Options(lock_timeout=lock_timeout, segment_bytes=segment_bytes, index_interval=index_interval)
@@ -81,6 +85,8 @@ class FileStore(MemoryStore):
         self._manifests: dict[str, SiteManifest] = {}
         #: Pools of pre-created conversation directories, per site (logstore.convpool).
         self._pools: dict[str, convpool.SitePool] = {}
+        #: False: every new conversation is created in place (no pool, no spare directories).
+        self._use_pool = conversation_pool
         self._closed = False
         #: Present only when a quota is set: without one, appends do no accounting at all.
         self._usage = UsageTracker(self.root, quota) if quota is not None and quota.active else None
@@ -173,7 +179,7 @@ class FileStore(MemoryStore):
             if conv is None or conv.closed:
                 conv = Conversation(path, conversation_id, self.options, manifest)
                 pool = self._pools.get(site)
-                if pool is None:
+                if pool is None and self._use_pool:
                     pool = convpool.SitePool(
                         layout.site_dir(self.root, site), convpool.request_fill, conv._first_chunk()
                     )
@@ -267,6 +273,7 @@ class FileStore(MemoryStore):
         except OSError as exc:
             raise _io(exc, "append failed") from exc
         observe.emit("append_bytes", len(body))
+        convpool.note_append()
         return SeqRange(first, last)
 
     @staticmethod
