@@ -74,9 +74,15 @@ def rss_kib(pid: int) -> int:
 
 
 def data_files(data_dir: Path) -> dict[str, bytes]:
-    """Every file of the data directory except credentials (for byte-for-byte comparisons)."""
+    """Every file of the data directory except credentials (for byte-for-byte comparisons).
+
+    A site's pool of pre-created conversations (built in the background when
+    appends pause, logstore.convpool) is no conversation's data: left out.
+    """
     out: dict[str, bytes] = {}
-    for dirpath, _dirs, files in os.walk(data_dir):
+    for dirpath, dirs, files in os.walk(data_dir):
+        if os.path.basename(os.path.dirname(dirpath)) == "sites" and "pool" in dirs:
+            dirs.remove("pool")
         for name in files:
             path = os.path.join(dirpath, name)
             rel = os.path.relpath(path, data_dir)
