@@ -253,7 +253,7 @@ class SitePool:
             # entries were made below its new name; none of them was acknowledged).
             if os.stat(spare).st_nlink == 2:
                 fileio.rename_noreplace(spare, path)
-                fileio.forget_dirs(path)
+                fileio.not_durable(path)
                 self._want_spare(parent)
                 return
         except FileExistsError:

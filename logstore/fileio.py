@@ -243,6 +243,11 @@ def dir_chain(path: str, top: str) -> tuple[list[str], list[str]]:
     return todo, linked
 
 
+def not_durable(path: str) -> None:
+    """Forget that the directory ``path`` was durably linked (a new directory now has that name)."""
+    _durable_dirs.discard(path)
+
+
 def mark_durable(paths: list[str]) -> None:
     """Record that each of ``paths`` is durably linked in its parent (the parent was synced after it existed)."""
     _durable_dirs.update(paths)

@@ -61,9 +61,10 @@ class FileStore(MemoryStore):
     Safe for many threads, and for several processes sharing one directory.
     At most ``max_open`` conversations keep descriptors open (three each);
     the least recently used are closed beyond that. With
-    ``conversation_pool`` (the default) a first append takes a directory made
-    ahead of need from the site's pool (:mod:`logstore.convpool`); without,
-    every new conversation is created in place.
+    ``conversation_pool`` a first append takes a directory made ahead of need
+    from the site's pool (:mod:`logstore.convpool`); without (the default:
+    on the benchmark machine it did not make first appends faster, see the
+    README's "What limits it"), every new conversation is created in place.
     """
 
     def __init__(
@@ -75,7 +76,7 @@ class FileStore(MemoryStore):
         index_interval: int = 4096,
         max_open: int = 256,
         quota: SiteQuota | None = None,
-        conversation_pool: bool = True,
+        conversation_pool: bool = False,
     ) -> None:
         self.root = os.path.abspath(os.fspath(data_dir))
         self.options = Options(lock_timeout=lock_timeout, segment_bytes=segment_bytes, index_interval=index_interval)

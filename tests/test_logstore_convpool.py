@@ -54,7 +54,7 @@ def _seg_inode(root: Path, conv: str) -> int:
 
 def test_first_appends_claim_pool_entries(tmp_path: Path, inline: None) -> None:
     root = tmp_path / "data"
-    store = FileStore(root)
+    store = FileStore(root, conversation_pool=True)
     try:
         store.append(SITE, "conv-first-0", [{"n": 0}])  # no pool yet: created in place, then the pool is filled
         before = _entries(root)
@@ -94,7 +94,7 @@ def _all() -> Any:
 def test_dirty_and_unfinished_entries_are_discarded(tmp_path: Path, inline: None) -> None:
     """An entry holding data (a claim whose rename a power cut undid) and one whose builder died are removed."""
     root = tmp_path / "data"
-    store = FileStore(root)
+    store = FileStore(root, conversation_pool=True)
     store.append(SITE, "conv-dirty-0", [{"n": 0}])
     store.close()
     pool = _pool(root)
@@ -105,7 +105,7 @@ def test_dirty_and_unfinished_entries_are_discarded(tmp_path: Path, inline: None
     # What a builder killed mid-way leaves (its lock free).
     (pool / (layout.POOL_BUILDING_PREFIX + "00000000deadbeef")).mkdir()
     (pool / (layout.POOL_BUILDING_PREFIX + "00000000deadbeef") / layout.LOCK_FILE).write_bytes(b"")
-    store = FileStore(root)
+    store = FileStore(root, conversation_pool=True)
     try:
         for i in range(1, len(names) + 2):
             r = store.append(SITE, f"conv-dirty-{i}", [{"n": i}])
@@ -122,7 +122,7 @@ def test_dirty_and_unfinished_entries_are_discarded(tmp_path: Path, inline: None
 def test_an_existing_directory_is_never_replaced(tmp_path: Path, inline: None) -> None:
     """rename(2) would replace an empty directory: one another process just made must stay."""
     root = tmp_path / "data"
-    store = FileStore(root)
+    store = FileStore(root, conversation_pool=True)
     try:
         store.append(SITE, "conv-exist-0", [{"n": 0}])
         entries = _entries(root)
@@ -143,7 +143,7 @@ def test_an_existing_directory_is_never_replaced(tmp_path: Path, inline: None) -
 
 def test_failed_first_append_after_a_claim_syncs_the_pool_on_retry(tmp_path: Path, inline: None) -> None:
     root = tmp_path / "data"
-    store = FileStore(root)
+    store = FileStore(root, conversation_pool=True)
     synced: list[str] = []
     try:
         store.append(SITE, "conv-retry-0", [{"n": 0}])
@@ -180,7 +180,7 @@ def test_failed_first_append_after_a_claim_syncs_the_pool_on_retry(tmp_path: Pat
 
 def test_drop_site_takes_the_pool(tmp_path: Path) -> None:
     root = tmp_path / "data"
-    store = FileStore(root)
+    store = FileStore(root, conversation_pool=True)
     try:
         for i in range(3):
             store.append(SITE, f"conv-drop-{i}", [{"n": i}])
@@ -202,7 +202,7 @@ def test_processes_racing_to_create_the_same_conversations(tmp_path: Path, monke
     rng = random.Random(seed)
     root = tmp_path / "data"
     monkeypatch.setattr(convpool, "inline_fill", True)
-    store = FileStore(root)
+    store = FileStore(root, conversation_pool=True)
     store.append(SITE, "race-warm-000", make_batch("warm", 0, 1, 1))  # the site and its pool exist
     store.close()
     pooled = set(_entries(root))
@@ -213,7 +213,7 @@ def test_processes_racing_to_create_the_same_conversations(tmp_path: Path, monke
         subprocess.Popen(
             writer_cmd(
                 *("--data-dir", str(root), "--id", f"w{k}", "--convs", ",".join(convs), "--acks", str(acks)),
-                *("--batches", "30", "--seed", str(rng.randrange(2**31)), "--max-pad", "50"),
+                *("--batches", "30", "--seed", str(rng.randrange(2**31)), "--max-pad", "50", "--conversation-pool"),
             ),
             env=subprocess_env(),
             stdout=subprocess.PIPE,
@@ -226,7 +226,7 @@ def test_processes_racing_to_create_the_same_conversations(tmp_path: Path, monke
         assert p.returncode == 0, err.decode(errors="replace")[-2000:]
     acked = read_acks(str(acks))
     assert len(acked) == 4 * 30
-    store = FileStore(root)
+    store = FileStore(root, conversation_pool=True)
     try:
         logs = verify(store, SITE, acked, [*convs, "race-warm-000"])
     finally:

@@ -61,7 +61,7 @@ from tools.restore import import_conversation
 from ._common import SITE, STATS, Ack, check_listing_order, list_all, make_batch, make_payload, read_all, rounds
 from ._disk import Image, SimDisk
 
-OPTS: dict[str, Any] = {"segment_bytes": 1024, "index_interval": 64}
+OPTS: dict[str, Any] = {"segment_bytes": 1024, "index_interval": 64, "conversation_pool": True}
 CONVS = ["pc-conv-0001", "pc-conv-0002", "pc-conv-0003"]
 #: Random strict variants per cut point with unsynced data (soak: many more).
 RANDOM_VARIANTS = rounds(1, 24)
