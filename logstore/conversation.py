@@ -41,6 +41,9 @@ class Conversation(Writer, Reader):
                         fileio.unlock(self._lock_fd)
             except OSError:
                 pass  # derived data
+        if self._claim is not None:
+            self._claim.release()
+            self._claim = None
         self._close_files()
         if self._lock_fd is not None:
             os.close(self._lock_fd)

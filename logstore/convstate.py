@@ -20,10 +20,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import fileio, index, layout, observe
 from .errors import Corrupted, Timeout
+
+if TYPE_CHECKING:
+    from .convpool import Claim, SitePool
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,10 @@ class ConversationState:
         self._loaded = False
         self._fd: int | None = None  # active segment, read-write
         self._idx_fd: int | None = None
+        #: The site's pool of pre-created conversation directories (set by the store), and an
+        #: entry claimed as this conversation whose first segment is not written yet.
+        self.pool: SitePool | None = None
+        self._claim: Claim | None = None
         self._reset_state()
 
     def _reset_state(self) -> None:

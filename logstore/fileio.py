@@ -14,7 +14,10 @@ Points: ``record-mid-write``, ``before-data-sync``, ``after-data-sync``,
 ``after-file-create``, ``after-dir-create``, ``segment-roll-sealed``,
 ``segment-roll-created``, ``manifest-intent``, ``manifest-commit``,
 ``manifest-compact``, ``extend-ahead-written`` (an extend-ahead step's zeros
-written, not yet synced; on the job's background thread).
+written, not yet synced; on the job's background thread), ``pool-entry-built``
+(a pre-created conversation directory made but not yet named ready),
+``pool-claimed`` (a pool entry just renamed into place as a conversation,
+nothing written to it yet).
 """
 
 from __future__ import annotations
@@ -227,17 +230,8 @@ def make_dirs(path: str) -> list[str]:
     return [path]
 
 
-def sync_dir_chain(path: str, top: str, data_fd: int | None = None) -> None:
-    """Make the entries of directory ``path`` durable, and ``path`` durably reachable from ``top``.
-
-    Syncs ``path`` itself, then each parent up to ``top`` until one whose
-    child is already known durable (:data:`_durable_dirs`): a directory made
-    by another process may not be linked durably yet, so a directory this
-    process has not synced the parent of is never trusted. ``top`` itself is
-    taken as durable (it is made so when it is created, by
-    :func:`makedirs_durable`). With ``data_fd``, that file's ``fdatasync`` runs
-    at the same time (see :func:`fsync_dirs`).
-    """
+def dir_chain(path: str, top: str) -> tuple[list[str], list[str]]:
+    """The directories :func:`sync_dir_chain` syncs for ``path``, and those it then records as durable."""
     todo = [path]
     linked = []
     d = path
@@ -248,6 +242,33 @@ def sync_dir_chain(path: str, top: str, data_fd: int | None = None) -> None:
         todo.append(parent)
         linked.append(d)
         d = parent
+    return todo, linked
+
+
+def not_durable(path: str) -> None:
+    """Forget that the directory ``path`` was durably linked (a new directory now has that name)."""
+    _durable_dirs.discard(path)
+
+
+def mark_durable(paths: list[str]) -> None:
+    """Record that each of ``paths`` is durably linked in its parent (the parent was synced after it existed)."""
+    _durable_dirs.update(paths)
+
+
+def sync_dir_chain(path: str, top: str, data_fd: int | None = None, also: tuple[str, ...] = ()) -> None:
+    """Make the entries of directory ``path`` durable, and ``path`` durably reachable from ``top``.
+
+    Syncs ``path`` itself, then each parent up to ``top`` until one whose
+    child is already known durable (:data:`_durable_dirs`): a directory made
+    by another process may not be linked durably yet, so a directory this
+    process has not synced the parent of is never trusted. ``top`` itself is
+    taken as durable (it is made so when it is created, by
+    :func:`makedirs_durable`). With ``data_fd``, that file's ``fdatasync`` runs
+    at the same time (see :func:`fsync_dirs`), and so do the syncs of the
+    directories ``also``.
+    """
+    todo, linked = dir_chain(path, top)
+    todo += [d for d in also if d not in todo]
     fsync_dirs(todo, data_fd)
     # Not ``path`` itself: its entry is made durable once (a conversation directory gets one
     # first segment), so remembering it would only grow the set by one name per conversation.
@@ -309,6 +330,85 @@ def fsync_dirs(paths: list[str], data_fd: int | None = None) -> None:
             recorder("dirsync", p)
     if data_fd is not None and recorder is not None:
         recorder("sync", data_fd)
+
+
+class DirSyncs:
+    """Directory syncs started in the background (:func:`start_dir_syncs`), awaited by :meth:`finish`."""
+
+    def __init__(self, paths: list[str], fds: list[int], futures: list[concurrent.futures.Future[None]]) -> None:
+        self.paths = paths
+        self._fds = fds
+        self._futures = futures
+
+    def finish(self, data_fd: int | None = None) -> None:
+        """Wait for every sync (``fdatasync`` of ``data_fd`` too, on this thread, meanwhile); raise the first error.
+
+        A directory whose sync failed is synced again later (as for :func:`fsync_dirs`).
+        """
+        errors: list[BaseException] = []
+        if data_fd is not None:
+            try:
+                fdatasync(data_fd)
+            except OSError as exc:
+                errors.append(exc)
+        for p, fd, f in zip(self.paths, self._fds, self._futures, strict=True):
+            failure = f.exception()
+            os.close(fd)
+            if failure is not None:
+                errors.append(failure)
+                _unsynced_dirs.add(p)
+            else:
+                _unsynced_dirs.discard(p)
+                if recorder is not None:
+                    recorder("dirsync", p)
+        if errors:
+            raise errors[0]
+
+
+def sync_all(data_fds: list[int], paths: list[str]) -> None:
+    """``fdatasync`` every file of ``data_fds`` and sync every directory of ``paths``, all at the same time.
+
+    Raises the first error once all are done (see :func:`fsync_dirs`).
+    """
+    for _ in data_fds:
+        _fault("fdatasync")
+    syncs = start_dir_syncs(paths)
+    pool = _dir_sync_pool()
+    futures = [pool.submit(os.fdatasync, fd) for fd in data_fds]
+    errors = [e for e in (f.exception() for f in futures) if e is not None]
+    try:
+        syncs.finish()
+    except OSError as exc:
+        errors.append(exc)
+    if errors:
+        raise errors[0]
+    if recorder is not None:
+        for fd in data_fds:
+            recorder("sync", fd)
+
+
+def start_dir_syncs(paths: list[str]) -> DirSyncs:
+    """Start syncing each directory of ``paths`` at once, in the background; :meth:`DirSyncs.finish` waits.
+
+    The syncs overlap whatever the caller does meanwhile (e.g. writing the
+    data they must be durable with). The directories are opened here, on the
+    calling thread, so that the pool's threads only wait in ``fsync`` (and
+    hardly compete for the interpreter lock). The fault hook runs here; the
+    recorder hears of each sync when it is awaited.
+    """
+    fds: list[int] = []
+    try:
+        for _ in paths:
+            _fault("fsync")
+        for p in paths:
+            fds.append(os.open(p, os.O_RDONLY | os.O_DIRECTORY))
+    except OSError:
+        for fd in fds:
+            os.close(fd)
+        _unsynced_dirs.update(paths)
+        raise
+    pool = _dir_sync_pool()
+    return DirSyncs(list(paths), fds, [pool.submit(os.fsync, fd) for fd in fds])
 
 
 def _fsync_dir_timed(path: str) -> None:
@@ -441,6 +541,59 @@ def makedirs(path: str) -> None:
 def rename(src: str, dst: str) -> None:
     """Rename ``src`` to ``dst``, replacing it (durable once the directory is synced)."""
     os.replace(src, dst)
+    if recorder is not None:
+        recorder("rename", src, dst)
+
+
+_RENAME_NOREPLACE = 1
+_renameat2: Callable[..., int] | None = None
+_renameat2_checked = False
+
+
+def _load_renameat2() -> Callable[..., int] | None:
+    global _renameat2, _renameat2_checked
+    if not _renameat2_checked:
+        _renameat2_checked = True
+        try:
+            import ctypes
+            import ctypes.util
+
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+            fn = libc.renameat2
+            fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+            fn.restype = ctypes.c_int
+            _renameat2 = fn
+        except (OSError, AttributeError):
+            _renameat2 = None
+    return _renameat2
+
+
+def can_rename_noreplace() -> bool:
+    """Whether :func:`rename_noreplace` is available (Linux ``renameat2``, through the C library)."""
+    return _load_renameat2() is not None
+
+
+def rename_noreplace(src: str, dst: str) -> None:
+    """Rename ``src`` to ``dst`` only if no ``dst`` exists (not even an empty directory): atomic.
+
+    Raises FileExistsError when ``dst`` exists, FileNotFoundError when ``src``
+    does not, and OSError(ENOSYS or EINVAL) when the kernel or filesystem
+    cannot (the caller falls back to another way). Durable once both
+    directories are synced.
+    """
+    import ctypes
+
+    fn = _load_renameat2()
+    if fn is None:
+        raise OSError(_errno.ENOSYS, "renameat2 is not available")
+    at_fdcwd = -100
+    if fn(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), _RENAME_NOREPLACE) != 0:
+        err = ctypes.get_errno()
+        if err == _errno.EEXIST:
+            raise FileExistsError(err, os.strerror(err), dst)
+        if err == _errno.ENOENT:
+            raise FileNotFoundError(err, os.strerror(err), src)
+        raise OSError(err, os.strerror(err), dst)
     if recorder is not None:
         recorder("rename", src, dst)
 

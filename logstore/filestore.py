@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from . import fileio, layout, observe
+from . import convpool, fileio, layout, observe
 from .codec import encode_batch
 from .conversation import Conversation, Options, Tip
 from .errors import Io, StoreError, Timeout, Unavailable
@@ -60,7 +60,11 @@ class FileStore(MemoryStore):
 
     Safe for many threads, and for several processes sharing one directory.
     At most ``max_open`` conversations keep descriptors open (three each);
-    the least recently used are closed beyond that.
+    the least recently used are closed beyond that. With
+    ``conversation_pool`` a first append takes a directory made ahead of need
+    from the site's pool (:mod:`logstore.convpool`); without (the default:
+    on the benchmark machine it did not make first appends faster, see the
+    README's "What limits it"), every new conversation is created in place.
     """
 
     def __init__(
@@ -72,6 +76,7 @@ class FileStore(MemoryStore):
         index_interval: int = 4096,
         max_open: int = 256,
         quota: SiteQuota | None = None,
+        conversation_pool: bool = False,
     ) -> None:
         self.root = os.path.abspath(os.fspath(data_dir))
         self.options = Options(lock_timeout=lock_timeout, segment_bytes=segment_bytes, index_interval=index_interval)
@@ -79,6 +84,10 @@ class FileStore(MemoryStore):
         self._lock = threading.Lock()
         self._convs: OrderedDict[tuple[str, str], Conversation] = OrderedDict()
         self._manifests: dict[str, SiteManifest] = {}
+        #: Pools of pre-created conversation directories, per site (logstore.convpool).
+        self._pools: dict[str, convpool.SitePool] = {}
+        #: False: every new conversation is created in place (no pool, no spare directories).
+        self._use_pool = conversation_pool
         self._closed = False
         #: Present only when a quota is set: without one, appends do no accounting at all.
         self._usage = UsageTracker(self.root, quota) if quota is not None and quota.active else None
@@ -170,6 +179,13 @@ class FileStore(MemoryStore):
             conv = self._convs.get(key)
             if conv is None or conv.closed:
                 conv = Conversation(path, conversation_id, self.options, manifest)
+                pool = self._pools.get(site)
+                if pool is None and self._use_pool:
+                    pool = convpool.SitePool(
+                        layout.site_dir(self.root, site), convpool.request_fill, conv._first_chunk()
+                    )
+                    self._pools[site] = pool
+                conv.pool = pool
                 self._convs[key] = conv
             self._convs.move_to_end(key)
             self._evict_locked()
@@ -258,6 +274,7 @@ class FileStore(MemoryStore):
         except OSError as exc:
             raise _io(exc, "append failed") from exc
         observe.emit("append_bytes", len(body))
+        convpool.note_append()
         return SeqRange(first, last)
 
     @staticmethod
@@ -386,6 +403,9 @@ class FileStore(MemoryStore):
                 with conv.mutex:
                     conv.close()
             m = self._manifests.pop(site, None)
+            pool = self._pools.pop(site, None)
+        if pool is not None:
+            pool.close()
         if m is not None:
             m.close()
         if self._usage is not None:
@@ -408,6 +428,10 @@ class FileStore(MemoryStore):
             self._convs.clear()
             manifests = list(self._manifests.values())
             self._manifests.clear()
+            pools = list(self._pools.values())
+            self._pools.clear()
+        for pool in pools:
+            pool.close()
         for conv in convs:
             with conv.mutex:
                 conv.close()

@@ -12,6 +12,12 @@ conversations put about fifteen entries in each leaf directory.
     DATA/sites/<site-hex>/c/<aa>/<bb>/<conversation-hex>/lock
     DATA/sites/<site-hex>/c/<aa>/<bb>/<conversation-hex>/<base-seq:020d>.seg
     DATA/sites/<site-hex>/c/<aa>/<bb>/<conversation-hex>/<base-seq:020d>.idx
+    DATA/sites/<site-hex>/pool/e-<16 hex>/{lock,00000000000000000000.seg}   a ready pool entry
+    DATA/sites/<site-hex>/pool/t-<16 hex>/...                              a pool entry being built
+    DATA/sites/<site-hex>/c/.spare,  DATA/sites/<site-hex>/c/<aa>/.spare   empty, the next new <aa> / <bb>
+
+The pool (:mod:`logstore.convpool`) holds conversation directories made
+ahead of need; nothing that lists a site looks inside it.
 """
 
 from __future__ import annotations
@@ -26,6 +32,14 @@ CONVERSATIONS_DIR = "c"
 SEGMENT_SUFFIX = ".seg"
 INDEX_SUFFIX = ".idx"
 LOCK_FILE = "lock"
+#: A site's pool of pre-created conversation directories (see :mod:`logstore.convpool`).
+POOL_DIR = "pool"
+#: Name prefixes in the pool: a ready entry, and one being built.
+POOL_READY_PREFIX = "e-"
+POOL_BUILDING_PREFIX = "t-"
+#: An empty directory kept in ``c/`` and in each ``c/<aa>/`` (see :mod:`logstore.convpool`),
+#: renamed into place as the next new fan-out directory there. Not a fan-out name.
+SPARE_DIR = ".spare"
 
 
 def encode_name(ident: str) -> str:
@@ -43,6 +57,16 @@ def decode_name(name: str) -> str | None:
 
 def site_dir(root: str, site: str) -> str:
     return os.path.join(root, SITES_DIR, encode_name(site))
+
+
+def pool_dir(site_path: str) -> str:
+    """The pool directory of the site directory ``site_path``."""
+    return os.path.join(site_path, POOL_DIR)
+
+
+def site_dir_of_conversation(conversation_path: str) -> str:
+    """The site directory above a conversation directory made by :func:`conversation_dir`."""
+    return conversation_path.rsplit(os.sep, 4)[0]  # above c/<aa>/<bb>/<conv-hex>
 
 
 def fanout(conversation_id: str) -> tuple[str, str]:

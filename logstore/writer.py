@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from . import fileio, frame, index, layout
+from . import convpool, fileio, frame, index, layout
 from .convstate import Tip
 from .errors import ConversationFull, Io, StoreError, Timeout
 from .frame import KIND_BATCH, KIND_SEAL, SEGMENT_HEADER_SIZE
@@ -251,7 +251,7 @@ class Writer(Recovery):
     @contextlib.contextmanager
     def _exclusive(self, deadline: float, started: float) -> Iterator[None]:
         """Hold the conversation for writing, its tail verified and undamaged. Caller holds ``mutex``."""
-        if self._fd is None:
+        if self._fd is None and not self._claim_from_pool():
             # No segment open: the directory may not exist yet. Made here, unsynced (its lock
             # file lives in it); the first segment's creation makes it durable before any
             # batch in it is acknowledged (_create_first_segment).
@@ -262,7 +262,9 @@ class Writer(Recovery):
         self._lock(True, deadline, started)
         try:
             try:
-                if not shared:
+                if not shared and self._claim is None:
+                    # shared: an extend-ahead job of ours holds the lock, the state is current;
+                    # a claimed pool entry: its state was set at the claim (nobody else can write it).
                     self._refresh(True)
             except OSError as exc:
                 self._close_files()
@@ -272,6 +274,30 @@ class Writer(Recovery):
             yield
         finally:
             self._unlock()
+
+    def _claim_from_pool(self) -> bool:
+        """For a conversation with no directory yet: claim a pre-created one (:mod:`logstore.convpool`).
+
+        True when this conversation's directory is a claimed pool entry whose
+        first segment is not written yet; its lock file's flock, held, is then
+        the conversation's writer lock. Caller holds ``mutex``.
+        """
+        if self._claim is not None:
+            return True
+        pool = self.pool
+        if pool is None or self._first_chunk() != pool.entry_bytes or os.path.isdir(self.path):
+            return False
+        claim = pool.claim(self.path)
+        if claim is None:
+            return False
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+        self._lock_fd = claim.lock_fd
+        self._claim = claim
+        # What loading it would find: one segment of zeros, a torn creation, so nothing.
+        self._close_files()
+        self._loaded = True
+        return True
 
     def _commit_group(self, todo: list[_Batch], stamp: int) -> int:
         """Log the intent, write and sync the records, log the commit (inside :meth:`_exclusive`); batches written."""
@@ -557,20 +583,48 @@ class Writer(Recovery):
         salt = frame.new_salt()
         records = self._encode(todo, stamp, salt)
         data = frame.encode_segment_header(0, salt) + b"".join(records)
-        self._alloc = 0
-        size = self._extended_size(len(data))
-        # O_TRUNC: a torn creation's file may be there (only then: there is no segment otherwise).
-        fd = fileio.open_create(self._seg_path(0), os.O_RDWR | os.O_TRUNC)
-        self._close_active()
-        self._fd = fd
-        self._pending_end = 0  # on failure the file is emptied: an empty file is a torn creation
-        fileio.pwrite_all(fd, data + bytes(size - len(data)), 0)
-        fileio.crashpoint("after-file-create")
-        fileio.crashpoint("before-data-sync")
-        # The data sync and the directory syncs at the same time (measured faster than one after
-        # the other on the benchmark machine's filesystem; see fileio.fsync_dirs).
-        fileio.sync_dir_chain(self.path, layout.sites_dir_of_conversation(self.path), data_fd=fd)
+        claim, self._claim = self._claim, None
+        if claim is not None:
+            # A claimed pool entry: its file is the pool's entry_bytes of synced zeros, so the write
+            # goes into allocated space (extending it only when the batch is bigger).
+            self._alloc = claim.size
+            size = claim.size if len(data) <= claim.size else self._extended_size(len(data))
+            fd = claim.seg_fd
+            self._close_active()
+            self._fd = fd
+            self._pending_end = 0  # on failure the file is emptied: an empty file is a torn creation
+            # The directory syncs (the rename into place) run while the data is written and synced.
+            syncs = fileio.start_dir_syncs(claim.dirs)
+            try:
+                fileio.pwrite_all(fd, data if size == claim.size else data + bytes(size - len(data)), 0)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    syncs.finish()  # (their descriptors closed; the claim's directories stay owed a sync)
+                raise
+            fileio.crashpoint("after-file-create")
+            fileio.crashpoint("before-data-sync")
+            syncs.finish(data_fd=fd)
+            fileio.mark_durable(claim.linked)
+        else:
+            self._alloc = 0
+            size = self._extended_size(len(data))
+            # O_TRUNC: a torn creation's file may be there (only then: there is no segment otherwise).
+            fd = fileio.open_create(self._seg_path(0), os.O_RDWR | os.O_TRUNC)
+            self._close_active()
+            self._fd = fd
+            self._pending_end = 0  # on failure the file is emptied: an empty file is a torn creation
+            fileio.pwrite_all(fd, data + bytes(size - len(data)), 0)
+            fileio.crashpoint("after-file-create")
+            fileio.crashpoint("before-data-sync")
+            # The data sync and the directory syncs at the same time (measured faster than one after
+            # the other on the benchmark machine's filesystem; see fileio.fsync_dirs). A claim that
+            # failed before its first segment was durable left its directories to sync here.
+            fileio.sync_dir_chain(self.path, layout.sites_dir_of_conversation(self.path), data_fd=fd,
+                                  also=convpool.unsettled(self.path))
+        convpool.settled(self.path)
         fileio.crashpoint("after-data-sync")
+        if claim is None and self.pool is not None and self._first_chunk() == self.pool.entry_bytes:
+            self.pool.request_fill()  # a site's first conversation: its pool can be made now
         self._salt = salt
         self._alloc = size
         self._sealed_active = False

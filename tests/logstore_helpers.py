@@ -5,11 +5,24 @@ from __future__ import annotations
 import hashlib
 import os
 
+from logstore import layout
+
+
+def _skip_made_ahead(dirpath: str, dirnames: list[str]) -> None:
+    """Leave out of an ``os.walk`` what the engine makes ahead of need (logstore.convpool): no conversation's data."""
+    for name in (layout.SPARE_DIR, layout.POOL_DIR if os.path.basename(os.path.dirname(dirpath)) == "sites" else ""):
+        if name in dirnames:
+            dirnames.remove(name)
+
 
 def tree_digest(root: str) -> dict[str, str]:
-    """Every file under ``root`` (relative path -> sha256 of its bytes), plus empty directories."""
+    """Every file under ``root`` (relative path -> sha256 of its bytes), plus empty directories.
+
+    A site's pool and spare directories (made ahead, in the background) are left out.
+    """
     out: dict[str, str] = {}
     for dirpath, dirnames, filenames in os.walk(root):
+        _skip_made_ahead(dirpath, dirnames)
         rel = os.path.relpath(dirpath, root)
         if not dirnames and not filenames:
             out[rel + "/"] = "dir"
@@ -21,9 +34,10 @@ def tree_digest(root: str) -> dict[str, str]:
 
 
 def segment_files(root: str) -> list[str]:
-    """All segment files under ``root``, sorted."""
+    """All segment files of conversations under ``root``, sorted (a site's pool left out)."""
     found = []
-    for dirpath, _dirs, files in os.walk(root):
+    for dirpath, dirs, files in os.walk(root):
+        _skip_made_ahead(dirpath, dirs)
         found.extend(os.path.join(dirpath, f) for f in files if f.endswith(".seg"))
     return sorted(found)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from logstore import FileStore, InvalidCursor, ListCursor, ListSelector, Range, Tail, fileio
+from logstore import FileStore, InvalidCursor, ListCursor, ListSelector, Range, Tail, convpool, fileio
 
 SITE = "site-manifest"
 
@@ -183,11 +183,13 @@ def test_new_conversation_lost_from_the_log_is_found_after_a_reboot(
         store.close()
 
 
-def test_first_append_syncs_no_manifest_record(tmp_path: Path) -> None:
+def test_first_append_syncs_no_manifest_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The first batch of a conversation: one data sync and directory syncs, no sync of the manifest log."""
     root = tmp_path / "data"
-    store = FileStore(root)
-    store.append(SITE, "conv-first-00", [{"k": 0}])
+    monkeypatch.setattr(convpool, "inline_fill", True)
+    store = FileStore(root, conversation_pool=True)
+    store.append(SITE, "conv-first-00", [{"k": 0}])  # the site's pool is filled after it
+    monkeypatch.setattr(store._pools[SITE], "_request_fill", lambda pool: None)  # and not refilled meanwhile
     syncs: list[str] = []
     fileio.fault_hook = syncs.append
     try:

@@ -215,7 +215,8 @@ def iter_conversations(
 
     for name in _listdir(sdir):
         # "memories": the site's long-term memories, checked by logstore.memories.check.
-        if name in (manifest.LOCK_FILE, layout.CONVERSATIONS_DIR, "memories") or ".tmp" in name:
+        # The pool (logstore.convpool) holds no conversation: nothing there was acknowledged.
+        if name in (manifest.LOCK_FILE, layout.CONVERSATIONS_DIR, layout.POOL_DIR, "memories") or ".tmp" in name:
             continue
         stem, _, ext = name.partition(".")
         if stem.startswith("manifest-") and stem[9:].isdigit() and ext in ("snap", "log"):
@@ -223,10 +224,14 @@ def iter_conversations(
         stray(os.path.join(sdir, name))
     cdir = os.path.join(sdir, layout.CONVERSATIONS_DIR)
     for a in _listdir(cdir):
+        if a == layout.SPARE_DIR:
+            continue  # an empty directory kept for the next new fan-out directory (logstore.convpool)
         if not _is_hex2(a) or not os.path.isdir(os.path.join(cdir, a)):
             stray(os.path.join(cdir, a))
             continue
         for b in _listdir(os.path.join(cdir, a)):
+            if b == layout.SPARE_DIR:
+                continue
             bdir = os.path.join(cdir, a, b)
             if not _is_hex2(b) or not os.path.isdir(bdir):
                 stray(bdir)

@@ -78,8 +78,11 @@ def _probe_items(conv_dir: str, lock_timeout: float) -> tuple[int, int, str | No
 
 
 def _tree_bytes(path: str) -> int:
+    """Bytes of the files below a site directory, its pool of pre-created conversations left out."""
     total = 0
-    for dirpath, _dirs, files in os.walk(path):
+    for dirpath, dirs, files in os.walk(path):
+        if dirpath == path and layout.POOL_DIR in dirs:
+            dirs.remove(layout.POOL_DIR)
         for name in files:
             with contextlib.suppress(FileNotFoundError):
                 total += os.lstat(os.path.join(dirpath, name)).st_size

@@ -273,10 +273,20 @@ def check_listing_order(listing: list[Any]) -> None:
 # ------------------------------------------------------------ directory images
 
 
+def _skip_pool(dirpath: str, dirs: list[str]) -> None:
+    """Leave a site's pool of pre-created conversations (logstore.convpool) out of an ``os.walk``.
+
+    It is no conversation's data, and the engine refills it in the background.
+    """
+    if os.path.basename(os.path.dirname(dirpath)) == "sites" and "pool" in dirs:
+        dirs.remove("pool")
+
+
 def snapshot_dir(root: str) -> dict[str, bytes]:
-    """Every regular file under ``root`` (relative path -> bytes)."""
+    """Every regular file under ``root`` (relative path -> bytes), a site's pool left out."""
     out: dict[str, bytes] = {}
-    for dirpath, _dirs, files in os.walk(root):
+    for dirpath, dirs, files in os.walk(root):
+        _skip_pool(dirpath, dirs)
         for name in files:
             path = os.path.join(dirpath, name)
             with open(path, "rb") as f:
@@ -298,7 +308,8 @@ def restore_dir(root: str, image: dict[str, bytes]) -> None:
         stamps.clear()
         stamps["\0image"] = (id(image), 0)
     present: set[str] = set()
-    for dirpath, _dirs, files in os.walk(root):
+    for dirpath, dirs, files in os.walk(root):
+        _skip_pool(dirpath, dirs)  # left as it is: not in the image
         for name in files:
             path = os.path.join(dirpath, name)
             rel = os.path.relpath(path, root)

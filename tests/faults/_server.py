@@ -79,9 +79,13 @@ def data_files(data_dir: Path) -> dict[str, bytes]:
     A segment is taken up to its data end: the zeros after it are preallocated
     space, which holds nothing (FORMAT.md 2) and which the server's extend-ahead
     job may grow at any moment after an append (not only during one).
+    A site's pool of pre-created conversations (built in the background when
+    appends pause, logstore.convpool) is no conversation's data: left out.
     """
     out: dict[str, bytes] = {}
-    for dirpath, _dirs, files in os.walk(data_dir):
+    for dirpath, dirs, files in os.walk(data_dir):
+        if os.path.basename(os.path.dirname(dirpath)) == "sites" and "pool" in dirs:
+            dirs.remove("pool")
         for name in files:
             path = os.path.join(dirpath, name)
             rel = os.path.relpath(path, data_dir)

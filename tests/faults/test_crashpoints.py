@@ -4,8 +4,10 @@
 status 86 the N-th time it reaches a point: mid-record write, before and
 after the data sync, between a file's creation and its directory's sync,
 after a directory creation, during a segment roll (sealed / next created),
-after the manifest intent and commit, after a manifest compaction, and
-inside an extend-ahead job (zeros written, not synced, on its thread). Each
+after the manifest intent and commit, after a manifest compaction,
+inside an extend-ahead job (zeros written, not synced, on its thread), right
+after a first append claimed a pre-created directory of the site's pool
+(renamed into place, nothing written), and while the pool is refilled. Each
 is crashed at, for several N, and then checked as in the SIGKILL test: every
 acknowledged item is there, seqs are gapless, no partial batch, every
 conversation with an acknowledged item is listed, and appends (by this
@@ -35,6 +37,8 @@ POINTS = [
     "manifest-commit",
     "manifest-compact",
     "extend-ahead-written",
+    "pool-claimed",
+    "pool-entry-built",
 ]
 HITS = list(range(1, 120)) if soak() else [1, 2, 3, 5, 9, 17]
 CONVS = [f"cp-conv-{i:04d}" for i in range(5)]
@@ -48,6 +52,7 @@ def _run_writer(root: Path, acks: Path, wid: str, seed: int, crash: str | None, 
             *("--data-dir", str(root), "--id", wid, "--convs", ",".join(CONVS), "--acks", str(acks)),
             *("--batches", str(batches), "--seed", str(seed), "--segment-bytes", "1024", "--index-interval", "256"),
             *("--compact-bytes", "1", "--max-pad", "200"),
+            *(("--conversation-pool",) if crash is None or crash.startswith("pool-") else ()),
         ),
         env=env,
         capture_output=True,

@@ -51,7 +51,7 @@ from typing import Any
 
 import pytest
 
-from logstore import Corrupted, FileStore, ItemsLost, Range, fileio, frame, layout, manifest
+from logstore import Corrupted, FileStore, ItemsLost, Range, convpool, fileio, frame, layout, manifest
 from logstore import writer as logwriter
 from logstore.codec import encode_batch
 from logstore.maintenance import Restorer, backup, check, salvage
@@ -63,7 +63,7 @@ from tools.restore import import_conversation
 from ._common import SITE, STATS, Ack, check_listing_order, list_all, make_batch, make_payload, read_all, rounds
 from ._disk import Image, SimDisk
 
-OPTS: dict[str, Any] = {"segment_bytes": 1024, "index_interval": 64}
+OPTS: dict[str, Any] = {"segment_bytes": 1024, "index_interval": 64, "conversation_pool": True}
 CONVS = ["pc-conv-0001", "pc-conv-0002", "pc-conv-0003"]
 #: Random strict variants per cut point with unsynced data (soak: many more).
 RANDOM_VARIANTS = rounds(1, 24)
@@ -74,6 +74,12 @@ SEED = int(os.environ.get("CONVMEM_POWERCUT_SEED", "0")) or random.SystemRandom(
 def _print_seed() -> Iterator[None]:
     print(f"\npower-cut seed {SEED} (rerun with CONVMEM_POWERCUT_SEED={SEED})")
     yield
+
+
+@pytest.fixture(autouse=True)
+def _pool_filled_inline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pool entries are built on the appending thread, so that every recorded operation is in order."""
+    monkeypatch.setattr(convpool, "inline_fill", True)
 
 
 @pytest.fixture
@@ -644,8 +650,13 @@ def test_power_cut_first_appends(shm_path: Path) -> None:
     # One sync of the log: the intent of the existing conversation (this process's first in the epoch).
     assert _log_syncs(rec) == 1, "a first append synced the manifest log"
     new_dirs = tuple(layout.encode_name(c) for c in NEW_CONVS)
-    creates = [op for op in rec.disk.ops if op[0] == "create" and op[1].endswith(layout.segment_name(0))]
-    assert len(creates) == len(NEW_CONVS), "each new conversation's segment is created once, in place"
+    pool = os.sep + layout.POOL_DIR + os.sep
+    creates = [
+        op for op in rec.disk.ops if op[0] == "create" and op[1].endswith(layout.segment_name(0)) and pool not in op[1]
+    ]
+    claims = [op for op in rec.disk.ops if op[0] == "rename" and pool in op[1] and op[2].endswith(new_dirs)]
+    assert len(creates) + len(claims) == len(NEW_CONVS), "each new conversation's segment is made once"
+    assert claims, "no first append claimed a pre-created directory from the site's pool"
     renamed = [op for op in rec.disk.ops if op[0] == "rename" and op[2].endswith(".seg")]
     assert not [op for op in renamed if any(d in op[2] for d in new_dirs)], "a first segment was renamed into place"
     explore(rec, "first appends", shm_path)
@@ -661,6 +672,67 @@ def test_power_cut_first_appends_new_site(shm_path: Path) -> None:
 
     rec = record(shm_path / "data", NEW_CONVS[:2], _nothing, work)
     explore(rec, "first appends of a new site", shm_path)
+
+
+POOL_CONVS = [f"pc-pool-{i:04d}" for i in range(7)]
+
+
+def _pool_claims(w: Writer) -> None:
+    # More first appends than the pool holds (it is refilled on the way), one bigger than an
+    # entry's preallocated space, and a second batch to a claimed conversation.
+    for i, conv in enumerate(POOL_CONVS):
+        w.append(conv, 1 + i % 2, 900 if i == 3 else 30)
+        if i == 1:
+            w.append(conv, 1, 20)
+
+
+def _check_pool_state(root: str, rec: Recording, acked: list[Ack], nth: int, held: Counter[str]) -> None:
+    """The usual checks, then the pool after the cut: every entry a new conversation claims holds nothing."""
+    check_state(root, rec, acked, nth, held)
+    pool_dir = layout.pool_dir(layout.site_dir(root, SITE))
+    # Entries that hold data (a claim whose rename was lost) or unfinished ones may be there now.
+    before = 0
+    for name in os.listdir(pool_dir) if os.path.isdir(pool_dir) else ():
+        before += 1
+        seg = Path(pool_dir, name, layout.segment_name(0))
+        if name.startswith(layout.POOL_BUILDING_PREFIX):
+            held["unfinished pool entries"] += 1
+        elif seg.exists() and any(seg.read_bytes()):
+            held["pool entries holding data"] += 1
+    store = FileStore(root, **OPTS)
+    try:
+        for i in range(before + 1):
+            conv = f"pc-after-{nth:05d}-{i:03d}"
+            r = store.append(SITE, conv, make_batch("fresh", i, 1, 10))
+            assert r.first == 0, f"{conv}: a new conversation's first batch got seq {r.first}"
+            items = read_all(store, SITE, conv)
+            assert [it.payload for it in items] == [make_payload("fresh", i, 0, 1, 10)], f"{conv} holds other data"
+        assert {s.conversation_id for s in list_all(store, SITE)} >= set(POOL_CONVS) & {a.conv for a in acked}
+    finally:
+        store.close()
+    for name in os.listdir(pool_dir) if os.path.isdir(pool_dir) else ():
+        assert name.startswith((layout.POOL_READY_PREFIX, layout.POOL_BUILDING_PREFIX)), name
+    held["pool entries claimed clean"] += before + 1
+
+
+def test_power_cut_pool_claims(shm_path: Path) -> None:
+    """First appends that claim pre-created directories from the site's pool, and the pool's refills.
+
+    Cuts fall between a claim's rename and the data, between the data's sync and
+    the directory syncs (a claimed entry whose data is durable and whose name
+    is not: it is still in the pool, holding data never acknowledged), and in
+    the middle of building an entry. At every cut the acknowledged batches are
+    there, a claimed conversation whose data is not durable reads as empty, and
+    every entry a later first append claims holds nothing.
+    """
+    rec = record(shm_path / "data", CONVS + POOL_CONVS, _some_history, _pool_claims)
+    pool = os.sep + layout.POOL_DIR + os.sep
+    claims = [op for op in rec.disk.ops if op[0] == "rename" and pool in op[1] and os.sep + "c" + os.sep in op[2]]
+    assert len(claims) >= len(POOL_CONVS) - 1, f"only {len(claims)} first appends claimed a pool entry"
+    spares = [op for op in rec.disk.ops if op[0] == "rename" and op[1].endswith(os.sep + layout.SPARE_DIR)]
+    assert spares, "no new fan-out directory was a spare renamed into place"
+    counts = explore(rec, "pool claims", shm_path, _check_pool_state)
+    assert counts["strict"] and counts["lenient"]
 
 
 def test_power_cut_compaction(shm_path: Path) -> None:

@@ -38,6 +38,7 @@ def main() -> int:
     ap.add_argument("--max-pad", type=int, default=300)
     ap.add_argument("--compact-bytes", type=int, default=0, help="shrink the manifest compaction threshold")
     ap.add_argument("--lock-timeout", type=float, default=10.0)
+    ap.add_argument("--conversation-pool", action="store_true", help="first appends claim pre-created directories")
     args = ap.parse_args()
 
     rng = random.Random(args.seed)
@@ -47,6 +48,7 @@ def main() -> int:
         lock_timeout=args.lock_timeout,
         segment_bytes=args.segment_bytes,
         index_interval=args.index_interval,
+        conversation_pool=args.conversation_pool,
     )
     if args.compact_bytes:
         # Exercise manifest compaction (normally past 4 MiB of activity log) under crashes.

@@ -1,0 +1,192 @@
+"""The system-call floor of a first append, by way of creating the conversation (``python -m bench.newconv_floor``).
+
+Raw ``os`` calls only (no engine), interleaved op by op, each variant in its
+own site directory, against an ordinary append (``pwrite`` into a pre-zeroed,
+synced file plus ``fdatasync``):
+
+* ``in-place``: what the engine does without a pool: ``mkdir`` of the missing
+  fan-out directories and of the conversation, lock and segment files
+  created, the first record written, then the data sync and the syncs of the
+  conversation directory and of every new directory above it, at once;
+* ``pool/mkdir``: a pre-created, synced entry renamed into place, its new
+  fan-out directory made by ``mkdir``; data sync beside the syncs of the
+  parents and of the pool directory;
+* ``pool/spare``: the same with the fan-out directory an empty, synced spare
+  renamed into place.
+
+``--fresh`` measures a new site (most ``<aa>`` directories new too);
+otherwise every ``<aa>`` exists (the case of a site with a few hundred
+conversations). The preparation of each entry (pool, spare) is not timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import hashlib
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+
+_POOL = concurrent.futures.ThreadPoolExecutor(4)
+ZERO = bytes(4096)
+RECORD = os.urandom(1400)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sync_all(fd: int, dirs: list[str]) -> None:
+    futures = [_POOL.submit(_fsync_dir, d) for d in dirs]
+    os.fdatasync(fd)
+    for f in futures:
+        f.result()
+
+
+def _fan(i: int) -> tuple[str, str, str]:
+    h = hashlib.md5(str(i).encode()).hexdigest()
+    return h[:2], h[2:4], f"{i:08x}"
+
+
+class _Site:
+    def __init__(self, root: str, name: str, fresh: bool, spares: bool) -> None:
+        self.dir = os.path.join(root, name)
+        self.c = os.path.join(self.dir, "c")
+        self.pool = os.path.join(self.dir, "pool")
+        os.makedirs(self.c)
+        os.makedirs(self.pool)
+        if not fresh:
+            for a in range(256):
+                os.mkdir(os.path.join(self.c, f"{a:02x}"))
+        self.spares = spares
+        for d in [self.c, *(os.path.join(self.c, n) for n in os.listdir(self.c))]:
+            _fsync_dir(d)
+        _fsync_dir(self.dir)
+
+    def entry(self, i: int) -> str:
+        p = os.path.join(self.pool, f"e-{i}")
+        os.mkdir(p)
+        fd = os.open(os.path.join(p, "seg"), os.O_RDWR | os.O_CREAT, 0o600)
+        os.pwrite(fd, ZERO, 0)
+        os.fdatasync(fd)
+        os.close(fd)
+        os.close(os.open(os.path.join(p, "lock"), os.O_RDWR | os.O_CREAT, 0o600))
+        _fsync_dir(p)
+        _fsync_dir(self.pool)
+        return p
+
+    def spare(self, parent: str) -> None:
+        s = os.path.join(parent, ".spare")
+        if os.path.isdir(parent) and not os.path.isdir(s):
+            os.mkdir(s)
+            _fsync_dir(s)
+
+
+def _place(site: _Site, path: str, dirs: list[str]) -> None:
+    parent = os.path.dirname(path)
+    if os.path.isdir(path):
+        return
+    spare = os.path.join(parent, ".spare")
+    if site.spares and os.path.isdir(spare):
+        os.rename(spare, path)
+    else:
+        os.mkdir(path)
+    dirs.append(parent)
+
+
+def run(n: int, fresh: bool) -> dict[str, list[float]]:
+    root = tempfile.mkdtemp(prefix="convmem-newconv-floor-")
+    sites = {
+        "in-place": _Site(root, "inplace", fresh, False),
+        "pool/mkdir": _Site(root, "pool", fresh, False),
+        "pool/spare": _Site(root, "spare", fresh, True),
+    }
+    afd = os.open(os.path.join(root, "append.seg"), os.O_RDWR | os.O_CREAT, 0o600)
+    os.pwrite(afd, bytes(8 << 20), 0)
+    os.fsync(afd)
+    _fsync_dir(root)
+    offset = [0]
+
+    def append(i: int) -> float:
+        t = time.perf_counter()
+        os.pwrite(afd, RECORD, offset[0])
+        os.fdatasync(afd)
+        offset[0] += len(RECORD)
+        return time.perf_counter() - t
+
+    def in_place(i: int) -> float:
+        s = sites["in-place"]
+        a, b, h = _fan(i)
+        t = time.perf_counter()
+        pa, pb = os.path.join(s.c, a), os.path.join(s.c, a, b)
+        dirs: list[str] = []
+        for d in (pa, pb):
+            if not os.path.isdir(d):
+                os.mkdir(d)
+                dirs.append(os.path.dirname(d))
+        conv = os.path.join(pb, h)
+        os.mkdir(conv)
+        os.close(os.open(os.path.join(conv, "lock"), os.O_RDWR | os.O_CREAT, 0o600))
+        fd = os.open(os.path.join(conv, "seg"), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.pwrite(fd, RECORD + ZERO[len(RECORD) :], 0)
+        _sync_all(fd, [conv, pb, *dirs])
+        dt = time.perf_counter() - t
+        os.close(fd)
+        return dt
+
+    def claim(name: str) -> Callable[[int], float]:
+        def op(i: int) -> float:
+            s = sites[name]
+            a, b, h = _fan(i)
+            pa = os.path.join(s.c, a)
+            if s.spares:
+                s.spare(s.c)
+                s.spare(pa)
+            entry = s.entry(i)
+            t = time.perf_counter()
+            dirs = [s.pool]
+            _place(s, pa, dirs)
+            pb = os.path.join(pa, b)
+            _place(s, pb, dirs)
+            conv = os.path.join(pb, h)
+            os.rename(entry, conv)
+            dirs.append(pb)
+            fd = os.open(os.path.join(conv, "seg"), os.O_RDWR)
+            os.pwrite(fd, RECORD, 0)
+            _sync_all(fd, sorted(set(dirs)))
+            dt = time.perf_counter() - t
+            os.close(fd)
+            return dt
+
+        return op
+
+    ops = {"append": append, "in-place": in_place, "pool/mkdir": claim("pool/mkdir"), "pool/spare": claim("pool/spare")}
+    out: dict[str, list[float]] = {k: [] for k in ops}
+    for i in range(n):
+        for k, f in ops.items():
+            out[k].append(f(i))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("-n", type=int, default=300, help="operations per variant")
+    ap.add_argument("--fresh", action="store_true", help="a new site: the <aa> directories are new too")
+    args = ap.parse_args()
+    res = run(args.n, args.fresh)
+    base = statistics.median(res["append"])
+    for k, v in res.items():
+        v.sort()
+        p50 = statistics.median(v)
+        print(f"{k:11s} p50 {p50 * 1e3:6.3f} ms  p90 {v[int(len(v) * 0.9)] * 1e3:6.3f} ms  {p50 / base:5.2f}x append")
+
+
+if __name__ == "__main__":
+    main()

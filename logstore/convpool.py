@@ -1,0 +1,476 @@
+"""A site's pool of conversation directories made ahead of need.
+
+A new conversation's first append would otherwise make a directory, a lock
+file and a segment file, and wait for the file and each new directory to be
+written out. The pool moves that work off the append: a background thread
+keeps a few *entries* per site in ``<site>/pool/`` (FORMAT.md 1 and 6),
+built when the process's appends pause (:data:`IDLE_S`), each
+a directory holding the lock file and a first segment file of
+zeros, all synced. A first append *claims* one by renaming
+it into place as the conversation's directory (``renameat2`` with
+``RENAME_NOREPLACE``: atomic, exactly one of several racing processes wins,
+and an existing directory, even an empty one another process has just made,
+is never replaced), then writes the segment header and its records into the
+zeros and makes them durable with the rename: the file's ``fdatasync`` runs
+beside the syncs of the conversation's parent directory (and any new one
+above it) and of the pool directory, started just before the write. Nothing
+is acknowledged before all of them are done.
+
+Invariants:
+
+* A ready entry (``e-<16 hex>``) holds a lock file and a segment
+  ``00000000000000000000.seg`` of exactly ``entry_bytes`` zeros, both
+  synced (``entry_bytes``: the store's first chunk of preallocated space, 4 KiB
+  by default), and its name is never reused. Whoever holds the flock of its lock
+  file may claim or discard it; the claimer keeps that flock as the
+  conversation's writer lock until its first batch is durable, so no other
+  process can see the new conversation as writable before then.
+* An entry being built (``t-<16 hex>``) is flocked by its builder; one whose
+  flock can be taken has no builder left and is removed.
+* A segment in the pool that is not all zeros was claimed by a first append
+  whose rename did not reach the disk before a power cut (the data can be
+  there, the name not): nothing in it was acknowledged (the pool directory's
+  sync comes before the acknowledgement), so the entry is removed.
+* A claimed conversation whose data did not reach the disk holds a segment
+  whose first sector is zeros: a torn creation, which reads as empty
+  (:func:`logstore.recovery.is_torn_creation`) and is written again by the
+  next append.
+
+* Spares: ``c/.spare`` and ``c/<aa>/.spare`` are empty directories, made and
+  synced by the keeper, renamed (no replace) into place as the next new
+  ``<aa>`` or ``<bb>`` in that directory. A directory made by ``mkdir`` on the
+  append's path would be new to the filesystem, and on ext4 without a
+  journal syncing below it writes each new parent in turn; a spare is not,
+  and its parent's sync covers both its old and its new name (one
+  directory). A spare that is not empty is never used (a power cut undid its
+  rename after entries below the new name reached the disk; none of them was
+  acknowledged, since that needs the parent synced) and is removed.
+
+Nothing that lists a site looks in ``pool/`` (the listing walks ``c/``, where
+a spare is an empty directory); fsck accepts the names; stats do not count
+the pool; a dropped site takes it with it. Cost on disk: :data:`TARGET`
+entries (two inodes and ``entry_bytes`` each) and up to 257 empty spare
+directories per site that had a first append.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable
+
+from . import fileio, layout
+from .frame import SEGMENT_HEADER_SIZE
+
+#: Bytes of an entry's segment file by default: the writer's first chunk of preallocated
+#: space (smaller for stores with tiny segments, see SitePool).
+ENTRY_BYTES = 4096
+#: Ready entries a site's pool is filled to (refilled, in one batch, once half are used).
+TARGET = 4
+#: An unfinished entry with no lock file is removed only when older than this (seconds):
+#: its builder may be between making the directory and the lock file.
+STALE_UNLOCKED_S = 60.0
+
+#: Conversation directory -> directories whose sync must be part of its first segment's
+#: durability (the claim's parents and pool directory): set when a claim renames an entry
+#: into place, cleared when the first segment is durable. Kept per process, beyond any
+#: one Conversation object, so that a retry after a failed first append syncs them too.
+_unsettled: dict[str, list[str]] = {}
+_unsettled_lock = threading.Lock()
+
+
+def unsettled(conversation_path: str) -> tuple[str, ...]:
+    """Directories a claim of ``conversation_path`` left to be synced with its first segment."""
+    with _unsettled_lock:
+        return tuple(_unsettled.get(conversation_path, ()))
+
+
+def settled(conversation_path: str) -> None:
+    """The conversation's first segment is durable, with every directory of its claim."""
+    with _unsettled_lock:
+        _unsettled.pop(conversation_path, None)
+
+
+class Claim:
+    """An entry renamed into place as a conversation: its locked lock file, its segment and syncs under way."""
+
+    __slots__ = ("dirs", "linked", "lock_fd", "seg_fd", "size")
+
+    def __init__(self, lock_fd: int, seg_fd: int, size: int, dirs: list[str], linked: list[str]) -> None:
+        self.lock_fd = lock_fd
+        self.seg_fd = seg_fd
+        self.size = size
+        #: Directories to sync with the first segment's data: the new entry's parent (and any
+        #: directory above it not yet known durable), and the pool directory.
+        self.dirs = dirs
+        #: Those of them to remember as durably linked once synced (fileio.mark_durable).
+        self.linked = linked
+
+    def release(self) -> None:
+        """Close the segment's descriptor (the first append did not use it; the lock is the conversation's)."""
+        try:
+            os.close(self.seg_fd)
+        except OSError:
+            pass
+
+
+class SitePool:
+    """The pool of one site directory, in this process."""
+
+    def __init__(
+        self, site_path: str, request_fill: Callable[[SitePool], None], entry_bytes: int = ENTRY_BYTES
+    ) -> None:
+        if entry_bytes <= SEGMENT_HEADER_SIZE:
+            raise ValueError(f"a pool entry's segment must be larger than a segment header ({entry_bytes} bytes)")
+        #: Bytes of each entry's segment file: the first chunk of a new segment.
+        self.entry_bytes = entry_bytes
+        self._zeros = bytes(entry_bytes)
+        self.site_path = site_path
+        self.dir = layout.pool_dir(site_path)
+        self._sites_dir = os.path.dirname(site_path)
+        self._request_fill = request_fill
+        self._fill_lock = threading.Lock()
+        self.closed = False
+        self._reclaimed = False
+        #: Ready entries as last listed or built here (others may have claimed some since).
+        self._names: list[str] = []
+        #: Directories (``c/`` and ``c/<aa>/``) whose spare was used, or that may lack one.
+        self._spares_wanted: set[str] = set()
+        self._conversations_dir = os.path.join(site_path, layout.CONVERSATIONS_DIR)
+        self._names_lock = threading.Lock()
+        self.disabled = not fileio.can_rename_noreplace()
+
+    # ------------------------------------------------------------ claiming
+
+    def claim(self, conversation_path: str) -> Claim | None:
+        """Rename a ready entry into place as ``conversation_path`` (which did not exist); None to create in place.
+
+        None when the pool is empty or unusable, or when the directory exists
+        by now (another process made it): the caller then goes the ordinary
+        way. Refill is requested either way.
+        """
+        if self.closed or self.disabled:
+            return None
+        with self._names_lock:
+            if not self._names:
+                self._names = self._list_ready()
+            names, self._names = self._names, []
+        try:
+            while names:
+                # Several processes share the pool: each starts at a different entry.
+                name = names.pop(os.getpid() % len(names))
+                got = self._take(os.path.join(self.dir, name), conversation_path)
+                if got is not None:
+                    return got if isinstance(got, Claim) else None
+            return None
+        finally:
+            with self._names_lock:
+                self._names = names + self._names
+            if len(names) <= TARGET // 2:
+                self._request_fill(self)
+
+    def request_fill(self) -> None:
+        """Have the pool filled (in the background unless :data:`inline_fill`)."""
+        if not (self.closed or self.disabled):
+            self._request_fill(self)
+
+    def _list_ready(self) -> list[str]:
+        try:
+            return [n for n in os.listdir(self.dir) if n.startswith(layout.POOL_READY_PREFIX)]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def _take(self, entry: str, conversation_path: str) -> Claim | bool | None:
+        """Claim ``entry``: the claim, False when the conversation exists, None to try another entry."""
+        try:
+            lock_fd = os.open(os.path.join(entry, layout.LOCK_FILE), os.O_RDWR)
+        except OSError:
+            return None
+        keep = False
+        seg_fd = -1
+        try:
+            if not fileio.try_lock(lock_fd, True):
+                return None  # another process is claiming it
+            try:
+                seg_fd = os.open(os.path.join(entry, layout.segment_name(0)), os.O_RDWR)
+                size = os.fstat(seg_fd).st_size
+                clean = size == self.entry_bytes and os.pread(seg_fd, size, 0) == self._zeros
+            except FileNotFoundError:
+                return None  # claimed and gone already
+            if not clean:
+                self._discard(entry)
+                return None
+            parent = os.path.dirname(conversation_path)
+            try:
+                self._fanout(parent)
+                fileio.rename_noreplace(entry, conversation_path)
+            except FileExistsError:
+                return False
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                if exc.errno in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EPERM):
+                    self.disabled = True  # this filesystem cannot rename without replacing
+                    return False
+                raise
+            fileio.crashpoint("pool-claimed")
+            chain, linked = fileio.dir_chain(parent, self._sites_dir)
+            dirs = [*chain, self.dir]
+            with _unsettled_lock:
+                _unsettled[conversation_path] = dirs
+            keep = True
+            return Claim(lock_fd, seg_fd, size, dirs, linked)
+        finally:
+            if not keep:
+                if seg_fd >= 0:
+                    os.close(seg_fd)
+                os.close(lock_fd)
+
+    def _fanout(self, leaf: str) -> None:
+        """Make the fan-out directory ``leaf`` (``c/<aa>/<bb>``) and ``c/<aa>`` when missing, from spares if any.
+
+        A spare is an empty directory made and synced ahead of need in the same
+        parent, renamed into place (no replace): syncing it after costs one
+        write of each directory, where a directory made now would have the
+        filesystem write each new parent in turn (ext4 without a journal).
+        Without a spare (or when another process takes it first) it is made.
+        """
+        if os.path.isdir(leaf):
+            return
+        middle = os.path.dirname(leaf)
+        if not os.path.isdir(middle):
+            self._place(middle)
+        self._place(leaf)
+
+    def _place(self, path: str) -> None:
+        parent = os.path.dirname(path)
+        spare = os.path.join(parent, layout.SPARE_DIR)
+        try:
+            # Never one that holds anything (a power cut can leave a rename undone after
+            # entries were made below its new name; none of them was acknowledged).
+            if os.stat(spare).st_nlink == 2:
+                fileio.rename_noreplace(spare, path)
+                fileio.not_durable(path)
+                self._want_spare(parent)
+                return
+        except FileExistsError:
+            return  # made meanwhile by another writer
+        except FileNotFoundError:
+            pass  # no spare (or another writer took it)
+        fileio.make_dirs(path)
+        self._want_spare(parent)
+
+    def _want_spare(self, parent: str) -> None:
+        with self._names_lock:
+            self._spares_wanted.add(parent)
+
+    @staticmethod
+    def _discard(entry: str) -> None:
+        """Remove an entry we hold the lock of (a claim that never became durable left data in it)."""
+        try:
+            fileio.remove_tree(entry)
+        except OSError:
+            pass
+
+    # ------------------------------------------------------------- filling
+
+    def close(self) -> None:
+        """Stop filling (waits for a fill under way, so the site can be removed after)."""
+        self.closed = True
+        with self._fill_lock:
+            pass
+
+    def fill(self) -> None:
+        """Build ready entries up to :data:`TARGET` (removing what dead builders left, once per process)."""
+        with self._fill_lock:
+            if self.closed or self.disabled:
+                return
+            try:
+                self._fill_locked()
+            except OSError:
+                pass  # the site is being dropped, the disk is full...: first appends create in place
+
+    def _fill_locked(self) -> None:
+        if not os.path.isdir(self.dir):
+            try:
+                fileio.mkdir(self.dir)  # never the site itself: a dropped site stays dropped
+            except FileExistsError:
+                pass
+            fileio.fsync_dir(self.site_path)
+        names = os.listdir(self.dir)
+        if not self._reclaimed:
+            self._reclaimed = True
+            for name in names:
+                if name.startswith(layout.POOL_BUILDING_PREFIX):
+                    self._reclaim(os.path.join(self.dir, name))
+            # Every fan-out directory made before this process: give each a spare.
+            with self._names_lock:
+                self._spares_wanted.add(self._conversations_dir)
+                self._spares_wanted.update(_subdirs(self._conversations_dir))
+        ready = [n for n in names if n.startswith(layout.POOL_READY_PREFIX)]
+        built: list[str] = []
+        if len(ready) < TARGET and not self.closed:
+            built = self._build(TARGET - len(ready))
+            fileio.fsync_dir(self.dir)
+        with self._names_lock:
+            self._names = ready + built
+            wanted, self._spares_wanted = self._spares_wanted, set()
+        self._make_spares(sorted(wanted))
+
+    def _make_spares(self, parents: list[str]) -> None:
+        """Make the missing spare of each directory of ``parents``, each synced (so none is new to the filesystem).
+
+        Their entries need not be durable: a spare lost to a power cut is only
+        not there, and a first append then makes the directory itself.
+        """
+        made = []
+        for parent in parents:
+            if self.closed:
+                break
+            spare = os.path.join(parent, layout.SPARE_DIR)
+            try:
+                fileio.mkdir(spare)
+                made.append(spare)
+            except FileExistsError:
+                try:
+                    if os.stat(spare).st_nlink != 2:
+                        fileio.remove_tree(spare)  # holds what a power cut left below an undone rename
+                except OSError:
+                    pass
+            except FileNotFoundError:
+                pass  # the directory itself is gone (its site was dropped)
+        if made:
+            fileio.sync_all([], made)
+
+    def _build(self, count: int) -> list[str]:
+        """Make ``count`` entries, built under ``t-`` names, synced together, then renamed ready.
+
+        The caller syncs the pool directory after. Each entry is flocked by
+        this builder until it is named ready (so no claimer or reclaimer
+        touches it unfinished).
+        """
+        tokens: list[str] = []
+        lock_fds: list[int] = []
+        seg_fds: list[int] = []
+        try:
+            for _ in range(count):
+                token = secrets.token_hex(8)
+                tmp = os.path.join(self.dir, layout.POOL_BUILDING_PREFIX + token)
+                fileio.mkdir(tmp)
+                tokens.append(token)
+                lock_fds.append(fileio.open_create(os.path.join(tmp, layout.LOCK_FILE)))
+                fileio.try_lock(lock_fds[-1], True)
+                seg_fds.append(fileio.open_create(os.path.join(tmp, layout.segment_name(0)), os.O_RDWR | os.O_TRUNC))
+                fileio.pwrite_all(seg_fds[-1], self._zeros, 0)
+            # Every entry's segment and directory at once: one round of device flushes for the batch.
+            fileio.sync_all(seg_fds, [os.path.join(self.dir, layout.POOL_BUILDING_PREFIX + t) for t in tokens])
+            fileio.crashpoint("pool-entry-built")
+            for t in tokens:
+                fileio.rename(
+                    os.path.join(self.dir, layout.POOL_BUILDING_PREFIX + t),
+                    os.path.join(self.dir, layout.POOL_READY_PREFIX + t),
+                )
+        finally:
+            for fd in seg_fds + lock_fds:
+                os.close(fd)
+        return [layout.POOL_READY_PREFIX + t for t in tokens]
+
+    @staticmethod
+    def _reclaim(entry: str) -> None:
+        """Remove an unfinished entry whose builder is gone."""
+        try:
+            fd = os.open(os.path.join(entry, layout.LOCK_FILE), os.O_RDWR)
+        except FileNotFoundError:
+            try:
+                if time.time() - os.stat(entry).st_mtime > STALE_UNLOCKED_S:
+                    fileio.remove_tree(entry)
+            except OSError:
+                pass
+            return
+        try:
+            if fileio.try_lock(fd, True):
+                fileio.remove_tree(entry)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+#: The keeper builds only after appends have paused this long (seconds): its syncs and its
+#: interpreter time would otherwise delay the appends of a busy process.
+IDLE_S = 0.02
+#: time.monotonic() of this process's latest append (set by the store on every append).
+last_append = [0.0]
+
+
+def note_append() -> None:
+    """Record that an append ran now (the keeper waits for a pause)."""
+    last_append[0] = time.monotonic()
+
+
+class Keeper:
+    """One background thread per process that fills the pools asking for it, when appends pause."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._wanted: list[SitePool] = []
+        self._thread: threading.Thread | None = None
+
+    def request(self, pool: SitePool) -> None:
+        with self._cond:
+            if pool not in self._wanted:
+                self._wanted.append(pool)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="logstore-convpool", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._wanted:
+                    self._cond.wait()
+                pool = self._wanted[0]
+            while (quiet := time.monotonic() - last_append[0]) < IDLE_S:
+                time.sleep(IDLE_S - quiet)
+            with self._cond:
+                self._wanted.remove(pool)
+            pool.fill()
+
+
+_keeper = Keeper()
+
+
+#: Fill on the calling thread instead of the keeper's (tests that record every file
+#: operation in order, e.g. the power-cut simulation, set it).
+inline_fill = False
+
+
+def request_fill(pool: SitePool) -> None:
+    """Ask the process's keeper thread to fill ``pool`` (or fill it now, with :data:`inline_fill`)."""
+    if inline_fill:
+        pool.fill()
+    else:
+        _keeper.request(pool)
+
+
+def _after_fork() -> None:
+    global _keeper, _unsettled_lock
+    _keeper = Keeper()  # the parent's thread does not exist in the child
+    _unsettled_lock = threading.Lock()  # another thread may have held it at the fork
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
+def _subdirs(path: str) -> list[str]:
+    """The fan-out directories in ``path`` (two hex digits), as paths; none when it is missing."""
+    try:
+        with os.scandir(path) as it:
+            return [e.path for e in it if len(e.name) == 2 and e.is_dir(follow_symlinks=False)]
+    except (FileNotFoundError, NotADirectoryError):
+        return []

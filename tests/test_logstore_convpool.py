@@ -1,0 +1,236 @@
+"""The site's pool of pre-created conversation directories (logstore.convpool).
+
+A first append claims an entry by renaming it into place; the pool is never
+seen by anything that lists a site; leftovers (unfinished entries, entries
+holding data a lost rename left behind) are discarded; an existing directory
+is never replaced; processes racing to create the same conversations lose
+nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from logstore import FileStore, Io, ListSelector, Range, convpool, fileio, layout
+from logstore.maintenance import check, stats
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from faults._common import SITE, make_batch, read_acks, subprocess_env, verify, writer_cmd
+
+pytestmark = pytest.mark.skipif(not fileio.can_rename_noreplace(), reason="needs renameat2(RENAME_NOREPLACE)")
+
+
+@pytest.fixture
+def inline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(convpool, "inline_fill", True)
+
+
+def _pool(root: Path) -> Path:
+    return Path(layout.pool_dir(layout.site_dir(str(root), SITE)))
+
+
+def _entries(root: Path) -> dict[str, int]:
+    """Pool entry name -> inode of its segment file."""
+    out = {}
+    pool = _pool(root)
+    for name in sorted(os.listdir(pool)) if pool.is_dir() else ():
+        seg = pool / name / layout.segment_name(0)
+        out[name] = os.stat(seg).st_ino if seg.exists() else -1
+    return out
+
+
+def _seg_inode(root: Path, conv: str) -> int:
+    return os.stat(os.path.join(layout.conversation_dir(str(root), SITE, conv), layout.segment_name(0))).st_ino
+
+
+def test_first_appends_claim_pool_entries(tmp_path: Path, inline: None) -> None:
+    root = tmp_path / "data"
+    store = FileStore(root, conversation_pool=True)
+    try:
+        store.append(SITE, "conv-first-0", [{"n": 0}])  # no pool yet: created in place, then the pool is filled
+        before = _entries(root)
+        assert len(before) == convpool.TARGET and all(n.startswith(layout.POOL_READY_PREFIX) for n in before)
+        for i in range(1, 2 * convpool.TARGET + 1):
+            pooled = _entries(root)
+            r = store.append(SITE, f"conv-first-{i}", [{"n": i}, {"n": i, "k": 2}])
+            assert (r.first, r.last) == (0, 1)
+            # It took a pre-created segment, whose entry left the pool.
+            assert _seg_inode(root, f"conv-first-{i}") in pooled.values()
+            gone = set(pooled) - set(_entries(root))
+            assert len(gone) == 1 and pooled[gone.pop()] == _seg_inode(root, f"conv-first-{i}")
+        assert store.append(SITE, "conv-first-1", [{"n": "again"}]).first == 2
+        listed = {s.conversation_id for s in store.list_conversations(SITE, ListSelector(limit=100)).summaries}
+        assert listed == {f"conv-first-{i}" for i in range(2 * convpool.TARGET + 1)}
+        assert [it.payload for it in store.read(SITE, "conv-first-1", _all())] == [
+            {"n": 1},
+            {"n": 1, "k": 2},
+            {"n": "again"},
+        ]
+    finally:
+        store.close()
+    assert _entries(root), "the pool was refilled"
+    report = check(root)
+    assert not report.problems, [f"{p.kind}: {p.file}" for p in report.problems]
+    [site_stats] = stats(root, SITE)
+    assert site_stats.conversations == 2 * convpool.TARGET + 1
+    pool_bytes = sum(f.stat().st_size for f in _pool(root).rglob("*") if f.is_file())
+    all_bytes = sum(f.stat().st_size for f in Path(layout.site_dir(str(root), SITE)).rglob("*") if f.is_file())
+    assert pool_bytes and site_stats.bytes_on_disk == all_bytes - pool_bytes
+
+
+def _all() -> Any:
+    return Range(0, 100)
+
+
+def test_dirty_and_unfinished_entries_are_discarded(tmp_path: Path, inline: None) -> None:
+    """An entry holding data (a claim whose rename a power cut undid) and one whose builder died are removed."""
+    root = tmp_path / "data"
+    store = FileStore(root, conversation_pool=True)
+    store.append(SITE, "conv-dirty-0", [{"n": 0}])
+    store.close()
+    pool = _pool(root)
+    names = sorted(os.listdir(pool))
+    # What a lost claim leaves: data written into the entry's segment (never acknowledged).
+    seg = pool / names[0] / layout.segment_name(0)
+    seg.write_bytes(b"\x07" * seg.stat().st_size)
+    # What a builder killed mid-way leaves (its lock free).
+    (pool / (layout.POOL_BUILDING_PREFIX + "00000000deadbeef")).mkdir()
+    (pool / (layout.POOL_BUILDING_PREFIX + "00000000deadbeef") / layout.LOCK_FILE).write_bytes(b"")
+    store = FileStore(root, conversation_pool=True)
+    try:
+        for i in range(1, len(names) + 2):
+            r = store.append(SITE, f"conv-dirty-{i}", [{"n": i}])
+            assert r.first == 0
+            assert [it.payload for it in store.read(SITE, f"conv-dirty-{i}", _all())] == [{"n": i}]
+    finally:
+        store.close()
+    left = os.listdir(pool)
+    assert names[0] not in left, "the entry holding data was not discarded"
+    assert not [n for n in left if n.startswith(layout.POOL_BUILDING_PREFIX)], left
+    assert not check(root).problems
+
+
+def test_an_existing_directory_is_never_replaced(tmp_path: Path, inline: None) -> None:
+    """rename(2) would replace an empty directory: one another process just made must stay."""
+    root = tmp_path / "data"
+    store = FileStore(root, conversation_pool=True)
+    try:
+        store.append(SITE, "conv-exist-0", [{"n": 0}])
+        entries = _entries(root)
+        path = layout.conversation_dir(str(root), SITE, "conv-exist-1")
+        os.makedirs(path)  # as another process's in-place creation leaves it before its lock file
+        marker = os.stat(path).st_ino
+        # This store's object for it was made before the directory existed.
+        conv = store._conversation(SITE, "conv-exist-1")
+        assert conv.pool is not None
+        assert conv.pool.claim(path) is None
+        assert os.stat(path).st_ino == marker
+        assert store.append(SITE, "conv-exist-1", [{"n": 1}]).first == 0
+        assert os.stat(path).st_ino == marker
+        assert set(entries) <= set(_entries(root)) | set(entries)
+    finally:
+        store.close()
+
+
+def test_failed_first_append_after_a_claim_syncs_the_pool_on_retry(tmp_path: Path, inline: None) -> None:
+    root = tmp_path / "data"
+    store = FileStore(root, conversation_pool=True)
+    synced: list[str] = []
+    try:
+        store.append(SITE, "conv-retry-0", [{"n": 0}])
+        assert _entries(root)
+        fails = iter([True])
+
+        def hook(op: str) -> None:
+            if op == "fdatasync" and next(fails, False):
+                raise OSError(5, "injected")
+
+        fileio.fault_hook = hook
+        with pytest.raises(Io):
+            store.append(SITE, "conv-retry-1", [{"n": 1}])
+        fileio.fault_hook = None
+        path = layout.conversation_dir(str(root), SITE, "conv-retry-1")
+        assert os.path.isdir(path), "the claim stays: its directory is the conversation's now"
+        assert convpool.unsettled(path), "its directories are still owed a sync"
+
+        def rec(kind: str, *args: Any) -> None:
+            if kind == "dirsync":
+                synced.append(args[0])
+
+        fileio.recorder = rec
+        assert store.append(SITE, "conv-retry-1", [{"n": 2}]).first == 0
+        fileio.recorder = None
+        assert str(_pool(root)) in synced and os.path.dirname(path) in synced
+        assert not convpool.unsettled(path)
+        assert [it.payload for it in store.read(SITE, "conv-retry-1", _all())] == [{"n": 2}]
+    finally:
+        fileio.fault_hook = None
+        fileio.recorder = None
+        store.close()
+
+
+def test_drop_site_takes_the_pool(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    store = FileStore(root, conversation_pool=True)
+    try:
+        for i in range(3):
+            store.append(SITE, f"conv-drop-{i}", [{"n": i}])
+        deadline = time.monotonic() + 10
+        while not _entries(root) and time.monotonic() < deadline:
+            time.sleep(0.01)  # the keeper thread fills it in the background
+        store.drop_site(SITE)
+        time.sleep(0.05)
+        assert not os.path.exists(layout.site_dir(str(root), SITE)), "the site (or its pool) came back"
+        assert store.sites() == []
+    finally:
+        store.close()
+
+
+def test_processes_racing_to_create_the_same_conversations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writers in several processes append to the same new conversations at once: exactly one creates each."""
+    seed = int(os.environ.get("CONVMEM_POOL_SEED", "0")) or random.SystemRandom().randrange(1, 2**31)
+    print(f"pool race seed {seed} (rerun with CONVMEM_POOL_SEED={seed})")
+    rng = random.Random(seed)
+    root = tmp_path / "data"
+    monkeypatch.setattr(convpool, "inline_fill", True)
+    store = FileStore(root, conversation_pool=True)
+    store.append(SITE, "race-warm-000", make_batch("warm", 0, 1, 1))  # the site and its pool exist
+    store.close()
+    pooled = set(_entries(root))
+    assert pooled
+    convs = [f"race-conv-{i:03d}" for i in range(24)]
+    acks = tmp_path / "acks.jsonl"
+    procs = [
+        subprocess.Popen(
+            writer_cmd(
+                *("--data-dir", str(root), "--id", f"w{k}", "--convs", ",".join(convs), "--acks", str(acks)),
+                *("--batches", "30", "--seed", str(rng.randrange(2**31)), "--max-pad", "50", "--conversation-pool"),
+            ),
+            env=subprocess_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for k in range(4)
+    ]
+    for p in procs:
+        _out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err.decode(errors="replace")[-2000:]
+    acked = read_acks(str(acks))
+    assert len(acked) == 4 * 30
+    store = FileStore(root, conversation_pool=True)
+    try:
+        logs = verify(store, SITE, acked, [*convs, "race-warm-000"])
+    finally:
+        store.close()
+    assert pooled - set(_entries(root)), "no writer claimed a pool entry"
+    assert sum(len(v) for v in logs.values()) == 1 + sum(a.n for a in acked), "items that no writer acknowledged"
+    assert not check(root).problems
