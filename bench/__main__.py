@@ -190,16 +190,19 @@ def main(argv: list[str] | None = None) -> int:
     if env["noisy"]:
         print("WARNING: this run was NOISY (" + "; ".join(env["noisy_reasons"]) + "): its figures carry more noise "
               "than their intervals show; rerun on a quiet machine before quoting them.")
-    background = {k: {"waited_s": round(v[0], 4), "timed_s": round(v[1], 4), "calls": int(v[2])}
+    background = {k: {"waited_s": round(v[0], 4), "timed_s": round(v[1], 4), "calls": int(v[2]),
+                      "ran_s": {kind: round(t, 4) for kind, t in util.BACKGROUND_KINDS.get(k, {}).items()}}
                   for k, v in util.BACKGROUND.items() if k.split(" / ")[-1].startswith(util.CONVMEM)}
     if background:
-        print("\nbackground work waited for between calls (convmem's extend-ahead jobs; not in the latencies "
-              "above, which are what a caller sees):")
+        print("\nbackground work waited for between calls (convmem's extend-ahead jobs and pool refills; not in "
+              "the latencies above, which are what a caller sees):")
         for k, v in background.items():
             if v["waited_s"] < 10e-6 * v["calls"]:
                 continue  # only the check itself (a lock): no job ran
+            kinds = ", ".join(f"{kind} {t / v['calls'] * 1e6:.0f} µs" for kind, t in sorted(v["ran_s"].items()))
             print(f"  {k}: {v['waited_s'] / v['calls'] * 1e6:.0f} µs per call on average, "
-                  f"{v['waited_s'] / v['timed_s']:.1%} on top of the calls' own time")
+                  f"{v['waited_s'] / v['timed_s']:.1%} on top of the calls' own time"
+                  + (f" (jobs ran per call: {kinds})" if kinds else ""))
     for name, why in failures.items():
         print(f"\nworkload {name} failed: {why}")
     if missing:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from logstore.background import busy_seconds
 from logstore.writer import wait_for_extensions
 
 #: Backend names, in the order the table shows them.
@@ -169,6 +170,9 @@ def median_ci(values: list[float]) -> tuple[float, float, float]:
 #: Per "workload / backend": [seconds waited for background jobs after the calls, seconds
 #: of the timed calls, calls], filled by :func:`interleaved_ops`.
 BACKGROUND: dict[str, list[float]] = {}
+#: Per "workload / backend": {job kind: seconds the background jobs of that kind ran} (extend-ahead,
+#: pool-refill; see logstore.background), for the jobs started by the calls or run after them.
+BACKGROUND_KINDS: dict[str, dict[str, float]] = {}
 
 #: Seed of the turn order in :func:`interleaved_ops` (recorded so a run can be repeated).
 ORDER_SEED = 20261130
@@ -183,11 +187,13 @@ def interleaved_ops(n: int, fns: dict[str, Callable[[], Any]], before: Callable[
     about 5% between two copies of the same code); a burst of noise from
     another process hits all of them alike.
 
-    After each call, convmem's extend-ahead jobs (background zeroing an append
-    may hand over; the caller does not wait for them) are waited for outside
+    After each call, convmem's background jobs (extend-ahead: zeroing an append
+    may hand over; refilling the pool of conversation directories a first
+    append claimed from; the caller waits for neither) are waited for outside
     the call's time, so their I/O never falls into another backend's timed
     call. The latencies are therefore what a caller sees; the time waited is
-    added up in :data:`BACKGROUND` and reported beside them, so that it is
+    added up in :data:`BACKGROUND` (the jobs' own run time per kind in
+    :data:`BACKGROUND_KINDS`) and reported beside them, so that it is
     never simply left out (``python -m bench.tail_probe`` shows the
     back-to-back case, where jobs overlap the next appends). Returns seconds
     per call.
@@ -204,15 +210,21 @@ def interleaved_ops(n: int, fns: dict[str, Callable[[], Any]], before: Callable[
         order.shuffle(turn)
         for name in turn:
             fn = fns[name]
+            busy = busy_seconds()
             t0 = clock()
             fn()
             t1 = clock()
             out[name].append(t1 - t0)
             wait_for_extensions()
-            acc = BACKGROUND.setdefault(f"{label or 'ops'} / {name}", [0.0, 0.0, 0])
+            key = f"{label or 'ops'} / {name}"
+            acc = BACKGROUND.setdefault(key, [0.0, 0.0, 0])
             acc[0] += clock() - t1
             acc[1] += t1 - t0
             acc[2] += 1
+            kinds = BACKGROUND_KINDS.setdefault(key, {})
+            for kind, took in busy_seconds().items():
+                if took > busy.get(kind, 0.0):
+                    kinds[kind] = kinds.get(kind, 0.0) + took - busy.get(kind, 0.0)
         if progress is not None and i % tick == 0:
             progress.note(f"{label} {i:,}/{n:,}")
     return out

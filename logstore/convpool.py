@@ -2,11 +2,11 @@
 
 A new conversation's first append would otherwise make a directory, a lock
 file and a segment file, and wait for the file and each new directory to be
-written out. The pool moves that work off the append: a background thread
-keeps a few *entries* per site in ``<site>/pool/`` (FORMAT.md 1 and 6),
-built when the process's appends pause (:data:`IDLE_S`), each
-a directory holding the lock file and a first segment file of
-zeros, all synced. A first append *claims* one by renaming
+written out. The pool moves that work off the append: a few *entries* per
+site are kept in ``<site>/pool/`` (FORMAT.md 1 and 6), refilled by a
+background job (:mod:`logstore.background`) as soon as a claim leaves half
+of them or fewer; each is a directory holding the lock file and a first
+segment file of zeros, all synced. A first append *claims* one by renaming
 it into place as the conversation's directory (``renameat2`` with
 ``RENAME_NOREPLACE``: atomic, exactly one of several racing processes wins,
 and an existing directory, even an empty one another process has just made,
@@ -37,7 +37,7 @@ Invariants:
   next append.
 
 * Spares: ``c/.spare`` and ``c/<aa>/.spare`` are empty directories, made and
-  synced by the keeper, renamed (no replace) into place as the next new
+  synced by a fill, renamed (no replace) into place as the next new
   ``<aa>`` or ``<bb>`` in that directory. A directory made by ``mkdir`` on the
   append's path would be new to the filesystem, and on ext4 without a
   journal syncing below it writes each new parent in turn; a spare is not,
@@ -62,7 +62,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from . import fileio, layout
+from . import background, fileio, layout
 from .frame import SEGMENT_HEADER_SIZE
 
 #: Bytes of an entry's segment file by default: the writer's first chunk of preallocated
@@ -141,6 +141,10 @@ class SitePool:
         self._spares_wanted: set[str] = set()
         self._conversations_dir = os.path.join(site_path, layout.CONVERSATIONS_DIR)
         self._names_lock = threading.Lock()
+        #: A fill is handed to a background job and has not started (request_fill).
+        self._fill_queued = False
+        #: A claim left half the pool or less (or nothing is known of it yet): refill_if_due fills.
+        self._fill_due = True
         self.disabled = not fileio.can_rename_noreplace()
 
     # ------------------------------------------------------------ claiming
@@ -150,7 +154,9 @@ class SitePool:
 
         None when the pool is empty or unusable, or when the directory exists
         by now (another process made it): the caller then goes the ordinary
-        way. Refill is requested either way.
+        way. Either way a refill may be due: the caller asks for it with
+        :meth:`refill_if_due` once its append is acknowledged (a fill started
+        now would compete with the append for the disk and the interpreter).
         """
         if self.closed or self.disabled:
             return None
@@ -169,12 +175,19 @@ class SitePool:
         finally:
             with self._names_lock:
                 self._names = names + self._names
-            if len(names) <= TARGET // 2:
-                self._request_fill(self)
+                if len(self._names) <= TARGET // 2:
+                    self._fill_due = True
 
-    def request_fill(self) -> None:
-        """Have the pool filled (in the background unless :data:`inline_fill`)."""
-        if not (self.closed or self.disabled):
+    def refill_if_due(self) -> None:
+        """Have the pool filled (in the background unless :data:`inline_fill`) if a claim used it up to half.
+
+        Also when a spare fan-out directory was used or found missing, and on
+        a site's first conversation (nothing is known of its pool yet).
+        """
+        with self._names_lock:
+            due = self._fill_due or bool(self._spares_wanted)
+            self._fill_due = False
+        if due and not (self.closed or self.disabled):
             self._request_fill(self)
 
     def _list_ready(self) -> list[str]:
@@ -249,9 +262,9 @@ class SitePool:
         parent = os.path.dirname(path)
         spare = os.path.join(parent, layout.SPARE_DIR)
         try:
-            # Never one that holds anything (a power cut can leave a rename undone after
+            # Never one that holds anything else (a power cut can leave a rename undone after
             # entries were made below its new name; none of them was acknowledged).
-            if os.stat(spare).st_nlink == 2:
+            if self._clean_spare(spare, parent == self._conversations_dir):
                 fileio.rename_noreplace(spare, path)
                 fileio.not_durable(path)
                 self._want_spare(parent)
@@ -262,6 +275,19 @@ class SitePool:
             pass  # no spare (or another writer took it)
         fileio.make_dirs(path)
         self._want_spare(parent)
+
+    @staticmethod
+    def _clean_spare(spare: str, nested: bool) -> bool:
+        """Whether ``spare`` is empty, or (``nested``: the spare of ``c/``) holds only an empty spare of its own.
+
+        The spare of ``c/`` becomes a new ``<aa>``, and the spare inside it that
+        ``<aa>``'s spare, so a new ``<aa>`` and its first ``<bb>`` both come from
+        spares. Raises FileNotFoundError when there is no spare.
+        """
+        names = os.listdir(spare)
+        if not names:
+            return True
+        return nested and names == [layout.SPARE_DIR] and not os.listdir(os.path.join(spare, layout.SPARE_DIR))
 
     def _want_spare(self, parent: str) -> None:
         with self._names_lock:
@@ -285,6 +311,8 @@ class SitePool:
 
     def fill(self) -> None:
         """Build ready entries up to :data:`TARGET` (removing what dead builders left, once per process)."""
+        with self._names_lock:
+            self._fill_queued = False
         with self._fill_lock:
             if self.closed or self.disabled:
                 return
@@ -323,25 +351,36 @@ class SitePool:
     def _make_spares(self, parents: list[str]) -> None:
         """Make the missing spare of each directory of ``parents``, each synced (so none is new to the filesystem).
 
+        The spare of ``c/`` gets a spare inside it (see :meth:`_clean_spare`).
         Their entries need not be durable: a spare lost to a power cut is only
         not there, and a first append then makes the directory itself.
         """
-        made = []
+        made: list[str] = []
         for parent in parents:
             if self.closed:
                 break
+            nested = parent == self._conversations_dir
             spare = os.path.join(parent, layout.SPARE_DIR)
             try:
-                fileio.mkdir(spare)
-                made.append(spare)
-            except FileExistsError:
-                try:
-                    if os.stat(spare).st_nlink != 2:
-                        fileio.remove_tree(spare)  # holds what a power cut left below an undone rename
-                except OSError:
-                    pass
+                if not self._clean_spare(spare, nested):
+                    fileio.remove_tree(spare)  # holds what a power cut left below an undone rename
+                    raise FileNotFoundError(spare)
             except FileNotFoundError:
-                pass  # the directory itself is gone (its site was dropped)
+                try:
+                    fileio.mkdir(spare)
+                except OSError:
+                    continue  # the directory itself is gone (its site was dropped), or made meanwhile
+                made.append(spare)
+            except OSError:
+                continue
+            if nested:
+                try:
+                    fileio.mkdir(os.path.join(spare, layout.SPARE_DIR))
+                except OSError:
+                    continue  # there already (or the spare was just taken)
+                made.append(os.path.join(spare, layout.SPARE_DIR))
+                if spare not in made:
+                    made.append(spare)  # its new entry
         if made:
             fileio.sync_all([], made)
 
@@ -399,67 +438,33 @@ class SitePool:
             os.close(fd)
 
 
-#: The keeper builds only after appends have paused this long (seconds): its syncs and its
-#: interpreter time would otherwise delay the appends of a busy process.
-IDLE_S = 0.02
-#: time.monotonic() of this process's latest append (set by the store on every append).
-last_append = [0.0]
-
-
-def note_append() -> None:
-    """Record that an append ran now (the keeper waits for a pause)."""
-    last_append[0] = time.monotonic()
-
-
-class Keeper:
-    """One background thread per process that fills the pools asking for it, when appends pause."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._wanted: list[SitePool] = []
-        self._thread: threading.Thread | None = None
-
-    def request(self, pool: SitePool) -> None:
-        with self._cond:
-            if pool not in self._wanted:
-                self._wanted.append(pool)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="logstore-convpool", daemon=True)
-                self._thread.start()
-            self._cond.notify()
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._wanted:
-                    self._cond.wait()
-                pool = self._wanted[0]
-            while (quiet := time.monotonic() - last_append[0]) < IDLE_S:
-                time.sleep(IDLE_S - quiet)
-            with self._cond:
-                self._wanted.remove(pool)
-            pool.fill()
-
-
-_keeper = Keeper()
-
-
-#: Fill on the calling thread instead of the keeper's (tests that record every file
+#: Fill on the calling thread instead of a background job (tests that record every file
 #: operation in order, e.g. the power-cut simulation, set it).
 inline_fill = False
 
 
 def request_fill(pool: SitePool) -> None:
-    """Ask the process's keeper thread to fill ``pool`` (or fill it now, with :data:`inline_fill`)."""
+    """Have ``pool`` filled by a background job (:mod:`logstore.background`), or now with :data:`inline_fill`.
+
+    At most one fill of a pool is queued at a time; a request while one is
+    queued is part of it.
+    """
     if inline_fill:
         pool.fill()
-    else:
-        _keeper.request(pool)
+        return
+    with pool._names_lock:
+        if pool._fill_queued:
+            return
+        pool._fill_queued = True
+    try:
+        background.run(pool.fill, "pool-refill")
+    except RuntimeError:
+        with pool._names_lock:
+            pool._fill_queued = False  # the interpreter is shutting down: first appends create in place
 
 
 def _after_fork() -> None:
-    global _keeper, _unsettled_lock
-    _keeper = Keeper()  # the parent's thread does not exist in the child
+    global _unsettled_lock
     _unsettled_lock = threading.Lock()  # another thread may have held it at the fork
 
 

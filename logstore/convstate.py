@@ -106,6 +106,8 @@ class ConversationState:
         #: entry claimed as this conversation whose first segment is not written yet.
         self.pool: SitePool | None = None
         self._claim: Claim | None = None
+        #: A first segment was just made: the pool may be refilled once the append is done.
+        self._refill_pool = False
         self._reset_state()
 
     def _reset_state(self) -> None:

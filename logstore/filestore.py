@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import itertools
 import os
 import stat
 import threading
@@ -119,19 +120,24 @@ class FileStore(MemoryStore):
         if self._closed:
             raise Unavailable("the store is closed")
 
-    def _refuse_symlinks(self, path: str) -> None:
+    def _refuse_symlinks(self, path: str, checked: str | None = None) -> None:
         """Raise Unavailable when ``path``, a directory between the root and it, or an entry in it is a symlink.
 
         Invariant: the store never follows a symbolic link below its root, so a
         site or conversation directory linked to another cannot serve (or
         receive) that other's data. Checked whenever a site or conversation is
-        opened (not on every call); ``fsck`` reports links anywhere below the
-        root.
+        opened (not on every call): a site's directories from the root down
+        when this store first uses the site, a conversation's from below its
+        site directory (``checked``, a prefix of ``path`` checked already)
+        when it is opened; ``fsck`` reports links anywhere below the root.
         """
         root = self.root
-        # Each directory from the root down, by its prefix of ``path`` (no relpath/join per part).
-        ends = [i for i in range(len(root) + 1, len(path)) if path[i] == os.sep] + [len(path)]
-        for end in ends:
+        # Each directory from there down, by its prefix of ``path`` (no relpath/join per part).
+        end = len(root if checked is None else checked)
+        while end < len(path):
+            end = path.find(os.sep, end + 1)
+            if end < 0:
+                end = len(path)
             current = path[:end]
             try:
                 if stat.S_ISLNK(os.lstat(current).st_mode):
@@ -174,7 +180,7 @@ class FileStore(MemoryStore):
         if manifest is None:
             manifest = self._manifest(site)
         path = layout.conversation_dir(self.root, site, conversation_id)
-        self._refuse_symlinks(path)
+        self._refuse_symlinks(path, layout.site_dir_of_conversation(path))  # the site's own: by _manifest
         with self._lock:
             conv = self._convs.get(key)
             if conv is None or conv.closed:
@@ -200,7 +206,7 @@ class FileStore(MemoryStore):
         excess = len(self._convs) - self._max_open
         if excess <= 0:
             return
-        for key in list(self._convs)[: excess * 2]:
+        for key in list(itertools.islice(self._convs, excess * 2)):
             if excess <= 0:
                 break
             conv = self._convs[key]
@@ -274,7 +280,6 @@ class FileStore(MemoryStore):
         except OSError as exc:
             raise _io(exc, "append failed") from exc
         observe.emit("append_bytes", len(body))
-        convpool.note_append()
         return SeqRange(first, last)
 
     @staticmethod

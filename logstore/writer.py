@@ -23,15 +23,13 @@ one is created.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import errno
 import os
-import threading
 import time
 from collections.abc import Callable, Iterator
 
-from . import convpool, fileio, frame, index, layout
+from . import background, convpool, fileio, frame, index, layout
 from .convstate import Tip
 from .errors import ConversationFull, Io, StoreError, Timeout
 from .frame import KIND_BATCH, KIND_SEAL, SEGMENT_HEADER_SIZE
@@ -56,61 +54,27 @@ AHEAD_MIN_CHUNK = 64 * 1024
 EXTEND_STEP = 64 * 1024
 _ZERO_STEP = bytes(EXTEND_STEP)
 
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-_idle = threading.Condition(_pool_lock)
-_pending = 0  # jobs handed to the pool and not finished
 
-
-def _in_background(job: Callable[[], None]) -> None:
-    global _pool, _pending
-    with _pool_lock:
-        if _pool is None:
-            _pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="logstore-extend")
-        _pool.submit(_tracked, job)
-        _pending += 1
-
-
-def _tracked(job: Callable[[], None]) -> None:
-    global _pending
-    try:
-        job()
-    finally:
-        with _pool_lock:
-            _pending -= 1
-            if not _pending:
-                _idle.notify_all()
+def _run_extension_job(job: Callable[[], None]) -> None:
+    background.run(job, "extend-ahead")
 
 
 def wait_for_extensions(timeout: float | None = None) -> bool:
-    """Wait until no extend-ahead job of this process is queued or running; False on timeout.
+    """Wait until no background job of this process (extend-ahead, pool refill) is queued or running.
 
-    For benchmarks and tests that must not let a job's I/O fall into
-    something else they time or compare; appends never need it. Call it
-    holding no conversation's ``mutex`` (a job needs it to finish).
+    False on timeout. For benchmarks and tests that must not let a job's I/O
+    fall into something else they time or compare; appends never need it.
+    Call it holding no conversation's ``mutex`` (a job needs it to finish).
+    See :mod:`logstore.background`.
     """
-    with _pool_lock:
-        return _idle.wait_for(lambda: not _pending, timeout)
+    return background.wait(timeout)
 
-
-def _forget_pool() -> None:
-    """In a forked child the parent's pool threads do not exist: start a new pool when needed."""
-    global _pool, _pool_lock, _idle, _pending
-    _pool = None
-    _pool_lock = threading.Lock()
-    _idle = threading.Condition(_pool_lock)
-    _pending = 0
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pool)
 
 #: Runs extend-ahead jobs (:meth:`Writer._extend_ahead`): on a pool thread. Tests that need
 #: the file operations in a reproducible order replace it (with a list's ``append``, say,
 #: and run the jobs themselves); a job that never runs only leaves appends to extend the
 #: file themselves.
-run_extension: Callable[[Callable[[], None]], None] = _in_background
-
+run_extension: Callable[[Callable[[], None]], None] = _run_extension_job
 
 
 class _Batch:
@@ -342,6 +306,10 @@ class Writer(Recovery):
             pass
         fileio.crashpoint("manifest-commit")
         self._schedule_extension()
+        if self._refill_pool:
+            self._refill_pool = False
+            assert self.pool is not None
+            self.pool.refill_if_due()
         return n
 
     def _commit_batch(self, body: bytes, count: int, first: int, stamp: int) -> None:
@@ -623,8 +591,9 @@ class Writer(Recovery):
                                   also=convpool.unsettled(self.path))
         convpool.settled(self.path)
         fileio.crashpoint("after-data-sync")
-        if claim is None and self.pool is not None and self._first_chunk() == self.pool.entry_bytes:
-            self.pool.request_fill()  # a site's first conversation: its pool can be made now
+        # The pool is refilled once the append is done (_commit_group): the fill's syncs and
+        # interpreter time would otherwise compete with this append's.
+        self._refill_pool = self.pool is not None and self._first_chunk() == self.pool.entry_bytes
         self._salt = salt
         self._alloc = size
         self._sealed_active = False
