@@ -334,6 +334,9 @@ class SitePool:
             for name in names:
                 if name.startswith(layout.POOL_BUILDING_PREFIX):
                     self._reclaim(os.path.join(self.dir, name))
+                elif name.startswith(layout.POOL_READY_PREFIX):
+                    self._check_ready(os.path.join(self.dir, name))
+            names = os.listdir(self.dir)
             # Every fan-out directory made before this process: give each a spare.
             with self._names_lock:
                 self._spares_wanted.add(self._conversations_dir)
@@ -416,6 +419,31 @@ class SitePool:
             for fd in seg_fds + lock_fds:
                 os.close(fd)
         return [layout.POOL_READY_PREFIX + t for t in tokens]
+
+    def _check_ready(self, entry: str) -> None:
+        """Remove a ready entry that holds data (a claim whose rename a power cut undid), unless a claimer holds it.
+
+        A claim checks the same before it renames an entry; done here, once per
+        process, such an entry never costs a first append the detour.
+        """
+        try:
+            fd = os.open(os.path.join(entry, layout.LOCK_FILE), os.O_RDWR)
+        except OSError:
+            return
+        try:
+            if not fileio.try_lock(fd, True):
+                return  # being claimed
+            seg = os.open(os.path.join(entry, layout.segment_name(0)), os.O_RDONLY)
+            try:
+                clean = os.fstat(seg).st_size == self.entry_bytes and os.pread(seg, self.entry_bytes, 0) == self._zeros
+            finally:
+                os.close(seg)
+            if not clean:
+                self._discard(entry)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
     @staticmethod
     def _reclaim(entry: str) -> None:
