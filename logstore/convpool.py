@@ -56,6 +56,7 @@ directories per site that had a first append.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import secrets
 import threading
@@ -121,7 +122,10 @@ class SitePool:
     """The pool of one site directory, in this process."""
 
     def __init__(
-        self, site_path: str, request_fill: Callable[[SitePool], None], entry_bytes: int = ENTRY_BYTES
+        self,
+        site_path: str,
+        request_fill: Callable[[SitePool, threading.Lock | None], None],
+        entry_bytes: int = ENTRY_BYTES,
     ) -> None:
         if entry_bytes <= SEGMENT_HEADER_SIZE:
             raise ValueError(f"a pool entry's segment must be larger than a segment header ({entry_bytes} bytes)")
@@ -178,17 +182,20 @@ class SitePool:
                 if len(self._names) <= TARGET // 2:
                     self._fill_due = True
 
-    def refill_if_due(self) -> None:
+    def refill_if_due(self, after: threading.Lock | None = None) -> None:
         """Have the pool filled (in the background unless :data:`inline_fill`) if a claim used it up to half.
 
         Also when a spare fan-out directory was used or found missing, and on
-        a site's first conversation (nothing is known of its pool yet).
+        a site's first conversation (nothing is known of its pool yet). A
+        background fill starts once ``after`` (the appending conversation's
+        mutex, held by the caller) is released, so that it does not compete
+        with the rest of the append for the interpreter.
         """
         with self._names_lock:
             due = self._fill_due or bool(self._spares_wanted)
             self._fill_due = False
         if due and not (self.closed or self.disabled):
-            self._request_fill(self)
+            self._request_fill(self, after)
 
     def _list_ready(self) -> list[str]:
         try:
@@ -471,7 +478,18 @@ class SitePool:
 inline_fill = False
 
 
-def request_fill(pool: SitePool) -> None:
+#: Seconds a background fill waits at most for the append that asked for it to let go of its
+#: conversation (see SitePool.refill_if_due).
+AFTER_WAIT_S = 0.05
+
+
+def _fill_after(pool: SitePool, after: threading.Lock) -> None:
+    if after.acquire(timeout=AFTER_WAIT_S):
+        after.release()
+    pool.fill()
+
+
+def request_fill(pool: SitePool, after: threading.Lock | None = None) -> None:
     """Have ``pool`` filled by a background job (:mod:`logstore.background`), or now with :data:`inline_fill`.
 
     At most one fill of a pool is queued at a time; a request while one is
@@ -485,7 +503,7 @@ def request_fill(pool: SitePool) -> None:
             return
         pool._fill_queued = True
     try:
-        background.run(pool.fill, "pool-refill")
+        background.run(pool.fill if after is None else functools.partial(_fill_after, pool, after), "pool-refill")
     except RuntimeError:
         with pool._names_lock:
             pool._fill_queued = False  # the interpreter is shutting down: first appends create in place

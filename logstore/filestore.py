@@ -77,7 +77,7 @@ class FileStore(MemoryStore):
         index_interval: int = 4096,
         max_open: int = 256,
         quota: SiteQuota | None = None,
-        conversation_pool: bool = False,
+        conversation_pool: bool = True,
     ) -> None:
         self.root = os.path.abspath(os.fspath(data_dir))
         self.options = Options(lock_timeout=lock_timeout, segment_bytes=segment_bytes, index_interval=index_interval)

@@ -309,7 +309,7 @@ class Writer(Recovery):
         if self._refill_pool:
             self._refill_pool = False
             assert self.pool is not None
-            self.pool.refill_if_due()
+            self.pool.refill_if_due(self.mutex)
         return n
 
     def _commit_batch(self, body: bytes, count: int, first: int, stamp: int) -> None:

@@ -233,3 +233,33 @@ def test_processes_racing_to_create_the_same_conversations(tmp_path: Path, monke
     assert pooled - set(_entries(root)), "no writer claimed a pool entry"
     assert sum(len(v) for v in logs.values()) == 1 + sum(a.n for a in acked), "items that no writer acknowledged"
     assert not check(root).problems
+
+
+def test_a_claim_makes_no_file_or_directory_on_the_appends_path(tmp_path: Path, inline: None) -> None:
+    """With the pool and the spares filled, a first append only renames: new <aa> and <bb> come from spares."""
+    root = tmp_path / "data"
+    store = FileStore(root, conversation_pool=True)
+    ops: list[tuple[str, str]] = []
+
+    def rec(kind: str, *args: Any) -> None:
+        ops.append((kind, str(args[0]) if args else ""))
+
+    try:
+        store.append(SITE, "conv-spare-000", [{"n": 0}])
+        new_aa = 0
+        fileio.recorder = rec
+        for i in range(1, 41):
+            conv = f"conv-spare-{i:03d}"
+            bb_dir = os.path.dirname(layout.conversation_dir(str(root), SITE, conv))
+            new_aa += not os.path.isdir(os.path.dirname(bb_dir))
+            ops.clear()
+            assert store.append(SITE, conv, [{"n": i}]).first == 0
+            # Inline fills run after the append is durable: look at what came before its data sync.
+            path = [k for k, _ in ops[: next(j for j, (k, _) in enumerate(ops) if k == "sync")]]
+            assert "mkdir" not in path and "create" not in path, (conv, ops)
+            assert path.count("rename") >= 2, (conv, ops)  # a <bb> spare (this site is small) and the entry
+        assert new_aa >= 5, "the conversations should include new <aa> directories"
+    finally:
+        fileio.recorder = None
+        store.close()
+    assert not check(root).problems
