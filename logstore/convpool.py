@@ -61,6 +61,7 @@ import os
 import secrets
 import threading
 import time
+import weakref
 from collections.abc import Callable
 
 from . import background, fileio, layout
@@ -139,8 +140,11 @@ class SitePool:
         self._fill_lock = threading.Lock()
         self.closed = False
         self._reclaimed = False
-        #: Ready entries as last listed or built here (others may have claimed some since).
+        #: Ready entries as last listed here (others may have claimed some since), not ours.
         self._names: list[str] = []
+        #: Ready entries this pool built, kept open and flocked (lock, segment descriptors): only
+        #: this process claims them while it runs; closed by close() (or in a forked child).
+        self._held: dict[str, tuple[int, int]] = {}
         #: Directories (``c/`` and ``c/<aa>/``) whose spare was used, or that may lack one.
         self._spares_wanted: set[str] = set()
         self._conversations_dir = os.path.join(site_path, layout.CONVERSATIONS_DIR)
@@ -149,6 +153,7 @@ class SitePool:
         self._fill_queued = False
         #: A claim left half the pool or less (or nothing is known of it yet): refill_if_due fills.
         self._fill_due = True
+        _pools.add(self)
         self.disabled = not fileio.can_rename_noreplace()
 
     # ------------------------------------------------------------ claiming
@@ -165,8 +170,26 @@ class SitePool:
         if self.closed or self.disabled:
             return None
         with self._names_lock:
+            held = self._held.popitem() if self._held else None
+        if held is not None:
+            name, (lock_fd, seg_fd) = held
+            keep = False
+            try:
+                got = self._place_entry(os.path.join(self.dir, name), lock_fd, seg_fd, conversation_path)
+                if got is False:
+                    with self._names_lock:
+                        self._held[name] = (lock_fd, seg_fd)  # still ours, still clean
+                keep = got is not None
+            finally:
+                if not keep:
+                    os.close(seg_fd)
+                    os.close(lock_fd)
+                self._note_left()
+            if got is not None:
+                return got if isinstance(got, Claim) else None
+        with self._names_lock:
             if not self._names:
-                self._names = self._list_ready()
+                self._names = [n for n in self._list_ready() if n not in self._held]
             names, self._names = self._names, []
         try:
             while names:
@@ -179,8 +202,12 @@ class SitePool:
         finally:
             with self._names_lock:
                 self._names = names + self._names
-                if len(self._names) <= TARGET // 2:
-                    self._fill_due = True
+            self._note_left()
+
+    def _note_left(self) -> None:
+        with self._names_lock:
+            if len(self._names) + len(self._held) <= TARGET // 2:
+                self._fill_due = True
 
     def refill_if_due(self, after: threading.Lock | None = None) -> None:
         """Have the pool filled (in the background unless :data:`inline_fill`) if a claim used it up to half.
@@ -213,7 +240,7 @@ class SitePool:
         seg_fd = -1
         try:
             if not fileio.try_lock(lock_fd, True):
-                return None  # another process is claiming it
+                return None  # another process is claiming it, or keeps it for itself (it built it)
             try:
                 seg_fd = os.open(os.path.join(entry, layout.segment_name(0)), os.O_RDWR)
                 size = os.fstat(seg_fd).st_size
@@ -223,31 +250,36 @@ class SitePool:
             if not clean:
                 self._discard(entry)
                 return None
-            parent = os.path.dirname(conversation_path)
-            try:
-                self._fanout(parent)
-                fileio.rename_noreplace(entry, conversation_path)
-            except FileExistsError:
-                return False
-            except FileNotFoundError:
-                return None
-            except OSError as exc:
-                if exc.errno in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EPERM):
-                    self.disabled = True  # this filesystem cannot rename without replacing
-                    return False
-                raise
-            fileio.crashpoint("pool-claimed")
-            chain, linked = fileio.dir_chain(parent, self._sites_dir)
-            dirs = [*chain, self.dir]
-            with _unsettled_lock:
-                _unsettled[conversation_path] = dirs
-            keep = True
-            return Claim(lock_fd, seg_fd, size, dirs, linked)
+            got = self._place_entry(entry, lock_fd, seg_fd, conversation_path)
+            keep = isinstance(got, Claim)
+            return got
         finally:
             if not keep:
                 if seg_fd >= 0:
                     os.close(seg_fd)
                 os.close(lock_fd)
+
+    def _place_entry(self, entry: str, lock_fd: int, seg_fd: int, conversation_path: str) -> Claim | bool | None:
+        """Rename ``entry`` (locked by us, checked clean) into place; as :meth:`_take` returns."""
+        parent = os.path.dirname(conversation_path)
+        try:
+            self._fanout(parent)
+            fileio.rename_noreplace(entry, conversation_path)
+        except FileExistsError:
+            return False
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EPERM):
+                self.disabled = True  # this filesystem cannot rename without replacing
+                return False
+            raise
+        fileio.crashpoint("pool-claimed")
+        chain, linked = fileio.dir_chain(parent, self._sites_dir)
+        dirs = [*chain, self.dir]
+        with _unsettled_lock:
+            _unsettled[conversation_path] = dirs
+        return Claim(lock_fd, seg_fd, self.entry_bytes, dirs, linked)
 
     def _fanout(self, leaf: str) -> None:
         """Make the fan-out directory ``leaf`` (``c/<aa>/<bb>``) and ``c/<aa>`` when missing, from spares if any.
@@ -311,10 +343,21 @@ class SitePool:
     # ------------------------------------------------------------- filling
 
     def close(self) -> None:
-        """Stop filling (waits for a fill under way, so the site can be removed after)."""
+        """Stop filling (waits for a fill under way, so the site can be removed after); let go of our entries."""
         self.closed = True
         with self._fill_lock:
-            pass
+            self._let_go()
+
+    def _let_go(self) -> None:
+        """Close the entries this pool keeps open and locked (they stay ready, for any writer)."""
+        with self._names_lock:
+            held, self._held = list(self._held.values()), {}
+        for lock_fd, seg_fd in held:
+            for fd in (seg_fd, lock_fd):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
     def fill(self) -> None:
         """Build ready entries up to :data:`TARGET` (removing what dead builders left, once per process)."""
@@ -354,7 +397,7 @@ class SitePool:
             built = self._build(TARGET - len(ready))
             fileio.fsync_dir(self.dir)
         with self._names_lock:
-            self._names = ready + built
+            self._names = [n for n in ready + built if n not in self._held]
             wanted, self._spares_wanted = self._spares_wanted, set()
         self._make_spares(sorted(wanted))
 
@@ -399,7 +442,9 @@ class SitePool:
 
         The caller syncs the pool directory after. Each entry is flocked by
         this builder until it is named ready (so no claimer or reclaimer
-        touches it unfinished).
+        touches it unfinished), and after that too: the entries are kept open
+        and locked for this process's claims (:attr:`_held`). Returns the
+        names of entries built and not kept (the pool was closed meanwhile).
         """
         tokens: list[str] = []
         lock_fds: list[int] = []
@@ -422,6 +467,13 @@ class SitePool:
                     os.path.join(self.dir, layout.POOL_BUILDING_PREFIX + t),
                     os.path.join(self.dir, layout.POOL_READY_PREFIX + t),
                 )
+            if not self.closed:
+                # Kept open and locked: this process's next claims need no open, lock or check.
+                with self._names_lock:
+                    for t, lock_fd, seg_fd in zip(tokens, lock_fds, seg_fds, strict=True):
+                        self._held[layout.POOL_READY_PREFIX + t] = (lock_fd, seg_fd)
+                lock_fds, seg_fds = [], []
+                return []
         finally:
             for fd in seg_fds + lock_fds:
                 os.close(fd)
@@ -509,9 +561,18 @@ def request_fill(pool: SitePool, after: threading.Lock | None = None) -> None:
             pool._fill_queued = False  # the interpreter is shutting down: first appends create in place
 
 
+#: Every SitePool of this process (so that a forked child can let go of their entries).
+_pools: weakref.WeakSet[SitePool] = weakref.WeakSet()
+
+
 def _after_fork() -> None:
     global _unsettled_lock
     _unsettled_lock = threading.Lock()  # another thread may have held it at the fork
+    for pool in list(_pools):
+        # The parent keeps them: the child only closes its copies of the descriptors.
+        pool._names_lock = threading.Lock()
+        pool._fill_lock = threading.Lock()
+        pool._let_go()
 
 
 if hasattr(os, "register_at_fork"):
