@@ -62,10 +62,11 @@ class FileStore(MemoryStore):
     Safe for many threads, and for several processes sharing one directory.
     At most ``max_open`` conversations keep descriptors open (three each);
     the least recently used are closed beyond that. With
-    ``conversation_pool`` a first append takes a directory made ahead of need
-    from the site's pool (:mod:`logstore.convpool`); without (the default:
-    on the benchmark machine it did not make first appends faster, see the
-    README's "What limits it"), every new conversation is created in place.
+    ``conversation_pool`` (the default) a first append takes a directory made
+    ahead of need from the site's pool (:mod:`logstore.convpool`), refilled
+    by a background job; each site's pool keeps up to two descriptors open
+    per entry this process built. ``conversation_pool=False`` creates every
+    new conversation in place, on the append's path.
     """
 
     def __init__(

@@ -38,7 +38,12 @@ def main() -> int:
     ap.add_argument("--max-pad", type=int, default=300)
     ap.add_argument("--compact-bytes", type=int, default=0, help="shrink the manifest compaction threshold")
     ap.add_argument("--lock-timeout", type=float, default=10.0)
-    ap.add_argument("--conversation-pool", action="store_true", help="first appends claim pre-created directories")
+    ap.add_argument(
+        "--conversation-pool",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="first appends claim pre-created directories (the engine's default)",
+    )
     args = ap.parse_args()
 
     rng = random.Random(args.seed)
