@@ -25,7 +25,7 @@ import pytest
 from logstore import FileStore, Io, Range, fileio
 from logstore.codec import encode_batch
 from logstore.maintenance import scan_segment
-from logstore.writer import _Batch
+from logstore.writer import _Batch, wait_for_extensions
 from tests.logstore_helpers import segment_files
 
 SITE = "site-group"
@@ -109,6 +109,7 @@ def test_a_group_shares_one_write_and_one_sync(tmp_path: Path, monkeypatch: pyte
     ops: list[str] = []
     try:
         store.append(SITE, "conv-group", [{"n": 0}])  # the conversation exists: only the group's I/O is counted
+        wait_for_extensions()  # and the site's pool of conversation directories is filled (in the background)
         monkeypatch.setattr(fileio, "fault_hook", ops.append)
         done = _queue_and_lead(store, "conv-group", [[{"n": 1}], [{"n": 2}, {"n": 3}], [{"n": 4}]])
         monkeypatch.setattr(fileio, "fault_hook", None)
