@@ -24,7 +24,10 @@ Invariants:
   by default), and its name is never reused. Whoever holds the flock of its lock
   file may claim or discard it; the claimer keeps that flock as the
   conversation's writer lock until its first batch is durable, so no other
-  process can see the new conversation as writable before then.
+  process can see the new conversation as writable before then. A builder
+  keeps the flock of the entries it built (and their descriptors open) for
+  its own claims while it runs: other processes skip them, and take them
+  once it has exited (or closed its store).
 * An entry being built (``t-<16 hex>``) is flocked by its builder; one whose
   flock can be taken has no builder left and is removed.
 * A segment in the pool that is not all zeros was claimed by a first append
