@@ -263,3 +263,43 @@ def test_a_claim_makes_no_file_or_directory_on_the_appends_path(tmp_path: Path, 
         fileio.recorder = None
         store.close()
     assert not check(root).problems
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_leaves_its_parents_entries_alone(tmp_path: Path) -> None:
+    """Entries a process built stay locked for it; a forked child closes its copies and goes its own way."""
+    root = tmp_path / "data"
+    store = FileStore(root, conversation_pool=True)
+    try:
+        store.append(SITE, "conv-fork-parent-0", [{"p": 0}])
+        assert background.wait(10)
+        held = set(store._pools[SITE]._held)
+        assert held and held <= set(_entries(root))
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover (the child reports by its exit status)
+            status = 1
+            try:
+                child = FileStore(root, conversation_pool=True)
+                ok = child.append(SITE, "conv-fork-child-1", [{"c": 1}]).first == 0
+                ok = ok and store.append(SITE, "conv-fork-child-2", [{"c": 2}]).first == 0
+                ok = ok and not store._pools[SITE]._held.keys() & held  # let go of the parent's in the child
+                background.wait(10)
+                child.close()
+                status = 0 if ok else 2
+            finally:
+                os._exit(status)
+        _, wstatus = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(wstatus) == 0
+        assert store.append(SITE, "conv-fork-parent-1", [{"p": 1}]).first == 0
+        # The child could not lock the parent's entries: all but the one the parent's claim took are there.
+        assert len(held - set(_entries(root))) == 1
+        for conv, payload in (
+            ("conv-fork-parent-0", {"p": 0}),
+            ("conv-fork-parent-1", {"p": 1}),
+            ("conv-fork-child-1", {"c": 1}),
+            ("conv-fork-child-2", {"c": 2}),
+        ):
+            assert [it.payload for it in store.read(SITE, conv, _all())] == [payload], conv
+    finally:
+        store.close()
+    assert not check(root).problems
