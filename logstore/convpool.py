@@ -146,7 +146,8 @@ class SitePool:
         #: Ready entries as last listed here (others may have claimed some since), not ours.
         self._names: list[str] = []
         #: Ready entries this pool built, kept open and flocked (lock, segment descriptors): only
-        #: this process claims them while it runs; closed by close() (or in a forked child).
+        #: this process claims them while it runs; closed by close() (or in a forked child). At
+        #: most MAX_HELD over all the pools of the process.
         self._held: dict[str, tuple[int, int]] = {}
         #: Directories (``c/`` and ``c/<aa>/``) whose spare was used, or that may lack one.
         self._spares_wanted: set[str] = set()
@@ -177,6 +178,7 @@ class SitePool:
         if held is not None:
             name, (lock_fd, seg_fd) = held
             keep = False
+            got: Claim | bool | None = None
             try:
                 got = self._place_entry(os.path.join(self.dir, name), lock_fd, seg_fd, conversation_path)
                 if got is False:
@@ -184,6 +186,8 @@ class SitePool:
                         self._held[name] = (lock_fd, seg_fd)  # still ours, still clean
                 keep = got is not None
             finally:
+                if got is not False:
+                    _release_held(1)
                 if not keep:
                     os.close(seg_fd)
                     os.close(lock_fd)
@@ -355,6 +359,7 @@ class SitePool:
         """Close the entries this pool keeps open and locked (they stay ready, for any writer)."""
         with self._names_lock:
             held, self._held = list(self._held.values()), {}
+        _release_held(len(held))
         for lock_fd, seg_fd in held:
             for fd in (seg_fd, lock_fd):
                 try:
@@ -470,13 +475,14 @@ class SitePool:
                     os.path.join(self.dir, layout.POOL_BUILDING_PREFIX + t),
                     os.path.join(self.dir, layout.POOL_READY_PREFIX + t),
                 )
-            if not self.closed:
-                # Kept open and locked: this process's next claims need no open, lock or check.
-                with self._names_lock:
-                    for t, lock_fd, seg_fd in zip(tokens, lock_fds, seg_fds, strict=True):
-                        self._held[layout.POOL_READY_PREFIX + t] = (lock_fd, seg_fd)
-                lock_fds, seg_fds = [], []
-                return []
+            kept = 0 if self.closed else _reserve_held(len(tokens))
+            # Kept open and locked (within the process's budget): this process's next claims need
+            # no open, lock or check.
+            with self._names_lock:
+                for t, lock_fd, seg_fd in zip(tokens[:kept], lock_fds, seg_fds, strict=False):
+                    self._held[layout.POOL_READY_PREFIX + t] = (lock_fd, seg_fd)
+            lock_fds, seg_fds = lock_fds[kept:], seg_fds[kept:]
+            tokens = tokens[kept:]
         finally:
             for fd in seg_fds + lock_fds:
                 os.close(fd)
@@ -564,13 +570,34 @@ def request_fill(pool: SitePool, after: threading.Lock | None = None) -> None:
             pool._fill_queued = False  # the interpreter is shutting down: first appends create in place
 
 
+#: At most this many entries are kept open and locked by one process, over all its sites (two
+#: descriptors each); entries built beyond it are closed, ready for any writer's claim.
+MAX_HELD = 32
+_held_count = [0]
+_held_lock = threading.Lock()
+
+
+def _reserve_held(wanted: int) -> int:
+    """How many of ``wanted`` more entries this process may keep open (reserved for the caller)."""
+    with _held_lock:
+        n = max(0, min(wanted, MAX_HELD - _held_count[0]))
+        _held_count[0] += n
+        return n
+
+
+def _release_held(n: int) -> None:
+    with _held_lock:
+        _held_count[0] -= n
+
+
 #: Every SitePool of this process (so that a forked child can let go of their entries).
 _pools: weakref.WeakSet[SitePool] = weakref.WeakSet()
 
 
 def _after_fork() -> None:
-    global _unsettled_lock
+    global _unsettled_lock, _held_lock
     _unsettled_lock = threading.Lock()  # another thread may have held it at the fork
+    _held_lock = threading.Lock()
     for pool in list(_pools):
         # The parent keeps them: the child only closes its copies of the descriptors.
         pool._names_lock = threading.Lock()

@@ -64,9 +64,10 @@ class FileStore(MemoryStore):
     the least recently used are closed beyond that. With
     ``conversation_pool`` (the default) a first append takes a directory made
     ahead of need from the site's pool (:mod:`logstore.convpool`), refilled
-    by a background job; each site's pool keeps up to two descriptors open
-    per entry this process built. ``conversation_pool=False`` creates every
-    new conversation in place, on the append's path.
+    by a background job; the entries a process built stay open (two
+    descriptors each, at most ``convpool.MAX_HELD`` entries over all sites).
+    ``conversation_pool=False`` creates every new conversation in place, on
+    the append's path.
     """
 
     def __init__(

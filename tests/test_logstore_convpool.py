@@ -303,3 +303,28 @@ def test_a_forked_child_leaves_its_parents_entries_alone(tmp_path: Path) -> None
     finally:
         store.close()
     assert not check(root).problems
+
+
+def test_entries_kept_open_stay_within_the_process_budget(
+    tmp_path: Path, inline: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past convpool.MAX_HELD, built entries are closed and claimed the ordinary way (open, lock, check)."""
+    monkeypatch.setattr(convpool, "MAX_HELD", 3)
+    monkeypatch.setattr(convpool, "_held_count", [0])
+    root = tmp_path / "data"
+    store = FileStore(root, conversation_pool=True)
+    sites = ["site-budget-a", "site-budget-b"]
+    try:
+        for i in range(12):
+            for site in sites:
+                assert store.append(site, f"conv-budget-{i:03d}", [{"n": i}]).first == 0
+                assert sum(len(p._held) for p in store._pools.values()) == convpool._held_count[0] <= 3
+        left = [c for site in sites for c in os.listdir(layout.pool_dir(layout.site_dir(str(root), site)))]
+        assert left, "the pools were refilled"
+        for site in sites:
+            for i in range(12):
+                assert [it.payload for it in store.read(site, f"conv-budget-{i:03d}", _all())] == [{"n": i}]
+    finally:
+        store.close()
+    assert convpool._held_count[0] == 0
+    assert not check(root).problems
