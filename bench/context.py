@@ -83,6 +83,7 @@ class Ctx:
     postgres: Postgres | None = field(init=False, default=None)
     postgres_dsn: str | None = field(init=False, default=None)
     _pg_cluster: Any = field(init=False, default=None)
+    _pg_reaper: Any = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.convmem = Convmem(self.convmem_dir)
@@ -114,7 +115,9 @@ class Ctx:
                 return
             base = pgcluster.make_base("convmem-bench-pg-")
             try:
-                self._pg_cluster = (pgcluster.start_cluster(base, "bench"), base)
+                cluster = pgcluster.start_cluster(base, "bench")
+                self._pg_cluster = (cluster, base)
+                self._pg_reaper = pgcluster.reap_on_exit(cluster, base)
             except Exception as exc:
                 print(f"bench: could not start PostgreSQL ({exc}); the postgres column stays empty", file=sys.stderr)
                 pgcluster.remove(base)
@@ -190,3 +193,7 @@ class Ctx:
             cluster.stop()
             pgcluster.remove(Path(base))
             self._pg_cluster = None
+        if self._pg_reaper is not None:
+            self._pg_reaper.stdin.close()  # nothing left for it to do: it finds the server stopped
+            self._pg_reaper.wait(timeout=60)
+            self._pg_reaper = None

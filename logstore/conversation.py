@@ -26,9 +26,13 @@ __all__ = ["Conversation", "ManifestHook", "Options", "Tip"]
 class Conversation(Writer, Reader):
     """The log of one conversation of one site."""
 
+    def busy(self) -> bool:
+        """Whether :meth:`close` would wait: a group commit or an extend-ahead job is running (``mutex`` held)."""
+        return bool(self._inflight or self._queue or self._growing)
+
     def close(self) -> None:
         """Release every descriptor, writing our pending index entries if still in order. Caller holds ``mutex``."""
-        while self._inflight or self._queue or self._growing:
+        while self.busy():
             self._cond.wait()  # a group commit is writing, batches wait for one, or an extension runs
         if self._idx_unwritten and self._fd is not None and self._lock_fd is not None:
             try:

@@ -196,7 +196,7 @@ class FileStore(MemoryStore):
                 conv.pool = pool
                 self._convs[key] = conv
             self._convs.move_to_end(key)
-            self._evict_locked()
+            self._evict_locked(key)
             return conv
 
     def open_conversations(self) -> int:
@@ -204,16 +204,24 @@ class FileStore(MemoryStore):
         with self._lock:
             return len(self._convs)
 
-    def _evict_locked(self) -> None:
+    def _evict_locked(self, keep: tuple[str, str]) -> None:
+        """Close the least recently used conversations over ``max_open``, never ``keep`` (being handed out)."""
         excess = len(self._convs) - self._max_open
         if excess <= 0:
             return
         for key in list(itertools.islice(self._convs, excess * 2)):
             if excess <= 0:
                 break
+            if key == keep:
+                continue
             conv = self._convs[key]
             if conv.mutex.acquire(blocking=False):
                 try:
+                    # Never wait here, under the store's lock, for a sync or an extension: every
+                    # other conversation's lookup would wait too. A busy one stays open for now
+                    # (the cache runs over max_open until a later opening evicts it).
+                    if conv.busy():
+                        continue
                     conv.close()
                 finally:
                     conv.mutex.release()

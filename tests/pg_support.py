@@ -50,6 +50,8 @@ def session_dsn() -> str | None:
                 pgcluster.remove(base)
             else:
                 dsn = cluster.dsn()
+                # Stops it even when the test run is killed; atexit below stops it on a normal exit.
+                _state["reaper"] = pgcluster.reap_on_exit(cluster, base)
 
                 def stop() -> None:
                     cluster.stop()

@@ -4,7 +4,10 @@
 command runs as the ``postgres`` OS user (``runuser``), in a temporary
 directory handed to that user. Each cluster listens on 127.0.0.1 on a port
 picked free, with its socket in its own directory, and is stopped with
-``pg_ctl stop -m immediate`` (or killed) when done.
+``pg_ctl stop -m immediate`` (or killed) when done. :func:`reap_on_exit`
+stops and removes a cluster even when the process that started it dies
+without cleaning up (SIGKILL, a crash): a killed benchmark or test run must
+not leave a server running and its directory behind.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -189,3 +193,33 @@ def start_cluster(base: Path, name: str = "main", *settings: str) -> Cluster:
 
 def remove(base: Path) -> None:
     shutil.rmtree(base, ignore_errors=True)
+
+
+# Run by the reaper process: wait until standard input reaches end of file (the
+# process that started it has exited, however it died: the kernel closes its
+# end of the pipe), then stop the cluster and remove its directory.
+_REAPER = """
+import shutil, subprocess, sys
+sys.stdin.buffer.read()
+subprocess.run(sys.argv[2:], capture_output=True, timeout=120, check=False)
+shutil.rmtree(sys.argv[1], ignore_errors=True)
+"""
+
+
+def reap_on_exit(cluster: Cluster, base: Path) -> subprocess.Popen[bytes]:
+    """Start a process that stops ``cluster`` and removes ``base`` once this process has exited.
+
+    It holds the read end of a pipe whose write end only this process holds
+    (not inherited by programs it runs), in a session of its own so that a
+    terminal's signals to this process's group leave it alive to clean up.
+    A normal stop first and the reaper after it is harmless: stopping a
+    stopped server fails quietly and the directory is already gone.
+    """
+    stop = _as_owner([str(cluster.bin / "pg_ctl"), "-D", str(cluster.data), "-m", "immediate", "stop"])
+    return subprocess.Popen(
+        [sys.executable, "-c", _REAPER, str(base), *stop],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
