@@ -62,7 +62,9 @@ class Tuning:
     incidental word with a task hint, and unlike it in meaning, must not push
     a memory that means the same out of the top two. A hit holding every query
     word is never dropped, so names and identifiers are always found.
-    ``depth`` is how many hits of each ranking enter the fusion.
+    ``depth`` is how many hits of each ranking enter the fusion (at least the
+    search's ``limit``); 30 ranked the dev half no worse than 100, among 10,000
+    distractors better, and costs less (see the README's long-term memory section).
     """
 
     lexical: float = 1.0
@@ -70,7 +72,7 @@ class Tuning:
     bm25: tuple[float, float, float, float] = DEFAULT_WEIGHTS
     min_similarity: float = 0.1
     lexical_gate: float = 0.35
-    depth: int = 100
+    depth: int = 30
 
 
 def embedding_text(doc: MemoryDoc) -> str:
@@ -215,7 +217,7 @@ class Retriever:
             raise ValueError(f"limit must be at least 1, got {limit}")
         with self._lock:
             self._check_open()
-            lex, sem = self._rankings(query, category, tuple(tags), include_deleted, self._tuning.depth)
+            lex, sem = self._rankings(query, category, tuple(tags), include_deleted, max(self._tuning.depth, limit))
             t = self._tuning
             fused: dict[str, float] = {}
             for weight, ranking in ((t.lexical, lex), (t.semantic, sem)):
@@ -274,7 +276,7 @@ class Retriever:
         t = self._tuning
         use_semantic = self._embedder is not None and t.semantic > 0 and bool(terms)
         gate = use_semantic and len(terms) > 1
-        qvec = self._embedder.embed([" ".join(terms)])[0] if use_semantic and self._embedder is not None else None
+        qvec = self._embedder.embed_one(" ".join(terms)) if use_semantic and self._embedder is not None else None
         sims = self._semantic.scores(qvec) if qvec is not None else None  # one pass, shared by the gate and the ranking
         lex: list[str] = []
         if t.lexical > 0:
