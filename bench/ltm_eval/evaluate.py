@@ -63,6 +63,23 @@ def evaluate(base: Tuning | None = None, docs: Sequence[MemoryDoc] | None = None
     return out
 
 
+def at_scale(distractors: Sequence[MemoryDoc], base: Tuning | None = None,
+             qs: Sequence[Query] | None = None) -> dict[str, dict[int, float]]:
+    """Fused recall ``{half: {k: recall}}`` (halves dev, test, all) with the labelled memories among ``distractors``.
+
+    The distractors' ids are prefixed so that none can collide with a labelled id.
+    """
+    qs = list(qs if qs is not None else queries())
+    docs = [replace(d, memory_id="distractor_" + d.memory_id) for d in distractors] + memories()
+    halves = {"dev": [q for q in qs if q.dev], "test": [q for q in qs if not q.dev], "all": qs}
+    with tempfile.TemporaryDirectory(prefix="ltm-eval-") as tmp:
+        r = Retriever(tmp, tuning=base)
+        r.load(docs)
+        out = {h: {k: recall(r, part, k) for k in KS} for h, part in halves.items()}
+        r.close()
+    return out
+
+
 def table(res: dict[str, dict[str, dict[int, float]]]) -> str:
     lines = [f"{'ranking':<11} {'group':<11} " + " ".join(f"R@{k:<5}" for k in KS)]
     for mode, by_group in res.items():
