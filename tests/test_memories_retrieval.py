@@ -237,3 +237,26 @@ def test_lexical_only_retriever(tmp_path: Path) -> None:
     assert ids(r.search("oat milk", limit=1)) == ["m_coffee"]
     assert r.search("entirely unrelated words", limit=3) == []
     r.close()
+
+
+def test_a_repeated_search_sees_every_change(retriever: Retriever) -> None:
+    """Recent answers are reused only until the memories change: a create, a soft delete, an erase."""
+    q = "oat milk coffee"
+    first = ids(retriever.search(q, limit=3))
+    assert first[0] == "m_coffee"
+    assert ids(retriever.search(q, limit=3)) == first
+    retriever.upsert(doc("m_latte", "Oat milk coffee", "Oat milk coffee, oat milk latte, coffee with oat milk"))
+    assert "m_latte" in ids(retriever.search(q, limit=3))
+    retriever.upsert(doc("m_latte", "Oat milk coffee", "Oat milk coffee, oat milk latte", active=False))
+    assert "m_latte" not in ids(retriever.search(q, limit=3))
+    assert "m_latte" in ids(retriever.search(q, limit=3, include_deleted=True))
+    retriever.erase("m_latte")
+    assert "m_latte" not in ids(retriever.search(q, limit=3, include_deleted=True))
+    assert ids(retriever.search(q, limit=3)) == first
+
+
+def test_no_answers_kept(tmp_path: Path) -> None:
+    r = Retriever(str(tmp_path / "idx"), answers_kept=0)
+    r.load(CORPUS)
+    assert ids(r.search("oat milk", limit=1)) == ids(r.search("oat milk", limit=1)) == ["m_coffee"]
+    r.close()
