@@ -260,3 +260,32 @@ def test_no_answers_kept(tmp_path: Path) -> None:
     r.load(CORPUS)
     assert ids(r.search("oat milk", limit=1)) == ids(r.search("oat milk", limit=1)) == ["m_coffee"]
     r.close()
+
+
+def test_word_counts_follow_every_change() -> None:
+    """The common-word cut counts words as rows come, change and go."""
+    from logstore.memories._lexical import LexicalIndex
+
+    idx = LexicalIndex()
+    idx.put_many([(1, "Deploy deploys", "déploy", "", ()), (2, "deploy", "", "", ("Ops",))])
+    assert idx._counts(["deploy", "deploys", "ops", "other"]) == [2, 1, 1, 0]
+    idx.put(1, "other", "", "", ())
+    assert idx._counts(["deploy", "deploys", "other"]) == [1, 0, 1]
+    idx.remove(2)
+    idx.remove(2)
+    assert idx._counts(["deploy", "ops", "other"]) == [0, 0, 1]
+    assert idx._df == {"other": 1}
+    idx.close()
+
+
+def test_ranking_past_many_filtered_rows() -> None:
+    """When the best rows are all filtered out, the ranking still reaches the ones behind them."""
+    from logstore.memories._lexical import LexicalIndex
+
+    idx = LexicalIndex()
+    idx.put_many([(k, "alpha alpha alpha", "", "", ()) for k in range(1, 91)]
+                 + [(k, "alpha", "bravo charlie delta echo foxtrot golf", "", ()) for k in range(91, 101)])
+    got = idx.rank(["alpha"], limit=5, skip=set(range(1, 91)))
+    assert [k for k, _ in got] == [91, 92, 93, 94, 95]
+    assert [k for k, _ in idx.rank(["alpha"], limit=3)] == [1, 2, 3]
+    idx.close()
