@@ -237,3 +237,55 @@ def test_lexical_only_retriever(tmp_path: Path) -> None:
     assert ids(r.search("oat milk", limit=1)) == ["m_coffee"]
     assert r.search("entirely unrelated words", limit=3) == []
     r.close()
+
+
+def test_a_repeated_search_sees_every_change(retriever: Retriever) -> None:
+    """Recent answers are reused only until the memories change: a create, a soft delete, an erase."""
+    q = "oat milk coffee"
+    first = ids(retriever.search(q, limit=3))
+    assert first[0] == "m_coffee"
+    assert ids(retriever.search(q, limit=3)) == first
+    retriever.upsert(doc("m_latte", "Oat milk coffee", "Oat milk coffee, oat milk latte, coffee with oat milk"))
+    assert "m_latte" in ids(retriever.search(q, limit=3))
+    retriever.upsert(doc("m_latte", "Oat milk coffee", "Oat milk coffee, oat milk latte", active=False))
+    assert "m_latte" not in ids(retriever.search(q, limit=3))
+    assert "m_latte" in ids(retriever.search(q, limit=3, include_deleted=True))
+    retriever.erase("m_latte")
+    assert "m_latte" not in ids(retriever.search(q, limit=3, include_deleted=True))
+    assert ids(retriever.search(q, limit=3)) == first
+
+
+def test_no_answers_kept(tmp_path: Path) -> None:
+    r = Retriever(str(tmp_path / "idx"), answers_kept=0)
+    r.load(CORPUS)
+    assert ids(r.search("oat milk", limit=1)) == ids(r.search("oat milk", limit=1)) == ["m_coffee"]
+    r.close()
+
+
+def test_word_counts_follow_every_change() -> None:
+    """The common-word cut counts words as rows come, change and go."""
+    from logstore.memories._lexical import LexicalIndex
+
+    idx = LexicalIndex()
+    idx.put_many([(1, "Deploy deploys", "déploy", "", ()), (2, "deploy", "", "", ("Ops",))])
+    assert idx._counts(["deploy", "deploys", "ops", "other"]) == [2, 1, 1, 0]
+    idx.put(1, "other", "", "", ())
+    assert idx._counts(["deploy", "deploys", "other"]) == [1, 0, 1]
+    idx.remove(2)
+    idx.remove(2)
+    assert idx._counts(["deploy", "ops", "other"]) == [0, 0, 1]
+    assert idx._df == {"other": 1}
+    idx.close()
+
+
+def test_ranking_past_many_filtered_rows() -> None:
+    """When the best rows are all filtered out, the ranking still reaches the ones behind them."""
+    from logstore.memories._lexical import LexicalIndex
+
+    idx = LexicalIndex()
+    idx.put_many([(k, "alpha alpha alpha", "", "", ()) for k in range(1, 91)]
+                 + [(k, "alpha", "bravo charlie delta echo foxtrot golf", "", ()) for k in range(91, 101)])
+    got = idx.rank(["alpha"], limit=5, skip=set(range(1, 91)))
+    assert [k for k, _ in got] == [91, 92, 93, 94, 95]
+    assert [k for k, _ in idx.rank(["alpha"], limit=3)] == [1, 2, 3]
+    idx.close()

@@ -1,7 +1,9 @@
 """Recall of the long-term-memory retrieval on the labelled set, per ranking and per query group.
 
 ``python -m bench.ltm_eval.evaluate`` prints the table; the benchmark's
-``memory`` workload reports the same figures.
+``memory`` workload reports the same figures. ``--at-scale 10000`` ranks the
+labelled queries with the labelled memories among 10,000 synthetic ones
+instead; ``--depth`` and ``--common-share`` try other settings.
 """
 
 from __future__ import annotations
@@ -63,6 +65,23 @@ def evaluate(base: Tuning | None = None, docs: Sequence[MemoryDoc] | None = None
     return out
 
 
+def at_scale(distractors: Sequence[MemoryDoc], base: Tuning | None = None,
+             qs: Sequence[Query] | None = None) -> dict[str, dict[int, float]]:
+    """Fused recall ``{half: {k: recall}}`` (halves dev, test, all) with the labelled memories among ``distractors``.
+
+    The distractors' ids are prefixed so that none can collide with a labelled id.
+    """
+    qs = list(qs if qs is not None else queries())
+    docs = [replace(d, memory_id="distractor_" + d.memory_id) for d in distractors] + memories()
+    halves = {"dev": [q for q in qs if q.dev], "test": [q for q in qs if not q.dev], "all": qs}
+    with tempfile.TemporaryDirectory(prefix="ltm-eval-") as tmp:
+        r = Retriever(tmp, tuning=base)
+        r.load(docs)
+        out = {h: {k: recall(r, part, k) for k in KS} for h, part in halves.items()}
+        r.close()
+    return out
+
+
 def table(res: dict[str, dict[str, dict[int, float]]]) -> str:
     lines = [f"{'ranking':<11} {'group':<11} " + " ".join(f"R@{k:<5}" for k in KS)]
     for mode, by_group in res.items():
@@ -71,11 +90,46 @@ def table(res: dict[str, dict[str, dict[int, float]]]) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m bench.ltm_eval.evaluate", description=__doc__)
+    ap.add_argument("--at-scale", type=int, metavar="N",
+                    help="instead: fused recall with the labelled memories among N synthetic ones (bench/memory.py's)")
+    ap.add_argument("--depth", type=int, help="fusion depth (default: the shipped Tuning's)")
+    ap.add_argument("--common-share", type=float, help="the common-word cut's share (default: the shipped one)")
+    args = ap.parse_args(argv)
+    base = Tuning() if args.depth is None else Tuning(depth=args.depth)
+    if args.common_share is not None:
+        from logstore.memories import _lexical
+
+        _lexical.COMMON_SHARE = args.common_share
     qs = queries()
+    if args.at_scale is not None:
+        import statistics
+        import time
+
+        from bench.memory import synthetic_docs
+
+        distractors = synthetic_docs(args.at_scale)
+        res = at_scale(distractors, base, qs)
+        for half, by_k in res.items():
+            print(f"{half:<5} " + " ".join(f"R@{k} {by_k[k]:.3f}" for k in KS))
+        docs = [replace(d, memory_id="distractor_" + d.memory_id) for d in distractors] + memories()
+        with tempfile.TemporaryDirectory(prefix="ltm-eval-") as tmp:
+            r = Retriever(tmp, tuning=base, answers_kept=0)
+            r.load(docs)
+            ms = []
+            for q in qs:
+                t0 = time.perf_counter()
+                r.search(q.text, limit=4)
+                ms.append((time.perf_counter() - t0) * 1000)
+            r.close()
+        print(f"search (limit 4) p50 {statistics.median(ms):.2f} ms over {len(qs)} queries")
+        return 0
     for name, part in (("dev", [q for q in qs if q.dev]), ("test", [q for q in qs if not q.dev]), ("all", qs)):
         print(f"== {name} ({len(part)} queries)")
-        print(table(evaluate(qs=part)))
+        print(table(evaluate(base, qs=part)))
     return 0
 
 

@@ -42,6 +42,13 @@ STOP_WORDS: frozenset[str] = frozenset(
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 
 
+def words_of(text: str) -> list[str]:
+    """The words of ``text`` as ``unicode61`` splits them (letters and digits), case folded, diacritics removed."""
+    folded = unicodedata.normalize("NFKD", text.casefold())
+    folded = "".join(c for c in folded if not unicodedata.combining(c))
+    return _WORD.findall(folded)
+
+
 def query_terms(text: str) -> list[str]:
     """The distinct content words of ``text``, lower-cased, in order of first appearance.
 
@@ -49,9 +56,7 @@ def query_terms(text: str) -> list[str]:
     removing diacritics, and drops stop words; if a query is nothing but stop
     words they are kept, so "who am I" still searches something.
     """
-    folded = unicodedata.normalize("NFKD", text.casefold())
-    folded = "".join(c for c in folded if not unicodedata.combining(c))
-    words = _WORD.findall(folded)
+    words = words_of(text)
     content = [w for w in words if w not in STOP_WORDS]
     out: list[str] = []
     for w in content or words:
@@ -62,8 +67,10 @@ def query_terms(text: str) -> list[str]:
 
 #: A query word found in more than this share of the memories (and in more than COMMON_MIN of them) is
 #: left out of the BM25 query unless it is the query's rarest: its IDF makes it worth little, and its
-#: long posting list is what a query spends its time on.
-COMMON_SHARE = 0.05
+#: long posting list is what a query spends its time on. "Found" means the word itself, as written (case
+#: and diacritics aside), counted in Python as rows come and go (see LexicalIndex._df): asking FTS5 would
+#: count its stem's rows, exactly, but costs a statement walking every one of them on each query.
+COMMON_SHARE = 0.02
 COMMON_MIN = 50
 
 
@@ -99,33 +106,53 @@ class LexicalIndex:
                           "FROM fts WHERE fts MATCH ? ORDER BY score, rowid")
         self._db = db
         self._rows = 0  # rows in the table
+        self._fetched = 0  # rows the last ranking statement returned (see _ranked)
+        #: word -> how many rows hold it (words as :func:`words_of` splits them; zero counts are removed)
+        self._df: dict[str, int] = {}
 
     def put(self, key: int, subject: str, summary: str, details: str, tags: Iterable[str]) -> None:
         """Index (or re-index) the row ``key``."""
-        self._rows -= self._db.execute("DELETE FROM fts WHERE rowid = ?", (key,)).rowcount
-        self._db.execute(
-            "INSERT INTO fts(rowid, subject, summary, details, tags) VALUES (?, ?, ?, ?, ?)",
-            (key, subject, summary, details, " ".join(tags)),
-        )
+        self.remove(key)
+        row = (subject, summary, details, " ".join(tags))
+        self._db.execute("INSERT INTO fts(rowid, subject, summary, details, tags) VALUES (?, ?, ?, ?, ?)",
+                         (key, *row))
         self._rows += 1
+        self._count(row, 1)
 
     def put_many(self, rows: Iterable[tuple[int, str, str, str, Sequence[str]]]) -> None:
         """Index many new rows in one transaction (keys must not be present yet)."""
+        listed = [(k, s, m, d, " ".join(t)) for k, s, m, d, t in rows]
         self._db.execute("BEGIN")
         try:
             cur = self._db.executemany(
-                "INSERT INTO fts(rowid, subject, summary, details, tags) VALUES (?, ?, ?, ?, ?)",
-                ((k, s, m, d, " ".join(t)) for k, s, m, d, t in rows),
+                "INSERT INTO fts(rowid, subject, summary, details, tags) VALUES (?, ?, ?, ?, ?)", listed
             )
         except BaseException:
             self._db.execute("ROLLBACK")
             raise
         self._db.execute("COMMIT")
         self._rows += cur.rowcount
+        for row in listed:
+            self._count(row[1:], 1)
 
     def remove(self, key: int) -> None:
         """Drop the row ``key`` (no-op when absent)."""
-        self._rows -= self._db.execute("DELETE FROM fts WHERE rowid = ?", (key,)).rowcount
+        old = self._db.execute("SELECT subject, summary, details, tags FROM fts WHERE rowid = ?", (key,)).fetchone()
+        if old is None:
+            return
+        self._db.execute("DELETE FROM fts WHERE rowid = ?", (key,))
+        self._rows -= 1
+        self._count(old, -1)
+
+    def _count(self, row: Sequence[str], delta: int) -> None:
+        """Add ``delta`` to the row count of every distinct word of ``row`` (its four columns)."""
+        df = self._df
+        for w in set(words_of(" ".join(row))):
+            n = df.get(w, 0) + delta
+            if n:
+                df[w] = n
+            else:
+                del df[w]
 
     def rank(self, terms: Sequence[str], *, limit: int | None, skip: Container[int] = (),
              keep: Callable[[int], bool] | None = None) -> list[tuple[int, float]]:
@@ -144,25 +171,43 @@ class LexicalIndex:
         terms = self._uncommon(terms)
         if not terms:
             return []
+        if limit is None:
+            return self._ranked(terms, None, skip, keep, -1)
+        # First ask SQLite for a few more rows than wanted (its sorter then keeps only that many), and
+        # again for all of them only if filtered-out rows left fewer than ``limit``.
+        fetch = 2 * limit + 8
+        out = self._ranked(terms, fetch, skip, keep, limit)
+        if len(out) < limit and self._fetched == fetch:
+            out = self._ranked(terms, None, skip, keep, limit)
+        return out
+
+    def _ranked(self, terms: Sequence[str], fetch: int | None, skip: Container[int],
+                keep: Callable[[int], bool] | None, want: int) -> list[tuple[int, float]]:
+        """The rows of :meth:`rank` among the best ``fetch`` matches (all when None); sets ``_fetched``."""
+        sql, args = (self._rank_sql, (_any(terms),)) if fetch is None else \
+            (self._rank_sql + " LIMIT ?", (_any(terms), fetch))
         out: list[tuple[int, float]] = []
-        want = -1 if limit is None else limit
-        for k, r in self._db.execute(self._rank_sql, (_any(terms),)):
+        fetched = 0
+        for k, r in self._db.execute(sql, args):
+            fetched += 1
             if k not in skip and (keep is None or keep(k)):
                 out.append((k, r))
                 if len(out) == want:
                     break
+        self._fetched = fetched
         return out
 
     def _uncommon(self, terms: Sequence[str]) -> list[str]:
         if not terms:
             return []
         cap = max(COMMON_MIN, int(COMMON_SHARE * self._rows))
-        counted = [(self._count(t), t) for t in terms]
+        counted = list(zip(self._counts(terms), terms, strict=True))
         kept = [t for n, t in counted if n <= cap]
         return kept or [min(counted)[1]]
 
-    def _count(self, term: str) -> int:
-        return int(self._db.execute("SELECT count(*) FROM fts WHERE fts MATCH ?", (_quote(term),)).fetchone()[0])
+    def _counts(self, terms: Sequence[str]) -> list[int]:
+        """How many rows hold each of ``terms`` (the word itself: see ``COMMON_SHARE``)."""
+        return [self._df.get(t, 0) for t in terms]
 
     def matching_all(self, terms: Sequence[str], among: Sequence[int]) -> set[int]:
         """Those of the keys ``among`` whose rows contain every one of ``terms`` (after stemming)."""
@@ -174,4 +219,5 @@ class LexicalIndex:
         return {int(k) for (k,) in cur} & set(among)
 
     def close(self) -> None:
+        self._df.clear()
         self._db.close()

@@ -35,6 +35,10 @@ class Embedder(Protocol):
 
     def embed(self, texts: Sequence[str]) -> Vectors: ...
 
+    def embed_one(self, text: str) -> Vectors:
+        """The vector of one text (a query): what ``embed([text])[0]`` gives, up to float rounding."""
+        ...
+
 
 class WordLlamaEmbedder:
     """WordLlama's packaged 256-dimension model, loaded from the installed wheel only."""
@@ -50,6 +54,28 @@ class WordLlamaEmbedder:
                                           disable_download=True)
         # One model serves every site's retriever; the library does not promise thread safety.
         self._lock = threading.Lock()
+
+    def embed_one(self, text: str) -> Vectors:
+        """One text's vector by a shorter path than :meth:`embed`, for queries.
+
+        The library's batch path pads, masks, clips and pools through a dozen
+        array operations, which cost more than the arithmetic for one short
+        text (0.3 against 0.1 ms on a busy machine). This sums the token
+        vectors and normalises: the same vector up to float rounding. Memories
+        are always embedded by :meth:`embed`, so a stored vector never depends
+        on which path made it.
+        """
+        model = self._model
+        with self._lock:
+            ids = model.tokenizer.encode(text, add_special_tokens=False).ids
+        if not ids:
+            return np.zeros(self.dim, dtype=np.float32)
+        table = model.embedding
+        picked = np.minimum(np.asarray(ids, dtype=np.intp), len(table) - 1)
+        vec: Vectors = np.add.reduce(table[picked], axis=0, dtype=np.float32)
+        norm = float(np.sqrt(vec @ vec))
+        out: Vectors = vec / max(norm, 1e-12)
+        return out
 
     def embed(self, texts: Sequence[str]) -> Vectors:
         if not texts:
