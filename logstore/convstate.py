@@ -178,6 +178,10 @@ class ConversationState:
                 os.close(fd)
         self._fd = self._idx_fd = None
 
+    def holds_segments(self) -> bool:
+        """True when the conversation held a segment when its files were last looked at (a hint, not a check)."""
+        return self._loaded and bool(self._segments)
+
     def _list_segments(self) -> list[int]:
         try:
             names = os.listdir(self.path)

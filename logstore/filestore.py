@@ -213,6 +213,15 @@ class FileStore(MemoryStore):
 
         With ``wait=False`` it raises Timeout at once instead of waiting for a
         writer that holds the conversation.
+
+        The conversation's file lock is taken (shared) whatever the cached
+        state says: the listing logs what a probe found as settling the
+        conversation's pending intent, which is right only when no writer was
+        between its intent and its data then (a writer holds the lock from
+        before its intent until its batch is durable). Without the lock a probe
+        could read the extent before a batch whose intent is logged, and settle
+        that intent; with commits owed (SiteManifest.commit) a kill would then
+        leave the acknowledged batch out of the listing.
         """
         if not os.path.isdir(layout.conversation_dir(self.root, site, conversation_id)):
             return None
@@ -220,7 +229,11 @@ class FileStore(MemoryStore):
         deadline = started + (self.options.lock_timeout if wait else 0.0)
         conv = self._acquire(site, conversation_id, deadline, started)
         try:
-            return conv.tip(deadline)
+            conv._lock(False, deadline, started)
+            try:
+                return conv.tip(deadline)
+            finally:
+                conv._unlock()
         finally:
             conv.mutex.release()
 
@@ -266,10 +279,11 @@ class FileStore(MemoryStore):
     ) -> tuple[int, int]:
         """Append after charging the site's quota (caller holds ``conv.mutex``); refunded if nothing is written.
 
-        Whether the conversation is new is judged before the write by one
-        ``stat`` of its directory and corrected after it from the first seq.
+        Whether the conversation is new is judged before the write (from the
+        segments it held when last looked at, else by one ``stat`` of its
+        directory) and corrected after it from the first seq.
         """
-        new = not os.path.isdir(conv.path)
+        new = not conv.holds_segments() and not os.path.isdir(conv.path)
         cost = usage.charge(site, len(body), new)
         try:
             first, last, _stamp = conv.append(body, count, deadline, started)

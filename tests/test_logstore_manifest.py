@@ -147,6 +147,8 @@ def test_new_conversation_lost_from_the_log_is_found_after_a_reboot(
     store = FileStore(root)
     store.append(SITE, "conv-old-01", [{"k": 1}])
     assert listed(store) == ["conv-old-01"]
+    store.close()  # logs its commit (owed until then), before the new conversations' records
+    store = FileStore(root)
     store.append(SITE, "conv-new-01", [{"k": 1}, {"k": 2}])
     store.append(SITE, "conv-new-02", [{"k": 1}])
     store.close()
@@ -197,3 +199,115 @@ def test_first_append_syncs_no_manifest_record(tmp_path: Path) -> None:
     store.close()
     assert syncs.count("fdatasync") == 1, syncs  # the segment, created with its first record
     assert 2 <= syncs.count("fsync") <= 5, syncs  # its directory and the directories above it not yet synced
+
+
+def test_commits_owed_by_a_killed_writer_are_probed_by_the_next_listing(tmp_path: Path) -> None:
+    """A writer's commit records go out with its next log record: a kill leaves the last ones unwritten.
+
+    The child appends round-robin to three conversations (each intent carries
+    its conversation's previous commit) and is then SIGKILLed while idle, each
+    conversation's last commit owed. The log must not hold those, and a fresh
+    listing must still give every conversation its last item's time, in order.
+    """
+    root = tmp_path / "data"
+    convs = [f"conv-owed-{i}" for i in range(3)]
+    code = (
+        "import os, signal, sys\nfrom logstore import FileStore\n"
+        f"s = FileStore({str(root)!r}, lock_timeout=0.2)\n"
+        "for k in range(7):\n"
+        f"    s.append({SITE!r}, {convs!r}[k % 3], [{{'k': k}}])\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], timeout=60)
+    assert proc.returncode == -9
+    from logstore import manifest
+
+    site_dir = next((root / "sites").iterdir())
+    log = max(site_dir.glob("manifest-*.log"))
+    data = log.read_bytes()
+    salt = manifest.LOG_HEADER.unpack_from(data)[2]
+    recs = [r for _o, _e, r in manifest.iter_log_records(data, salt, manifest.LOG_HEADER.size) if r is not None]
+    committed = {(r[1], r[4]) for r in recs if r[0] == manifest.COMMIT}
+    committed |= {(r[1], r[7]) for r in recs if r[0] == manifest.INTENT and len(r) >= 8}  # carried by an intent
+    # conv 0 got batches k = 0, 3, 6 (next_seq 1, 2, 3); conv 1 k = 1, 4 (1, 2); conv 2 k = 2, 5 (1, 2).
+    # Each intent carried its conversation's previous commit; each conversation's last one was owed.
+    assert committed == {(convs[0], 1), (convs[0], 2), (convs[1], 1), (convs[2], 1)}, recs
+    fresh = FileStore(root, lock_timeout=0.2)
+    try:
+        assert listed(fresh) == [convs[0], convs[2], convs[1]]  # most recently active first
+        for s in fresh.list_conversations(SITE, ListSelector(None, 10)).summaries:
+            assert s.last_appended_at == fresh.read(SITE, s.conversation_id, Tail(1))[0].recorded_at
+        assert fresh.append(SITE, convs[1], [{"next": 1}]).first == 2
+        assert listed(fresh)[0] == convs[1]
+    finally:
+        fresh.close()
+
+
+def test_a_listing_in_another_store_sees_an_idle_writers_owed_commits(tmp_path: Path) -> None:
+    """Two stores on one directory: the writer's last commit is owed; the other's listing probes it."""
+    root = tmp_path / "data"
+    writer = FileStore(root, lock_timeout=0.2)
+    other = FileStore(root, lock_timeout=0.2)
+    try:
+        for k in range(3):
+            writer.append(SITE, "conv-live-a", [{"k": k}])
+        writer.append(SITE, "conv-live-b", [{"k": 0}])
+        assert listed(other) == ["conv-live-b", "conv-live-a"]
+        writer.append(SITE, "conv-live-a", [{"k": 3}])  # after the other's resolve records
+        assert listed(other) == ["conv-live-a", "conv-live-b"]
+        assert listed(writer) == ["conv-live-a", "conv-live-b"]
+        for s in other.list_conversations(SITE, ListSelector(None, 10)).summaries:
+            assert s.last_appended_at == other.read(SITE, s.conversation_id, Tail(1))[0].recorded_at
+    finally:
+        writer.close()
+        other.close()
+
+
+def test_closing_with_commits_owed_does_not_bring_a_dropped_site_back(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    writer = FileStore(root, lock_timeout=0.2)
+    other = FileStore(root, lock_timeout=0.2)
+    writer.append(SITE, "conv-dropped", [{"k": 1}])  # its commit is owed
+    other.drop_site(SITE)
+    writer.close()
+    assert other.sites() == []
+    other.close()
+
+
+def test_a_probe_never_settles_an_intent_whose_batch_is_being_written(tmp_path: Path) -> None:
+    """Another store lists while a writer is between its intent and its data; then the writer dies.
+
+    The listing must not take the extent from before the batch as settling the
+    batch's intent (it waits for no lock-holding writer: it leaves the intent
+    pending), so once the writer is gone with its commit owed, the next
+    listing still probes the conversation and lists the acknowledged batch.
+    """
+    root = tmp_path / "data"
+    writer = FileStore(root, lock_timeout=0.2)
+    other = FileStore(root, lock_timeout=0.2)
+    conv = "conv-racing-01"
+    writer.append(SITE, conv, [{"k": 0}])
+    assert listed(other) == [conv]
+    assert len(other.read(SITE, conv, Range(0, 10))) == 1  # the other store holds the conversation open
+    seen: list[list[str]] = []
+
+    def between_intent_and_data(op: str) -> None:
+        if op == "write" and not seen:
+            seen.append(listed(other))  # the writer holds the conversation: the listing must not settle it
+
+    fileio.fault_hook = between_intent_and_data
+    try:
+        r = writer.append(SITE, conv, [{"k": 1}])
+    finally:
+        fileio.fault_hook = None
+    assert seen == [[conv]] and r.first == 1
+    writer._manifest(SITE)._owed.clear()  # the writer dies with the batch's commit owed (no close)
+    other.close()
+    fresh = FileStore(root, lock_timeout=0.2)
+    try:
+        page = fresh.list_conversations(SITE, ListSelector(None, 10)).summaries
+        assert [s.conversation_id for s in page] == [conv]
+        assert page[0].last_appended_at == fresh.read(SITE, conv, Tail(1))[0].recorded_at
+    finally:
+        fresh.close()
+        writer.close()

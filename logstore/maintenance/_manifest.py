@@ -249,6 +249,8 @@ def _apply_log_record(entries: dict[str, manifest._Entry], rec: list[Any]) -> No
         kind, conv, created, last, nxt = rec[:5]
     except (ValueError, TypeError):
         return
+    if kind == manifest.INTENT and len(rec) >= 8:
+        _apply_log_record(entries, [manifest.COMMIT, conv, *rec[5:8]])  # the commit it carries comes first
     e = entries.get(conv)
     if kind == manifest.INTENT:
         if e is None:
@@ -533,10 +535,15 @@ def _judge_listing(
             spath,
             None,
             INTENT_UNRESOLVED,
-            f"an intent for next_seq={pending[2]} has no commit (its writer stopped before it); {wrote}, "
+            f"an intent for next_seq={pending[2]} has no commit (its writer stopped before it, or still "
+            f"owes it: a writer logs it with its next intent or at close); {wrote}, "
             f"which holds {_describe(truth)}",
             "none needed: the engine resolves it by reading the log at the site's next listing; "
-            "--repair resolves it now",
+            + (
+                "--repair leaves it (a running writer may still owe the commit)"
+                if have == pending[2]
+                else "--repair resolves it now"
+            ),
             resolves_itself=True,
         )
     if listed != truth and before_boot and have > committed:
