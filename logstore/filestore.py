@@ -208,11 +208,19 @@ class FileStore(MemoryStore):
                 return conv
             conv.mutex.release()
 
-    def _probe(self, site: str, conversation_id: str, wait: bool = True) -> Tip | None:
-        """The conversation's true extent, from its segments.
+    def _probe(
+        self,
+        site: str,
+        conversation_id: str,
+        wait: bool = True,
+        settle: Callable[[Tip | None], None] | None = None,
+    ) -> Tip | None:
+        """The conversation's true extent, from its segments; ``settle`` is called with it under the lock.
 
         With ``wait=False`` it raises Timeout at once instead of waiting for a
-        writer that holds the conversation.
+        writer that holds the conversation. ``settle`` logs what the listing
+        makes of the extent while the lock is still held (see SiteManifest:
+        no intent may be logged between a probe and the record it settles).
 
         The conversation's file lock is taken (shared) whatever the cached
         state says: the listing logs what a probe found as settling the
@@ -231,7 +239,10 @@ class FileStore(MemoryStore):
         try:
             conv._lock(False, deadline, started)
             try:
-                return conv.tip(deadline)
+                tip = conv.tip(deadline)
+                if settle is not None:
+                    settle(tip)
+                return tip
             finally:
                 conv._unlock()
         finally:

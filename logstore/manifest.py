@@ -38,6 +38,7 @@ it returns.
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 import threading
@@ -161,22 +162,31 @@ class _Entry(msgspec.Struct, array_like=True):
     pending: tuple[int, int, int] | None = None
 
 
+#: ``probe(conversation_id, wait, settle)``: see :class:`SiteManifest`.
+Probe = Callable[[str, bool, Callable[[Tip | None], None] | None], Tip | None]
+
+
 class SiteManifest(ManifestHook):
     """One site's listing, shared safely by the threads and processes using it.
 
-    ``probe(conversation_id, wait)`` returns the conversation's true extent from its
-    segments, read holding the conversation's file lock (None when it holds
-    nothing; with ``wait`` False it raises Timeout rather than wait for a
-    writer): a writer holds that lock from before its intent until its batch
-    is durable, so what a probe finds may settle every intent logged before
-    it. ``walk()`` yields every conversation id that has a directory. Both
-    come from the store.
+    ``probe(conversation_id, wait, settle)`` returns the conversation's true
+    extent from its segments, read holding the conversation's file lock (None
+    when it holds nothing; with ``wait`` False it raises Timeout rather than
+    wait for a writer), and calls ``settle`` with it before letting the lock
+    go. A writer holds that lock from before its intent until its batch is
+    durable, so what a probe finds settles every intent logged before it.
+
+    Invariant (enforced here and in the store's probe): every record that
+    settles an intent from a probe (a resolve, or a commit of a probed
+    extent) is logged by ``settle``, under the conversation's lock, so the
+    log orders it before any intent logged after the probe. ``walk()`` yields
+    every conversation id that has a directory. Both come from the store.
     """
 
     def __init__(
         self,
         site_dir: str,
-        probe: Callable[[str, bool], Tip | None],
+        probe: Probe,
         walk: Callable[[], Iterator[str]],
         lock_timeout: float,
         compact_bytes: int = 256 * 1024,
@@ -601,17 +611,39 @@ class SiteManifest(ManifestHook):
             assert pending is not None
             # Probed without holding the manifest: an appender holds the conversation, then the manifest.
             try:
-                tip = self._probe(conv, False)
+                self._probe(conv, False, functools.partial(self._resolve, conv, pending[2]))
             except StoreError:
                 continue  # busy or damaged: listed as last committed; fsck reports damage
-
-            rec: list[Any] = [RESOLVE, conv, 0, 0, 0, pending[2]]
-            if tip is not None:
-                rec[2:5] = [tip.created_us, tip.last_us, tip.next_seq]
-            self._write(rec, sync=False)
         if due:
             with self._mutex:
                 self._tail()
+
+    def _resolve(self, conv: str, pending_seq: int, tip: Tip | None) -> None:
+        """Log what a probe found as settling ``conv``'s pending intent (called under the conversation's lock).
+
+        Logged before the probe lets go of the conversation, so no intent can
+        come between the probe and this record in the log: the intent it names
+        (and every intent before it) is settled by ``tip``. Logged after the lock
+        was released, an intent for a batch ending at or below ``pending_seq``
+        (after a dead writer's, whose batch never landed) could be logged first,
+        and this record would clear it: its writer killed with the commit owed,
+        the acknowledged batch would never be listed.
+        """
+        rec: list[Any] = [RESOLVE, conv, 0, 0, 0, pending_seq]
+        if tip is not None:
+            rec[2:5] = [tip.created_us, tip.last_us, tip.next_seq]
+        self._write(rec, sync=False)
+
+    def _commit_probed(self, conv: str, only_if_newer: bool, tip: Tip | None) -> None:
+        """Log a probe's ``tip`` as ``conv``'s commit (under the conversation's lock, as :meth:`_resolve`)."""
+        if tip is None:
+            return
+        if only_if_newer:
+            with self._mutex:
+                e = self._repo.get(conv)
+                if e is not None and tip.next_seq <= e.next_seq:
+                    return
+        self._write([COMMIT, conv, tip.created_us, tip.last_us, tip.next_seq], sync=False)
 
     def _recover_listing(self, convs: set[str], pending: set[str]) -> None:
         """Check the conversations written before this boot; log again any commit a power cut lost.
@@ -629,16 +661,9 @@ class SiteManifest(ManifestHook):
             if listed is not None and _ends_at(self._conversation_dir(conv), *listed):
                 continue  # its log ends exactly where its entry says: nothing was lost
             try:
-                tip = self._probe(conv, False)
+                self._probe(conv, False, functools.partial(self._commit_probed, conv, True))
             except StoreError:
                 continue  # busy (its writer commits) or damaged (fsck reports it)
-            if tip is None:
-                continue
-            with self._mutex:
-                e = self._repo.get(conv)
-                stale = e is None or tip.next_seq > e.next_seq
-            if stale:
-                self._write([COMMIT, conv, tip.created_us, tip.last_us, tip.next_seq], sync=False)
 
     def _walk_unknown(self) -> bool:
         """Find the conversations that hold items the listing does not know; log their extent.
@@ -660,14 +685,12 @@ class SiteManifest(ManifestHook):
                 if e is not None and (e.next_seq > 0 or e.pending is not None):
                     continue
             try:
-                tip = self._probe(conv, False)
+                self._probe(conv, False, functools.partial(self._commit_probed, conv, False))
             except Timeout:
                 whole = False
                 continue
             except StoreError:
                 continue  # damaged: fsck reports it, as a rebuild leaves it
-            if tip is not None:
-                self._write([COMMIT, conv, tip.created_us, tip.last_us, tip.next_seq], sync=False)
         return whole
 
     def _conversation_dir(self, conv: str) -> str:
@@ -678,12 +701,11 @@ class SiteManifest(ManifestHook):
         found: list[list[Any]] = []
         for conv in self._walk():
             try:
-                tip = self._probe(conv, True)
+                tip = self._probe(conv, True, functools.partial(self._commit_probed, conv, False))
             except StoreError:
                 continue  # a damaged conversation is left for fsck to report
             if tip is not None:
                 found.append([COMMIT, conv, tip.created_us, tip.last_us, tip.next_seq])
-                self._write(found[-1], sync=False)
         with self._mutex:
             self._flock()
             try:

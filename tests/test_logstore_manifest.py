@@ -159,7 +159,9 @@ def test_new_conversation_lost_from_the_log_is_found_after_a_reboot(
     probed: list[str] = []
     real = FileStore._probe
     monkeypatch.setattr(
-        FileStore, "_probe", lambda self, site, conv, wait=True: probed.append(conv) or real(self, site, conv, wait)
+        FileStore,
+        "_probe",
+        lambda self, site, conv, wait=True, settle=None: probed.append(conv) or real(self, site, conv, wait, settle),
     )
 
     monkeypatch.setattr(manifest, "boot_id", "a-later-boot")
@@ -311,3 +313,102 @@ def test_a_probe_never_settles_an_intent_whose_batch_is_being_written(tmp_path: 
     finally:
         fresh.close()
         writer.close()
+
+
+CHILD_APPENDS = """
+import os, sys
+from logstore import FileStore
+root, site, conv = sys.argv[1:4]
+batches, items, size = map(int, sys.argv[4:7])
+s = FileStore(root, lock_timeout=2.0, segment_bytes=4096, index_interval=512)
+for _ in range(batches):
+    s.append(site, conv, [{"t": "x" * size} for _ in range(items)])
+os._exit(0)  # as a kill after the acknowledgement: the last batch's commit is still owed
+"""
+
+
+def _append_in_child(root: Path, conv: str, batches: int, items: int, size: int = 10, crash_at: str = "") -> int:
+    """Append in a child process that ends without logging its owed commit; its exit status."""
+    env = {**os.environ, "CONVMEM_CRASH_AT": crash_at} if crash_at else None
+    args = [sys.executable, "-c", CHILD_APPENDS, str(root), SITE, conv, str(batches), str(items), str(size)]
+    return subprocess.run(args, env=env, timeout=120).returncode
+
+
+def _last_time_listed(store: FileStore, conv: str) -> str:
+    (s,) = [s for s in store.list_conversations(SITE, ListSelector(None, 10)).summaries if s.conversation_id == conv]
+    return s.last_appended_at
+
+
+def test_a_probe_past_skipped_segments_lists_the_last_batchs_time(tmp_path: Path) -> None:
+    """A store whose cached state is two segments behind probes a conversation whose newest segment is empty.
+
+    Another process appends until the log has rolled (and ends with its last
+    commit owed); a third appends a batch too large for what is left of the
+    active segment and is killed just after creating the next one (no record
+    in it; its intent pending). The refresh behind this store's probe finds
+    its segment sealed and opens the newest one, past the segments between
+    them: the extent it logs must carry the time of the last batch (in a
+    segment it skipped), not the time its cached state last saw.
+    """
+    root = tmp_path / "data"
+    conv = "conv-rolled-01"
+    store = FileStore(root, lock_timeout=2.0, segment_bytes=4096, index_interval=512)
+    try:
+        store.append(SITE, conv, [{"t": "first"}])
+        assert store.read(SITE, conv, Tail(1))  # the state this store keeps: one batch, in the first segment
+        assert _append_in_child(root, conv, 20, 2, 200) == 0
+        assert _append_in_child(root, conv, 1, 1, 2500, crash_at="segment-roll-created") == fileio.CRASH_EXIT_STATUS
+        last = FileStore(root, segment_bytes=4096, index_interval=512)
+        try:
+            truth = last.read(SITE, conv, Tail(1))[0].recorded_at
+        finally:
+            last.close()
+        assert _last_time_listed(store, conv) == truth
+    finally:
+        store.close()
+
+
+def test_a_resolve_is_logged_before_any_later_intent_of_its_conversation(tmp_path: Path) -> None:
+    """A listing resolves a dead writer's intent; another writer appends between its probe and its record.
+
+    A writer dies after logging the intent for a 5-item batch (nothing of it
+    written). This store's listing probes the conversation; right after the
+    probe, another process appends a 2-item batch (its intent ends below the
+    dead one's, so the pending intent stays the dead one's) and ends with its
+    commit owed. The resolve must be in the log before that process's intent
+    (logged under the conversation's lock, inside the probe), or it would
+    clear the intent of the acknowledged batch, which would never be listed.
+    """
+    root = tmp_path / "data"
+    conv = "conv-resolve-01"
+    store = FileStore(root, lock_timeout=2.0)
+    try:
+        store.append(SITE, conv, [{"k": 0}])
+        assert listed(store) == [conv]
+        assert _append_in_child(root, conv, 1, 5, crash_at="manifest-intent") == fileio.CRASH_EXIT_STATUS
+        m = store._manifest(SITE)
+        real = m._probe
+        raced: list[int] = []
+
+        def probe_then_append_elsewhere(*args: object) -> object:
+            tip = real(*args)  # type: ignore[arg-type]
+            if not raced:
+                raced.append(_append_in_child(root, conv, 1, 2))
+            return tip
+
+        m._probe = probe_then_append_elsewhere  # type: ignore[assignment]
+        try:
+            listed(store)
+        finally:
+            m._probe = real
+        assert raced == [0]
+        items = store.read(SITE, conv, Range(0, 10))
+        assert [i.seq for i in items] == [0, 1, 2]
+        assert _last_time_listed(store, conv) == items[-1].recorded_at
+        fresh = FileStore(root, lock_timeout=2.0)
+        try:
+            assert _last_time_listed(fresh, conv) == items[-1].recorded_at
+        finally:
+            fresh.close()
+    finally:
+        store.close()

@@ -30,7 +30,9 @@ def site_dir(root: Path) -> Path:
 
 
 def _manifest(root: Path) -> manifest.SiteManifest:
-    return manifest.SiteManifest(str(site_dir(root)), probe=lambda _c, _w: None, walk=lambda: iter(()), lock_timeout=5)
+    return manifest.SiteManifest(
+        str(site_dir(root)), probe=lambda _c, _w, _s: None, walk=lambda: iter(()), lock_timeout=5
+    )
 
 
 # ------------------------------------------------------------------ damage of each kind

@@ -335,7 +335,7 @@ def _write_manifest(
     """
     verified = verified or {}
     sdir = layout.site_dir(root, site)
-    m = manifest.SiteManifest(sdir, probe=lambda _c, _w: None, walk=lambda: iter(()), lock_timeout=lock_timeout)
+    m = manifest.SiteManifest(sdir, probe=lambda _c, _w, _s: None, walk=lambda: iter(()), lock_timeout=lock_timeout)
     try:
         m._flock()
         try:
@@ -389,7 +389,7 @@ def _mark_manifest_incomplete(root: str, site: str, drop: set[str], lock_timeout
     sdir = layout.site_dir(root, site)
     if not os.path.isdir(sdir):
         return
-    m = manifest.SiteManifest(sdir, probe=lambda _c, _w: None, walk=lambda: iter(()), lock_timeout=lock_timeout)
+    m = manifest.SiteManifest(sdir, probe=lambda _c, _w, _s: None, walk=lambda: iter(()), lock_timeout=lock_timeout)
     try:
         m._flock()
         try:
