@@ -412,3 +412,39 @@ def test_a_resolve_is_logged_before_any_later_intent_of_its_conversation(tmp_pat
             fresh.close()
     finally:
         store.close()
+
+
+def test_a_repair_keeps_an_intent_logged_after_its_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """fsck --repair checks a dead writer's intent under the lock; another writer appends before the rewrite.
+
+    As in the test above, the other writer's intent ends below the dead one's,
+    so the pending intent looks as it did when checked; the rewrite must still
+    see that an intent was logged since and keep the conversation pending (the
+    engine's next listing probes it), not drop it as settled by the check.
+    """
+    from logstore import maintenance
+    from logstore.maintenance import _check
+
+    root = tmp_path / "data"
+    conv = "conv-repair-01"
+    store = FileStore(root, lock_timeout=2.0)
+    store.append(SITE, conv, [{"k": 0}])
+    store.close()
+    assert _append_in_child(root, conv, 1, 5, crash_at="manifest-intent") == fileio.CRASH_EXIT_STATUS
+    real = _check._write_manifest
+    raced: list[int] = []
+
+    def append_elsewhere_then_rewrite(*args: object, **kwargs: object) -> None:
+        raced.append(_append_in_child(root, conv, 1, 2))
+        real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_check, "_write_manifest", append_elsewhere_then_rewrite)
+    maintenance.check(str(root), repair=True, lock_timeout=2.0)
+    assert raced == [0]
+    fresh = FileStore(root, lock_timeout=2.0)
+    try:
+        items = fresh.read(SITE, conv, Range(0, 10))
+        assert [i.seq for i in items] == [0, 1, 2]
+        assert _last_time_listed(fresh, conv) == items[-1].recorded_at
+    finally:
+        fresh.close()
