@@ -163,7 +163,8 @@ class ConversationState:
         if self._lock_fd is None:
             self._lock_fd = fileio.open_create(os.path.join(self.path, layout.LOCK_FILE))
         fd = self._lock_fd
-        _lock_wait(lambda: fileio.try_lock(fd, exclusive), deadline, started)
+        if not fileio.try_lock(fd, exclusive):  # the common case first, without a closure
+            _lock_wait(lambda: fileio.try_lock(fd, exclusive), deadline, started)
         self._lock_holds = 1
 
     def _unlock(self) -> None:

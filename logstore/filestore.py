@@ -237,6 +237,16 @@ class FileStore(MemoryStore):
         deadline = started + (self.options.lock_timeout if wait else 0.0)
         conv = self._acquire(site, conversation_id, deadline, started)
         try:
+            # A group of this process in flight (its leader released ``mutex`` to write and
+            # sync; its exclusive file lock would be shared by the probe): the group's intent
+            # is logged, its batches are not in the state yet. Settling the intent with the
+            # extent before them would leave them unlisted if the process then died with
+            # their commit owed, so the probe waits for the group (the leader notifies).
+            while conv._inflight:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise Timeout(time.monotonic() - started)
+                conv._cond.wait(left)
             conv._lock(False, deadline, started)
             try:
                 tip = conv.tip(deadline)
@@ -263,8 +273,11 @@ class FileStore(MemoryStore):
 
     def append(self, site: str, conversation_id: str, payloads: Sequence[Mapping[str, Any]]) -> SeqRange:
         self._check_open()
-        site = SiteName(site)
-        conversation_id = ConversationId(conversation_id)
+        # The table's keys are validated names: a key equal to these proves them well-formed
+        # (as in _read), so an append to an open conversation skips the two pattern matches.
+        if type(site) is not str or type(conversation_id) is not str or (site, conversation_id) not in self._convs:
+            site = SiteName(site)
+            conversation_id = ConversationId(conversation_id)
         body, count = encode_batch(payloads)
         started = time.monotonic()
         deadline = started + self.options.lock_timeout

@@ -113,10 +113,13 @@ def encode_log_header(epoch: int, salt: int) -> bytes:
     return head + struct.pack("<Q", xxhash.xxh3_64_intdigest(head))
 
 
+_U32 = struct.Struct("<I")
+_xxh3 = xxhash.xxh3_64_intdigest
+
+
 def encode_log_record(salt: int, body: bytes) -> bytes:
-    lenb = struct.pack("<I", len(body))
-    check = xxhash.xxh3_64_intdigest(lenb + body, salt)
-    return REC_HEADER.pack(REC_MAGIC, 0, len(body), check) + body
+    n = len(body)
+    return REC_HEADER.pack(REC_MAGIC, 0, n, _xxh3(_U32.pack(n) + body, salt)) + body
 
 
 def iter_log_records(data: bytes, salt: int, start: int) -> Iterator[tuple[int, int, list[Any] | None]]:
@@ -239,6 +242,8 @@ class SiteManifest(ManifestHook):
         if self._lock_fd is None:
             fileio.makedirs(self.site_dir)
             self._lock_fd = fileio.open_create(os.path.join(self.site_dir, LOCK_FILE))
+        if fileio.try_lock(self._lock_fd, True):
+            return  # the common case: free
         started = time.monotonic()
         delay = 0.0005
         while True:
@@ -430,10 +435,15 @@ class SiteManifest(ManifestHook):
                 self._wsnap = _size(snap_path(self.site_dir, epoch))
                 fileio.append(self._wfd, encode_log_record(self._wsalt, _enc.encode([BOOT, boot_id, 0, 0, 0])))
             salt = self._wsalt
-            parts = [encode_log_record(salt, _enc.encode(rec)) for rec in _records(owed, record)]
-            if not parts:
-                return
-            fileio.append(self._wfd, parts[0] if len(parts) == 1 else b"".join(parts))
+            if record is not None and (not owed or (len(owed) == 1 and record[0] == INTENT and record[1] in owed)):
+                # The common case, one record (an intent carrying its conversation's owed commit), as _records makes it.
+                one = [*record, *owed[record[1]][2:5]] if owed else record
+                data = encode_log_record(salt, _enc.encode(one))
+            else:
+                data = b"".join([encode_log_record(salt, _enc.encode(rec)) for rec in _records(owed, record)])
+                if not data:
+                    return
+            fileio.append(self._wfd, data)
             conv = record[1] if touch and record is not None else None
             if conv is not None and new:
                 self._touched.add(conv)
@@ -583,9 +593,11 @@ class SiteManifest(ManifestHook):
             for owed in self._owed.values():
                 self._apply(owed)
             rebuild = not self._complete
-            # An intent without its commit: the writer is still at it (it holds the
-            # conversation: skip it), or it died or failed to log the commit after the
-            # data sync (the conversation is free: probe it now, without waiting).
+            # An intent without its commit: its writer still owes the commit (idle, or
+            # at work on its next batch), or it died or failed to log the commit after
+            # the data sync. Each is probed, waiting (as a read does) for a writer that
+            # holds the conversation: with the commit owed, its acknowledged batch is
+            # known only from the log until the writer's next intent carries the commit.
             due = [(c, p) for c in self._pending if (p := self._repo[c].pending) is not None]
         if rebuild:
             self.rebuild()
@@ -611,7 +623,7 @@ class SiteManifest(ManifestHook):
             assert pending is not None
             # Probed without holding the manifest: an appender holds the conversation, then the manifest.
             try:
-                self._probe(conv, False, functools.partial(self._resolve, conv, pending[2]))
+                self._probe(conv, True, functools.partial(self._resolve, conv, pending[2]))
             except StoreError:
                 continue  # busy or damaged: listed as last committed; fsck reports damage
         if due:

@@ -448,3 +448,79 @@ def test_a_repair_keeps_an_intent_logged_after_its_check(tmp_path: Path, monkeyp
         assert _last_time_listed(fresh, conv) == items[-1].recorded_at
     finally:
         fresh.close()
+
+
+HOLD_LOCK = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def test_a_listing_waits_for_a_held_conversation_whose_writer_owes_its_commit(tmp_path: Path) -> None:
+    """Another process holds the conversation (as an idle writer's extend-ahead job, or its next append before
+    its intent, does) while the writer owes the commit of its acknowledged batch: the listing waits, then lists it."""
+    from logstore import layout
+
+    root = tmp_path / "data"
+    conv = "conv-held-01"
+    writer = FileStore(root, lock_timeout=5.0)
+    other = FileStore(root, lock_timeout=5.0)
+    try:
+        writer.append(SITE, conv, [{"k": 0}])  # acknowledged; its commit owed
+        lock = os.path.join(layout.conversation_dir(str(root), SITE, conv), layout.LOCK_FILE)
+        holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, lock, "0.5"], stdout=subprocess.PIPE, text=True)
+        try:
+            assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+            assert _last_time_listed(other, conv) == other.read(SITE, conv, Tail(1))[0].recorded_at
+        finally:
+            holder.wait(timeout=60)
+    finally:
+        writer.close()
+        other.close()
+
+
+def test_a_probe_waits_for_a_group_in_flight_in_its_own_process(tmp_path: Path) -> None:
+    """A listing thread probes while another thread of the same store writes a group (intent logged, not synced).
+
+    The probe shares the writer's file lock in-process, so it must wait for the
+    group: settling the group's intent with the extent before it would leave
+    the acknowledged batch unlisted once the process died with its commit owed.
+    """
+    import threading
+
+    root = tmp_path / "data"
+    conv = "conv-inflight-01"
+    store = FileStore(root, lock_timeout=5.0)
+    store.append(SITE, conv, [{"k": 0}])
+    store._manifest(SITE).flush()  # the first batch's commit is logged: only the second one's intent is pending
+    paused, go = threading.Event(), threading.Event()
+
+    def pause_before_sync(op: str) -> None:
+        if op == "fdatasync" and threading.current_thread().name == "appender" and not paused.is_set():
+            paused.set()
+            go.wait(10)
+
+    fileio.fault_hook = pause_before_sync
+    try:
+        appender = threading.Thread(target=store.append, args=(SITE, conv, [{"k": 1}]), name="appender")
+        appender.start()
+        assert paused.wait(10)
+        lister = threading.Thread(target=listed, args=(store,))
+        lister.start()
+        lister.join(0.3)  # it probes now; with the fix it waits for the group
+        go.set()
+        appender.join(10)
+        lister.join(10)
+    finally:
+        fileio.fault_hook = None
+        go.set()
+    store._manifest(SITE)._owed.clear()  # the process dies with the second batch's commit owed
+    fresh = FileStore(root, lock_timeout=5.0)
+    try:
+        assert _last_time_listed(fresh, conv) == fresh.read(SITE, conv, Tail(1))[0].recorded_at
+    finally:
+        fresh.close()
+        store.close()
