@@ -49,10 +49,36 @@ def encode_batch(payloads: Sequence[Mapping[str, Any]]) -> tuple[bytes, int]:
     ``MAX_BATCH_BYTES``. Raises before anything is written. The array is
     exactly ``[`` + the items of :func:`encode_items` joined by ``,`` + ``]``.
     """
+    fast = _encode_plain(payloads)
+    if fast is not None:
+        return fast, len(payloads)
     parts, total = _encode_parts(payloads)
     body = b"[" + b",".join(parts) + b"]"
     _check_batch(payloads, parts, body, total)
     return body, len(parts)
+
+
+def _encode_plain(payloads: Sequence[Mapping[str, Any]]) -> bytes | None:
+    """The common case in one encoder call: a list of 1..MAX_BATCH_ITEMS dicts whose array fits one item's limit.
+
+    msgspec writes a list of dicts exactly as ``[`` + each dict's compact
+    encoding joined by ``,`` + ``]``, so when the whole array is at most
+    ``MAX_ITEM_BYTES`` no item can exceed it, nor the batch its byte limit,
+    and the checks of :func:`encode_batch` reduce to the count and non-finite
+    numbers. None means "take the item-by-item path" (it raises the precise error).
+    """
+    if type(payloads) is not list or not 0 < len(payloads) <= MAX_BATCH_ITEMS:
+        return None
+    for item in payloads:
+        if type(item) is not dict:
+            return None
+    try:
+        body = _encoder.encode(payloads)
+    except (TypeError, UnicodeEncodeError, OverflowError, ValueError):
+        return None
+    if len(body) > MAX_ITEM_BYTES or (b"null" in body and any(map(_has_non_finite, payloads))):
+        return None
+    return body
 
 
 def encode_items(payloads: Sequence[Mapping[str, Any]]) -> list[bytes]:

@@ -172,7 +172,8 @@ class ConversationState:
         if self._lock_fd is None:
             self._lock_fd = fileio.open_create(os.path.join(self.path, layout.LOCK_FILE))
         fd = self._lock_fd
-        _lock_wait(lambda: fileio.try_lock(fd, exclusive), deadline, started)
+        if not fileio.try_lock(fd, exclusive):  # the common case first, without a closure
+            _lock_wait(lambda: fileio.try_lock(fd, exclusive), deadline, started)
         self._lock_holds = 1
 
     def _unlock(self) -> None:
@@ -186,6 +187,10 @@ class ConversationState:
             if fd is not None:
                 os.close(fd)
         self._fd = self._idx_fd = None
+
+    def holds_segments(self) -> bool:
+        """True when the conversation held a segment when its files were last looked at (a hint, not a check)."""
+        return self._loaded and bool(self._segments)
 
     def _list_segments(self) -> list[int]:
         try:

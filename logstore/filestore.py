@@ -240,11 +240,28 @@ class FileStore(MemoryStore):
                 return conv
             conv.mutex.release()
 
-    def _probe(self, site: str, conversation_id: str, wait: bool = True) -> Tip | None:
-        """The conversation's true extent, from its segments.
+    def _probe(
+        self,
+        site: str,
+        conversation_id: str,
+        wait: bool = True,
+        settle: Callable[[Tip | None], None] | None = None,
+    ) -> Tip | None:
+        """The conversation's true extent, from its segments; ``settle`` is called with it under the lock.
 
         With ``wait=False`` it raises Timeout at once instead of waiting for a
-        writer that holds the conversation.
+        writer that holds the conversation. ``settle`` logs what the listing
+        makes of the extent while the lock is still held (see SiteManifest:
+        no intent may be logged between a probe and the record it settles).
+
+        The conversation's file lock is taken (shared) whatever the cached
+        state says: the listing logs what a probe found as settling the
+        conversation's pending intent, which is right only when no writer was
+        between its intent and its data then (a writer holds the lock from
+        before its intent until its batch is durable). Without the lock a probe
+        could read the extent before a batch whose intent is logged, and settle
+        that intent; with commits owed (SiteManifest.commit) a kill would then
+        leave the acknowledged batch out of the listing.
         """
         if not os.path.isdir(layout.conversation_dir(self.root, site, conversation_id)):
             return None
@@ -252,7 +269,24 @@ class FileStore(MemoryStore):
         deadline = started + (self.options.lock_timeout if wait else 0.0)
         conv = self._acquire(site, conversation_id, deadline, started)
         try:
-            return conv.tip(deadline)
+            # A group of this process in flight (its leader released ``mutex`` to write and
+            # sync; its exclusive file lock would be shared by the probe): the group's intent
+            # is logged, its batches are not in the state yet. Settling the intent with the
+            # extent before them would leave them unlisted if the process then died with
+            # their commit owed, so the probe waits for the group (the leader notifies).
+            while conv._inflight:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise Timeout(time.monotonic() - started)
+                conv._cond.wait(left)
+            conv._lock(False, deadline, started)
+            try:
+                tip = conv.tip(deadline)
+                if settle is not None:
+                    settle(tip)
+                return tip
+            finally:
+                conv._unlock()
         finally:
             conv.mutex.release()
 
@@ -271,8 +305,11 @@ class FileStore(MemoryStore):
 
     def append(self, site: str, conversation_id: str, payloads: Sequence[Mapping[str, Any]]) -> SeqRange:
         self._check_open()
-        site = SiteName(site)
-        conversation_id = ConversationId(conversation_id)
+        # The table's keys are validated names: a key equal to these proves them well-formed
+        # (as in _read), so an append to an open conversation skips the two pattern matches.
+        if type(site) is not str or type(conversation_id) is not str or (site, conversation_id) not in self._convs:
+            site = SiteName(site)
+            conversation_id = ConversationId(conversation_id)
         body, count = encode_batch(payloads)
         started = time.monotonic()
         deadline = started + self.options.lock_timeout
@@ -298,10 +335,11 @@ class FileStore(MemoryStore):
     ) -> tuple[int, int]:
         """Append after charging the site's quota (caller holds ``conv.mutex``); refunded if nothing is written.
 
-        Whether the conversation is new is judged before the write by one
-        ``stat`` of its directory and corrected after it from the first seq.
+        Whether the conversation is new is judged before the write (from the
+        segments it held when last looked at, else by one ``stat`` of its
+        directory) and corrected after it from the first seq.
         """
-        new = not os.path.isdir(conv.path)
+        new = not conv.holds_segments() and not os.path.isdir(conv.path)
         cost = usage.charge(site, len(body), new)
         try:
             first, last, _stamp = conv.append(body, count, deadline, started)

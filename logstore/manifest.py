@@ -11,7 +11,13 @@ On disk it is a snapshot plus an append-only activity log (FORMAT.md):
   *walks* the site's directories for conversations the listing does not know
   and logs a *walked* record of the boot once it found them all;
 * after the batch is durable, a *commit* with the conversation's new extent
-  (not synced: a power cut may lose it);
+  (not synced: a power cut may lose it). It is not written at once but owed:
+  the conversation's next intent carries it (one record), or the process
+  logs it at its close (or with its next record once many are owed; its own
+  listings apply it in memory), so an append costs one record and one locked
+  write of the log. Until then the batch's intent is pending, exactly as if
+  its writer had died after the data sync, and a listing in another process
+  probes it;
 * an intent that is never followed by a commit (its writer crashed) is
   *resolved* later by probing the conversation itself;
 * a writer opening an epoch's log logs a *boot* record naming this boot of
@@ -32,6 +38,7 @@ it returns.
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 import threading
@@ -56,6 +63,8 @@ REC_MAGIC = b"\xc7\x4d"
 REC_HEADER = struct.Struct("<2sHIQ")  # magic, reserved, body_len, xxh3(body_len bytes + body, seed=salt)
 
 INTENT, COMMIT, RESOLVE, BOOT, WALKED = 1, 2, 3, 4, 5
+#: Commits owed by this process beyond this many are all logged with its next record.
+OWED_MAX = 256
 LOCK_FILE = "manifest.lock"
 
 
@@ -104,10 +113,13 @@ def encode_log_header(epoch: int, salt: int) -> bytes:
     return head + struct.pack("<Q", xxhash.xxh3_64_intdigest(head))
 
 
+_U32 = struct.Struct("<I")
+_xxh3 = xxhash.xxh3_64_intdigest
+
+
 def encode_log_record(salt: int, body: bytes) -> bytes:
-    lenb = struct.pack("<I", len(body))
-    check = xxhash.xxh3_64_intdigest(lenb + body, salt)
-    return REC_HEADER.pack(REC_MAGIC, 0, len(body), check) + body
+    n = len(body)
+    return REC_HEADER.pack(REC_MAGIC, 0, n, _xxh3(_U32.pack(n) + body, salt)) + body
 
 
 def iter_log_records(data: bytes, salt: int, start: int) -> Iterator[tuple[int, int, list[Any] | None]]:
@@ -153,19 +165,31 @@ class _Entry(msgspec.Struct, array_like=True):
     pending: tuple[int, int, int] | None = None
 
 
+#: ``probe(conversation_id, wait, settle)``: see :class:`SiteManifest`.
+Probe = Callable[[str, bool, Callable[[Tip | None], None] | None], Tip | None]
+
+
 class SiteManifest(ManifestHook):
     """One site's listing, shared safely by the threads and processes using it.
 
-    ``probe(conversation_id, wait)`` returns the conversation's true extent from its
-    segments (None when it holds nothing; with ``wait`` False it raises
-    Timeout rather than wait for a writer); ``walk()`` yields every
-    conversation id that has a directory. Both come from the store.
+    ``probe(conversation_id, wait, settle)`` returns the conversation's true
+    extent from its segments, read holding the conversation's file lock (None
+    when it holds nothing; with ``wait`` False it raises Timeout rather than
+    wait for a writer), and calls ``settle`` with it before letting the lock
+    go. A writer holds that lock from before its intent until its batch is
+    durable, so what a probe finds settles every intent logged before it.
+
+    Invariant (enforced here and in the store's probe): every record that
+    settles an intent from a probe (a resolve, or a commit of a probed
+    extent) is logged by ``settle``, under the conversation's lock, so the
+    log orders it before any intent logged after the probe. ``walk()`` yields
+    every conversation id that has a directory. Both come from the store.
     """
 
     def __init__(
         self,
         site_dir: str,
-        probe: Callable[[str, bool], Tip | None],
+        probe: Probe,
         walk: Callable[[], Iterator[str]],
         lock_timeout: float,
         compact_bytes: int = 256 * 1024,
@@ -189,10 +213,14 @@ class SiteManifest(ManifestHook):
         self._writes = 0
         #: Conversations whose intent this process has synced in the writer epoch.
         self._touched: set[str] = set()
+        #: Commit records owed, by conversation (see :meth:`commit`).
+        self._owed: dict[str, list[Any]] = {}
         # Reader side (the in-memory listing).
         self._loaded = False
         self._repo: dict[str, _Entry] = {}
-        self._order: SortedList[tuple[int, str]] = SortedList()
+        #: The committed entries in listing order; None until a page is asked for (a process
+        #: that only writes never builds it, so its compactions apply records to ``_repo`` only).
+        self._order: SortedList[tuple[int, str]] | None = None
         #: Conversations with an intent not yet followed by its commit.
         self._pending: set[str] = set()
         self._repoch = 0
@@ -214,6 +242,8 @@ class SiteManifest(ManifestHook):
         if self._lock_fd is None:
             fileio.makedirs(self.site_dir)
             self._lock_fd = fileio.open_create(os.path.join(self.site_dir, LOCK_FILE))
+        if fileio.try_lock(self._lock_fd, True):
+            return  # the common case: free
         started = time.monotonic()
         delay = 0.0005
         while True:
@@ -230,7 +260,20 @@ class SiteManifest(ManifestHook):
         fileio.unlock(self._lock_fd)
 
     def close(self) -> None:
+        """Log the commits still owed (best effort: their intents stay pending otherwise), release the files.
+
+        Only into the log this process writes, while it is still linked: when
+        another process compacted it away, the new snapshot carries the owed
+        batches' intents as pending, and when the site was dropped, writing
+        would bring its directory back.
+        """
         with self._mutex:
+            try:
+                if self._owed and self._wfd is not None and os.fstat(self._wfd).st_nlink > 0:
+                    self.flush()
+            except (OSError, StoreError):
+                pass  # each owed batch's intent is pending in the log: a listing probes it
+            self._owed.clear()
             for fd in (self._wfd, self._rfd, self._lock_fd):
                 if fd is not None:
                     os.close(fd)
@@ -318,46 +361,101 @@ class SiteManifest(ManifestHook):
         self._write(record, sync=False, touch=True, new=new)
 
     def commit(self, conversation_id: str, tip: Tip) -> None:
-        self._write([COMMIT, str(conversation_id), tip.created_us, tip.last_us, tip.next_seq], sync=False)
+        """Owe the commit record of a durable batch bringing the conversation to ``tip``.
 
-    def _write(self, record: list[Any], sync: bool, touch: bool = False, new: bool = False) -> None:
-        """Append one record to the current epoch's log; ``touch``: sync it unless this epoch already has one.
+        Carried by the conversation's next intent (one record, see
+        :func:`_records`), or logged by :meth:`flush` at close, or with the
+        process's next record once more than :data:`OWED_MAX` are owed; this
+        process's listings apply it in memory. Until then the batch's intent
+        is pending, as after a crash between the data sync and the commit: a
+        listing in another process probes the conversation (nobody holds it
+        while its writer is idle), so the listing is the same, and an append
+        makes one record and one locked write of the log instead of two.
+        """
+        conv = str(conversation_id)
+        with self._mutex:
+            old = self._owed.get(conv)
+            if old is None or old[4] < tip.next_seq:
+                self._owed[conv] = [COMMIT, conv, tip.created_us, tip.last_us, tip.next_seq]
 
-        ``new`` (with ``touch``): the conversation's first batch, which needs no sync (see :meth:`intent`).
+    def flush(self) -> None:
+        """Log the commits owed by this process, if any."""
+        if self._owed:
+            self._write(None, sync=False)
+
+    def _write(self, record: list[Any] | None, sync: bool, touch: bool = False, new: bool = False) -> None:
+        """Append ``record`` to the current epoch's log, with the owed commits it takes, in one write.
+
+        An intent takes its conversation's owed commit (it carries it); a
+        ``record`` of None, or any record once :data:`OWED_MAX` commits are
+        owed, takes them all. ``touch``: sync the write unless this epoch
+        already has one of ``record``'s conversation; ``new`` (with ``touch``):
+        the conversation's first batch, which needs no sync (see :meth:`intent`).
         """
         with self._mutex:
-            self._flock()
+            if record is None or len(self._owed) >= OWED_MAX:
+                owed, self._owed = self._owed, {}
+            else:
+                # Only the record's own conversation's commit, carried by its intent (see
+                # :meth:`_records`); the others stay owed until that conversation's next intent.
+                prev = self._owed.pop(record[1], None) if record[0] == INTENT else None
+                owed = {} if prev is None else {record[1]: prev}
             try:
-                if self._wfd is None or os.fstat(self._wfd).st_nlink == 0:
-                    if self._wfd is not None:
-                        os.close(self._wfd)
-                        self._wfd = None
-                    epoch = self._current_epoch_locked()
-                    try:
-                        self._wfd, self._wsalt = self._open_log(epoch, os.O_RDWR | os.O_APPEND)
-                    except _Damaged:
-                        # Its records are in no snapshot: start an epoch that owes a rebuild.
-                        epoch += 1
-                        self._write_epoch(epoch, [], False)
-                        self._current_epoch_locked()
-                        self._wfd, self._wsalt = self._open_log(epoch, os.O_RDWR | os.O_APPEND)
-                    if epoch != self._wepoch:
-                        self._touched.clear()
-                    self._wepoch = epoch
-                    self._wsnap = _size(snap_path(self.site_dir, epoch))
-                    fileio.append(self._wfd, encode_log_record(self._wsalt, _enc.encode([BOOT, boot_id, 0, 0, 0])))
-                fileio.append(self._wfd, encode_log_record(self._wsalt, _enc.encode(record)))
-                if touch and new:
-                    self._touched.add(record[1])
-                elif sync or (touch and record[1] not in self._touched):
-                    fileio.fdatasync(self._wfd)
-                    if touch:
-                        self._touched.add(record[1])
-                self._writes += 1
-                if self._writes % 512 == 0 and os.fstat(self._wfd).st_size > max(self._compact_bytes, self._wsnap // 4):
-                    self._compact_locked()
-            finally:
-                self._funlock()
+                self._write_locked(owed, record, sync, touch, new)
+            except BaseException:
+                # Perhaps not logged: owed again (a record logged twice is harmless).
+                for conv, rec in owed.items():
+                    now = self._owed.get(conv)
+                    if now is None or now[4] < rec[4]:
+                        self._owed[conv] = rec
+                raise
+
+    def _write_locked(
+        self, owed: dict[str, list[Any]], record: list[Any] | None, sync: bool, touch: bool, new: bool
+    ) -> None:
+        """:meth:`_write` with the mutex held: takes the file lock."""
+        self._flock()
+        try:
+            if self._wfd is None or os.fstat(self._wfd).st_nlink == 0:
+                if self._wfd is not None:
+                    os.close(self._wfd)
+                    self._wfd = None
+                epoch = self._current_epoch_locked()
+                try:
+                    self._wfd, self._wsalt = self._open_log(epoch, os.O_RDWR | os.O_APPEND)
+                except _Damaged:
+                    # Its records are in no snapshot: start an epoch that owes a rebuild.
+                    epoch += 1
+                    self._write_epoch(epoch, [], False)
+                    self._current_epoch_locked()
+                    self._wfd, self._wsalt = self._open_log(epoch, os.O_RDWR | os.O_APPEND)
+                if epoch != self._wepoch:
+                    self._touched.clear()
+                self._wepoch = epoch
+                self._wsnap = _size(snap_path(self.site_dir, epoch))
+                fileio.append(self._wfd, encode_log_record(self._wsalt, _enc.encode([BOOT, boot_id, 0, 0, 0])))
+            salt = self._wsalt
+            if record is not None and (not owed or (len(owed) == 1 and record[0] == INTENT and record[1] in owed)):
+                # The common case, one record (an intent carrying its conversation's owed commit), as _records makes it.
+                one = [*record, *owed[record[1]][2:5]] if owed else record
+                data = encode_log_record(salt, _enc.encode(one))
+            else:
+                data = b"".join([encode_log_record(salt, _enc.encode(rec)) for rec in _records(owed, record)])
+                if not data:
+                    return
+            fileio.append(self._wfd, data)
+            conv = record[1] if touch and record is not None else None
+            if conv is not None and new:
+                self._touched.add(conv)
+            elif sync or (conv is not None and conv not in self._touched):
+                fileio.fdatasync(self._wfd)
+                if conv is not None:
+                    self._touched.add(conv)
+            self._writes += 1
+            if self._writes % 512 == 0 and os.fstat(self._wfd).st_size > max(self._compact_bytes, self._wsnap // 4):
+                self._compact_locked()
+        finally:
+            self._funlock()
 
     # ---------------------------------------------------------------- reads
 
@@ -384,7 +482,7 @@ class SiteManifest(ManifestHook):
         if self._rfd is not None:
             os.close(self._rfd)
         self._repo = {e.conversation_id: e for e in entries}
-        self._order = SortedList((-e.last_us, e.conversation_id) for e in entries if e.next_seq > 0)
+        self._order = None
         self._pending = {e.conversation_id for e in entries if e.pending is not None}
         self._rfd, self._rsalt, self._repoch, self._roff = rfd, rsalt, epoch, LOG_HEADER.size
         self._complete = complete
@@ -443,6 +541,9 @@ class SiteManifest(ManifestHook):
             kind, conv, created, last, nxt = rec[:5]
         except (ValueError, TypeError):
             return
+        if kind == INTENT and len(rec) >= 8:
+            # An intent carrying the commit of the conversation's previous batch: that first.
+            self._apply([COMMIT, conv, *rec[5:8]])
         e = self._repo.get(conv)
         if kind == BOOT:
             if self._collecting and conv == boot_id:
@@ -469,10 +570,12 @@ class SiteManifest(ManifestHook):
         if e is None:
             self._repo[conv] = e = _Entry(conv, created, last, 0)
         if nxt > e.next_seq:
-            if e.next_seq > 0:
-                self._order.discard((-e.last_us, conv))
+            order = self._order
+            if order is not None:
+                if e.next_seq > 0:
+                    order.discard((-e.last_us, conv))
+                order.add((-last, conv))
             e.created_us, e.last_us, e.next_seq = created, last, nxt
-            self._order.add((-last, conv))
         if e.pending is not None and e.pending[2] <= e.next_seq:
             e.pending = None
             self._pending.discard(conv)
@@ -485,10 +588,16 @@ class SiteManifest(ManifestHook):
             if not self._loaded:
                 self._load()
                 self._tail()
+            # The commits this process still owes are applied to the listing in memory (a
+            # listing writes nothing): its own batches are listed from them, never probed.
+            for owed in self._owed.values():
+                self._apply(owed)
             rebuild = not self._complete
-            # An intent without its commit: the writer is still at it (it holds the
-            # conversation: skip it), or it died or failed to log the commit after the
-            # data sync (the conversation is free: probe it now, without waiting).
+            # An intent without its commit: its writer still owes the commit (idle, or
+            # at work on its next batch), or it died or failed to log the commit after
+            # the data sync. Each is probed, waiting (as a read does) for a writer that
+            # holds the conversation: with the commit owed, its acknowledged batch is
+            # known only from the log until the writer's next intent carries the commit.
             due = [(c, p) for c in self._pending if (p := self._repo[c].pending) is not None]
         if rebuild:
             self.rebuild()
@@ -514,17 +623,39 @@ class SiteManifest(ManifestHook):
             assert pending is not None
             # Probed without holding the manifest: an appender holds the conversation, then the manifest.
             try:
-                tip = self._probe(conv, False)
+                self._probe(conv, True, functools.partial(self._resolve, conv, pending[2]))
             except StoreError:
                 continue  # busy or damaged: listed as last committed; fsck reports damage
-
-            rec: list[Any] = [RESOLVE, conv, 0, 0, 0, pending[2]]
-            if tip is not None:
-                rec[2:5] = [tip.created_us, tip.last_us, tip.next_seq]
-            self._write(rec, sync=False)
         if due:
             with self._mutex:
                 self._tail()
+
+    def _resolve(self, conv: str, pending_seq: int, tip: Tip | None) -> None:
+        """Log what a probe found as settling ``conv``'s pending intent (called under the conversation's lock).
+
+        Logged before the probe lets go of the conversation, so no intent can
+        come between the probe and this record in the log: the intent it names
+        (and every intent before it) is settled by ``tip``. Logged after the lock
+        was released, an intent for a batch ending at or below ``pending_seq``
+        (after a dead writer's, whose batch never landed) could be logged first,
+        and this record would clear it: its writer killed with the commit owed,
+        the acknowledged batch would never be listed.
+        """
+        rec: list[Any] = [RESOLVE, conv, 0, 0, 0, pending_seq]
+        if tip is not None:
+            rec[2:5] = [tip.created_us, tip.last_us, tip.next_seq]
+        self._write(rec, sync=False)
+
+    def _commit_probed(self, conv: str, only_if_newer: bool, tip: Tip | None) -> None:
+        """Log a probe's ``tip`` as ``conv``'s commit (under the conversation's lock, as :meth:`_resolve`)."""
+        if tip is None:
+            return
+        if only_if_newer:
+            with self._mutex:
+                e = self._repo.get(conv)
+                if e is not None and tip.next_seq <= e.next_seq:
+                    return
+        self._write([COMMIT, conv, tip.created_us, tip.last_us, tip.next_seq], sync=False)
 
     def _recover_listing(self, convs: set[str], pending: set[str]) -> None:
         """Check the conversations written before this boot; log again any commit a power cut lost.
@@ -542,16 +673,9 @@ class SiteManifest(ManifestHook):
             if listed is not None and _ends_at(self._conversation_dir(conv), *listed):
                 continue  # its log ends exactly where its entry says: nothing was lost
             try:
-                tip = self._probe(conv, False)
+                self._probe(conv, False, functools.partial(self._commit_probed, conv, True))
             except StoreError:
                 continue  # busy (its writer commits) or damaged (fsck reports it)
-            if tip is None:
-                continue
-            with self._mutex:
-                e = self._repo.get(conv)
-                stale = e is None or tip.next_seq > e.next_seq
-            if stale:
-                self._write([COMMIT, conv, tip.created_us, tip.last_us, tip.next_seq], sync=False)
 
     def _walk_unknown(self) -> bool:
         """Find the conversations that hold items the listing does not know; log their extent.
@@ -573,14 +697,12 @@ class SiteManifest(ManifestHook):
                 if e is not None and (e.next_seq > 0 or e.pending is not None):
                     continue
             try:
-                tip = self._probe(conv, False)
+                self._probe(conv, False, functools.partial(self._commit_probed, conv, False))
             except Timeout:
                 whole = False
                 continue
             except StoreError:
                 continue  # damaged: fsck reports it, as a rebuild leaves it
-            if tip is not None:
-                self._write([COMMIT, conv, tip.created_us, tip.last_us, tip.next_seq], sync=False)
         return whole
 
     def _conversation_dir(self, conv: str) -> str:
@@ -591,12 +713,11 @@ class SiteManifest(ManifestHook):
         found: list[list[Any]] = []
         for conv in self._walk():
             try:
-                tip = self._probe(conv, True)
+                tip = self._probe(conv, True, functools.partial(self._commit_probed, conv, False))
             except StoreError:
                 continue  # a damaged conversation is left for fsck to report
             if tip is not None:
                 found.append([COMMIT, conv, tip.created_us, tip.last_us, tip.next_seq])
-                self._write(found[-1], sync=False)
         with self._mutex:
             self._flock()
             try:
@@ -637,6 +758,8 @@ class SiteManifest(ManifestHook):
         self._refresh()
         with self._mutex:
             order = self._order
+            if order is None:
+                order = self._order = SortedList((-e.last_us, c) for c, e in self._repo.items() if e.next_seq > 0)
             i = 0 if after is None else order.bisect_right((-after[0], after[1]))
             keys = list(order.islice(i, i + limit + 1))
             more = len(keys) > limit
@@ -713,6 +836,21 @@ def _ends_at(conv_dir: str, next_seq: int, last_us: int) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def _records(owed: dict[str, list[Any]], record: list[Any] | None) -> list[list[Any]]:
+    """The log records for the commits ``owed`` and then ``record``.
+
+    An intent whose conversation has a commit owed carries it (FORMAT.md 5:
+    ``[1, conversation_id, created_us, last_us, next_seq, committed created_us,
+    last_us, next_seq]``), so an append to the conversation it wrote last is
+    one record.
+    """
+    carried = record[1] if record is not None and record[0] == INTENT and record[1] in owed else None
+    out = [rec for conv, rec in owed.items() if conv != carried]
+    if record is not None:
+        out.append(record if carried is None else [*record, *owed[carried][2:5]])
+    return out
 
 
 class _Damaged(Exception):

@@ -93,20 +93,22 @@ class UsageTracker:
         """Count an append about to be written; its cost, for :meth:`refund`. Raises QuotaExceeded."""
         with self._lock:
             usage = self._usage.get(site)
-        if usage is None:
-            measured = site_usage(self.root, site)  # once per site and process, outside the lock
-            with self._lock:
-                usage = self._usage.setdefault(site, measured)
-        cost = record_cost(body_len, new_conversation)
+            if usage is not None:
+                return self._charge_locked(usage, body_len, new_conversation)
+        measured = site_usage(self.root, site)  # once per site and process, outside the lock
         with self._lock:
-            limit = self.quota.max_conversations
-            if new_conversation and limit is not None and usage.conversations + 1 > limit:
-                raise QuotaExceeded("conversations", limit, usage.conversations + 1)
-            limit = self.quota.max_bytes
-            if limit is not None and usage.bytes + cost > limit:
-                raise QuotaExceeded("bytes", limit, usage.bytes + cost)
-            usage.bytes += cost
-            usage.conversations += int(new_conversation)
+            return self._charge_locked(self._usage.setdefault(site, measured), body_len, new_conversation)
+
+    def _charge_locked(self, usage: Usage, body_len: int, new_conversation: bool) -> int:
+        cost = record_cost(body_len, new_conversation)
+        limit = self.quota.max_conversations
+        if new_conversation and limit is not None and usage.conversations + 1 > limit:
+            raise QuotaExceeded("conversations", limit, usage.conversations + 1)
+        limit = self.quota.max_bytes
+        if limit is not None and usage.bytes + cost > limit:
+            raise QuotaExceeded("bytes", limit, usage.bytes + cost)
+        usage.bytes += cost
+        usage.conversations += int(new_conversation)
         return cost
 
     def refund(self, site: str, cost: int, new_conversation: bool) -> None:

@@ -64,6 +64,12 @@ class Recovery(ConversationState):
 
     def _open_active(self, base: int, writable: bool) -> None:
         path = self._seg_path(base)
+        # Invariant: ``_last_us`` is the time of the last batch at or before the end found
+        # here, never one kept from an older active segment. A refresh that finds its
+        # segment sealed opens the newest one directly, past any segment between them:
+        # kept, the old time would be stale (and a probe would log it to the listing with
+        # the new extent); zero makes the walk below, or _last_record_time, find it.
+        self._last_us = 0
         fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
         self._fd = fd
         head = os.pread(fd, _SECTOR, 0)

@@ -193,11 +193,21 @@ class Writer(Recovery):
         alone (ConversationFull); batches left out (the group did not fit the
         segment) stay queued for the next leader.
         """
-        with self._exclusive(deadline, started):
+        # What _exclusive does, without a generator's cost on every append.
+        self._take_exclusive(deadline, started)
+        try:
             # recorded_at never decreases within a conversation, whatever the wall clock does.
             stamp = max(now_us(), self._last_us)
-            todo: list[_Batch] = []
             nxt = self._next_seq
+            if len(group) == 1:
+                b = group[0]
+                if nxt + b.count > MAX_CONVERSATION_ITEMS:
+                    b.error = ConversationFull(MAX_CONVERSATION_ITEMS, nxt + b.count)
+                    return 1
+                b.result = (nxt, nxt + b.count - 1, stamp)
+                self._commit_group(group, stamp)  # one batch always fits (a segment takes at least one)
+                return 1
+            todo: list[_Batch] = []
             for b in group:
                 if nxt + b.count > MAX_CONVERSATION_ITEMS:
                     b.error = ConversationFull(MAX_CONVERSATION_ITEMS, nxt + b.count)
@@ -211,10 +221,20 @@ class Writer(Recovery):
                     # Left for the next leader: every batch behind the last one written.
                     return group.index(todo[taken])
             return len(group)
+        finally:
+            self._unlock()
 
     @contextlib.contextmanager
     def _exclusive(self, deadline: float, started: float) -> Iterator[None]:
         """Hold the conversation for writing, its tail verified and undamaged. Caller holds ``mutex``."""
+        self._take_exclusive(deadline, started)
+        try:
+            yield
+        finally:
+            self._unlock()
+
+    def _take_exclusive(self, deadline: float, started: float) -> None:
+        """Take the file lock (exclusive) and verify the tail, as :meth:`_exclusive`; the caller unlocks."""
         if self._fd is None and not self._claim_from_pool():
             # No segment open: the directory may not exist yet. Made here, unsynced (its lock
             # file lives in it); the first segment's creation makes it durable before any
@@ -235,9 +255,9 @@ class Writer(Recovery):
                 raise Io(f"reading the conversation's tail failed: {exc}", exc.errno) from exc
             if self._damage is not None:
                 raise self._damage
-            yield
-        finally:
+        except BaseException:
             self._unlock()
+            raise
 
     def _claim_from_pool(self) -> bool:
         """For a conversation with no directory yet: claim a pre-created one (:mod:`logstore.convpool`).

@@ -26,6 +26,7 @@ from ._scanner import _check_conversation
 from ._types import (
     _TOP_LEVEL_NAMES,
     ACKNOWLEDGED_LOST,
+    INTENT_UNRESOLVED,
     LOCK_TIMEOUT,
     STRAY_FILE,
     CheckReport,
@@ -163,7 +164,7 @@ def _check_site_manifest(
     """
     verified: dict[str, _Verified] = {}
     problems = _check_manifest(root, site, tips, damaged, conversation, lock_timeout, verified)
-    if truncated or (repair and any(p.kind != LOCK_TIMEOUT for p in problems)):
+    if truncated or (repair and any(p.kind != LOCK_TIMEOUT and not _owed(p, verified) for p in problems)):
         try:
             _write_manifest(root, site, tips, truncated, conversation is None, lock_timeout, verified)
         except (Timeout, OSError) as exc:
@@ -184,3 +185,24 @@ def _check_site_manifest(
                     p.repaired = True
                     p.action = "rewrote the manifest from the conversations"
     return problems
+
+
+def _owed(p: Problem, verified: dict[str, _Verified]) -> bool:
+    """An intent whose batch is exactly what the log holds: a live writer may still owe its commit.
+
+    A writer logs a batch's commit with its next intent for the conversation
+    or when it closes (FORMAT.md 5), so an idle writer leaves this state
+    behind every conversation it wrote last; so does one that died after the
+    data sync. Nothing in the data or the listing is wrong (the engine's next
+    listing reads the log), so ``--repair`` alone does not rewrite the
+    manifest for it (a live directory stays clean); a rewrite made for another
+    problem settles it too.
+    """
+    v = verified.get(p.conversation_id or "")
+    return (
+        p.kind == INTENT_UNRESOLVED
+        and v is not None
+        and v.pending is not None
+        and v.truth is not None
+        and v.truth.next_seq == v.pending[2]
+    )

@@ -55,6 +55,9 @@ class _ManifestState:
     #: The engine will rebuild the whole listing from the conversations' logs at its next
     #: listing (a damaged or incomplete activity log marks the listing incomplete).
     rebuild_owed: bool = False
+    #: How many intents each conversation has in the epoch's log as read so far: an intent
+    #: logged after a check under the conversation's lock changes it (see _write_manifest).
+    intents: dict[str, int] = field(default_factory=dict)
 
 
 def _read_manifest(site_dir: str) -> _ManifestState:
@@ -203,6 +206,8 @@ def _apply_log(state: _ManifestState, lpath: str, data: bytes, base: int) -> Non
                 state.before_boot = False
             elif rec[0] == manifest.INTENT and len(rec) > 1:
                 state.recover.add(rec[1])
+        if rec and rec[0] == manifest.INTENT and len(rec) > 1 and isinstance(rec[1], str):
+            state.intents[rec[1]] = state.intents.get(rec[1], 0) + 1
         apply(entries, rec)
         done = end
     state.log_done = base + done if done else state.log_done
@@ -249,6 +254,8 @@ def _apply_log_record(entries: dict[str, manifest._Entry], rec: list[Any]) -> No
         kind, conv, created, last, nxt = rec[:5]
     except (ValueError, TypeError):
         return
+    if kind == manifest.INTENT and len(rec) >= 8:
+        _apply_log_record(entries, [manifest.COMMIT, conv, *rec[5:8]])  # the commit it carries comes first
     e = entries.get(conv)
     if kind == manifest.INTENT:
         if e is None:
@@ -304,6 +311,7 @@ class _Verified:
     truth: Tip | None  # the log's extent
     listed: Tip | None  # the listing's committed extent at that moment
     pending: tuple[int, int, int] | None  # the orphaned intent seen then (None if none)
+    intents: tuple[int | None, int] = (None, 0)  # (epoch, intents of it in that epoch's log) then
 
 
 def _read_manifest_locked(site_dir: str, lock_timeout: float, state: _ManifestState | None = None) -> _ManifestState:
@@ -330,10 +338,17 @@ def _write_manifest(
     (a commit logged since is an append since, and wins). Pending intents are
     carried over for the engine to resolve, except the orphaned ones verified
     here: the rewritten entry is their resolution.
+
+    Invariant: a verified conversation's pending intent is dropped only when no
+    intent of it was logged since it was verified under its lock (same epoch,
+    same count of its intents). Comparing the pending intent alone is not
+    enough: a live writer's intent for a batch ending at or below a dead
+    writer's leaves the pending intent as it was, and dropping it would leave
+    that batch unlisted once its writer is gone with its commit owed.
     """
     verified = verified or {}
     sdir = layout.site_dir(root, site)
-    m = manifest.SiteManifest(sdir, probe=lambda _c, _w: None, walk=lambda: iter(()), lock_timeout=lock_timeout)
+    m = manifest.SiteManifest(sdir, probe=lambda _c, _w, _s: None, walk=lambda: iter(()), lock_timeout=lock_timeout)
     try:
         m._flock()
         try:
@@ -355,7 +370,12 @@ def _write_manifest(
                 if conv in truncated:
                     continue
                 v = verified.get(conv)
-                if v is not None and _committed(e) == v.listed and e.pending in (None, v.pending):
+                if (
+                    v is not None
+                    and _committed(e) == v.listed
+                    and e.pending in (None, v.pending)
+                    and (state.epoch, state.intents.get(conv, 0)) == v.intents
+                ):
                     continue  # nothing happened to it since it was verified: the log's extent stands
                 if e.next_seq > 0 and (mine is None or e.next_seq > mine.next_seq):
                     if mine is not None or (
@@ -387,7 +407,7 @@ def _mark_manifest_incomplete(root: str, site: str, drop: set[str], lock_timeout
     sdir = layout.site_dir(root, site)
     if not os.path.isdir(sdir):
         return
-    m = manifest.SiteManifest(sdir, probe=lambda _c, _w: None, walk=lambda: iter(()), lock_timeout=lock_timeout)
+    m = manifest.SiteManifest(sdir, probe=lambda _c, _w, _s: None, walk=lambda: iter(()), lock_timeout=lock_timeout)
     try:
         m._flock()
         try:
@@ -472,7 +492,7 @@ def _check_manifest(
         listed = _committed(entry)
         pending = entry.pending if entry is not None else None
         tips[conv] = truth
-        verified[conv] = _Verified(truth, listed, pending)
+        verified[conv] = _Verified(truth, listed, pending, (now.epoch, now.intents.get(conv, 0)))
         problem = _judge_listing(
             site, conv, conv_dir, spath, listed, truth, pending, conv in now.recover, now.rebuild_owed,
             not now.walked,
@@ -533,10 +553,15 @@ def _judge_listing(
             spath,
             None,
             INTENT_UNRESOLVED,
-            f"an intent for next_seq={pending[2]} has no commit (its writer stopped before it); {wrote}, "
+            f"an intent for next_seq={pending[2]} has no commit (its writer stopped before it, or still "
+            f"owes it: a writer logs it with its next intent or at close); {wrote}, "
             f"which holds {_describe(truth)}",
             "none needed: the engine resolves it by reading the log at the site's next listing; "
-            "--repair resolves it now",
+            + (
+                "--repair leaves it (a running writer may still owe the commit)"
+                if have == pending[2]
+                else "--repair resolves it now"
+            ),
             resolves_itself=True,
         )
     if listed != truth and before_boot and have > committed:

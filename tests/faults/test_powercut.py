@@ -17,7 +17,8 @@ seq. Every other state first gets an append that compacts the manifest
 before anything has listed (a writer-only process after the reboot).
 
 Workloads: ordinary appends with segment rolls and the first append of new
-conversations; manifest compaction (by the engine and by a rebuild); sparse
+conversations; manifest commits owed (carried by intents, logged in a batch,
+logged at close); manifest compaction (by the engine and by a rebuild); sparse
 index writes (index groups, and indexes rebuilt by a read); ``fsck --repair``
 (``logstore.maintenance.check``) of a torn tail, a missing index and a lost
 commit; ``fsck --repair``'s salvage of a damaged record into a loss record;
@@ -378,8 +379,8 @@ def _some_history(w: Writer) -> None:
 def _compaction(w: Writer) -> None:
     m = w.store._manifest(SITE)
     w.append(CONVS[0], 2, 50)
-    # The engine compacts every 512th log record once the log is big enough: bring that
-    # moment to the next append's commit record.
+    # The engine compacts at every 512th write of the log once the log is big enough: bring
+    # that moment to the second append's intent (each append writes one record).
     m._compact_bytes = 1
     m._writes = 510
     w.append(CONVS[1], 1, 30)
@@ -614,6 +615,35 @@ def test_power_cut_group_commit(shm_path: Path) -> None:
     assert len(rec.acks) == 8
     explore(rec, "group commit", shm_path)
     assert syncs < 20, syncs
+
+def _owed_commits(w: Writer) -> None:
+    # A batch's commit record is owed (FORMAT.md 5): carried by its conversation's next intent,
+    # logged with the next record once more than OWED_MAX are owed, or at close; a listing
+    # applies the owed ones in memory. Cuts fall while commits of several conversations are owed.
+    w.append(CONVS[0], 1, 20)
+    w.append(CONVS[0], 2, 30)  # its intent carries the first batch's commit
+    w.append(CONVS[1], 1, 20)
+    w.append(CONVS[2], 1, 20)
+    assert [s.conversation_id for s in list_all(w.store, SITE)] == [CONVS[2], CONVS[1], CONVS[0]]
+    w.append(CONVS[0], 1, 40)
+    manifest.OWED_MAX = 2  # the next intent logs every commit owed, ahead of itself
+    w.append(CONVS[1], 1, 20)
+    w.append(CONVS[1], 1, 20)
+    # The store is closed next (by record): the commits still owed are logged then.
+
+
+def test_power_cut_owed_commits(shm_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cuts while commits are owed, carried by intents, logged in a batch, and logged at close."""
+    monkeypatch.setattr(manifest, "OWED_MAX", manifest.OWED_MAX)  # restored after the workload's change
+    rec = record(shm_path / "data", CONVS, _nothing, _owed_commits)
+    site_dir = next((shm_path / "data" / "sites").iterdir())
+    data = max(site_dir.glob("manifest-*.log")).read_bytes()
+    salt = manifest.LOG_HEADER.unpack_from(data)[2]
+    recs = [r for _o, _e, r in manifest.iter_log_records(data, salt, manifest.LOG_HEADER.size) if r is not None]
+    assert any(r[0] == manifest.INTENT and len(r) == 8 for r in recs), recs  # an intent carried a commit
+    assert sum(r[0] == manifest.COMMIT for r in recs) >= 3, recs  # logged with a later record, and at close
+    explore(rec, "owed commits", shm_path)
+
 
 NEW_CONVS = ["pc-new-0001", "pc-new-0002", "pc-new-0003", "pc-new-0004"]
 
@@ -1158,6 +1188,10 @@ def test_listing_recovery_runs_only_after_a_reboot(shm_path: Path, monkeypatch: 
     try:
         store.append(SITE, CONVS[0], make_batch("x", 1, 1, 10))
         store.append(SITE, CONVS[1], make_batch("x", 2, 1, 10))
+    finally:
+        store.close()  # logs the commits still owed
+    store = FileStore(root, **OPTS)
+    try:
         store.append(SITE, CONVS[0], make_batch("x", 3, 2, 10))
     finally:
         store.close()
