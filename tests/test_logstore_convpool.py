@@ -300,6 +300,10 @@ def test_a_forked_child_leaves_its_parents_entries_alone(tmp_path: Path) -> None
             ("conv-fork-child-2", {"c": 2}),
         ):
             assert [it.payload for it in store.read(SITE, conv, _all())] == [payload], conv
+        # The child exited without closing the parent's store it appended through, owing that
+        # append's commit record: the listing settles it from the log (FORMAT.md 5).
+        listed = {s.conversation_id for s in store.list_conversations(SITE, ListSelector(limit=100)).summaries}
+        assert "conv-fork-child-2" in listed
     finally:
         store.close()
     assert not check(root).problems
