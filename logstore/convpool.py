@@ -158,7 +158,21 @@ class SitePool:
         #: A claim left half the pool or less (or nothing is known of it yet): refill_if_due fills.
         self._fill_due = True
         _pools.add(self)
-        self.disabled = not fileio.can_rename_noreplace()
+        #: Whether this filesystem (or C library) cannot rename without replacing: unknown until a
+        #: claim or fill needs it, since finding ``renameat2`` loads ctypes, which a process that
+        #: only reads should not pay for on its cold start.
+        self._disabled: bool | None = None
+
+    @property
+    def disabled(self) -> bool:
+        """The pool is unusable here: claims return None and nothing is filled."""
+        if self._disabled is None:
+            self._disabled = not fileio.can_rename_noreplace()
+        return self._disabled
+
+    @disabled.setter
+    def disabled(self, value: bool) -> None:
+        self._disabled = value
 
     # ------------------------------------------------------------ claiming
 

@@ -556,10 +556,15 @@ def _load_renameat2() -> Callable[..., int] | None:
         _renameat2_checked = True
         try:
             import ctypes
-            import ctypes.util
 
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-            fn = libc.renameat2
+            try:
+                # The interpreter's own symbols include the C library's it is linked with; looking
+                # the library up by name (ctypes.util) would import subprocess on a cold start.
+                fn = ctypes.CDLL(None, use_errno=True).renameat2
+            except AttributeError:
+                import ctypes.util
+
+                fn = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).renameat2
             fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
             fn.restype = ctypes.c_int
             _renameat2 = fn

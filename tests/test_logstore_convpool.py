@@ -332,3 +332,29 @@ def test_entries_kept_open_stay_within_the_process_budget(
         store.close()
     assert convpool._held_count[0] == 0
     assert not check(root).problems
+
+
+def test_a_process_that_only_reads_never_looks_for_renameat2(tmp_path: Path) -> None:
+    """The pool's check for ``renameat2`` loads ctypes; a cold reader must not pay for it.
+
+    A fresh interpreter that opens a store and reads a conversation imports
+    neither ctypes nor subprocess (the C library lookup once pulled both in and
+    tripled a cold open of a long conversation); the first append still finds
+    renameat2 and claims from the pool.
+    """
+    store = FileStore(str(tmp_path))
+    store.append(SITE, "conv-one", [{"n": 1}])
+    store.close()
+    code = (
+        "import sys\n"
+        "from logstore import FileStore, Tail\n"
+        f"s = FileStore({str(tmp_path)!r})\n"
+        f"assert [i.payload for i in s.read({SITE!r}, 'conv-one', Tail(5))] == [{{'n': 1}}]\n"
+        "print(sorted(m for m in ('ctypes', 'subprocess') if m in sys.modules))\n"
+        f"s.append({SITE!r}, 'conv-two', [{{'n': 2}}])\n"
+        "print('ctypes' in sys.modules)\n"
+        "s.close()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env(),
+                         check=True, timeout=60).stdout.split()
+    assert out == ["[]", "True"], out
