@@ -5,11 +5,22 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
-from logstore import FileStore, InvalidCursor, ListCursor, ListSelector, Range, Tail, convpool, fileio
+from logstore import (
+    FileStore,
+    InvalidCursor,
+    ListCursor,
+    ListSelector,
+    Range,
+    Tail,
+    background,
+    convpool,
+    fileio,
+)
 
 SITE = "site-manifest"
 
@@ -294,9 +305,11 @@ def test_a_probe_never_settles_an_intent_whose_batch_is_being_written(tmp_path: 
     assert listed(other) == [conv]
     assert len(other.read(SITE, conv, Range(0, 10))) == 1  # the other store holds the conversation open
     seen: list[list[str]] = []
+    assert background.wait(10)  # the pool's refill after the first append writes too, on its own thread
+    writer_thread = threading.current_thread()
 
     def between_intent_and_data(op: str) -> None:
-        if op == "write" and not seen:
+        if op == "write" and not seen and threading.current_thread() is writer_thread:
             seen.append(listed(other))  # the writer holds the conversation: the listing must not settle it
 
     fileio.fault_hook = between_intent_and_data
