@@ -564,53 +564,30 @@ def _judge_listing(
             ),
             resolves_itself=True,
         )
+    def stale(detail: str, note: str, resolves_itself: bool = True) -> Problem:
+        return Problem(site, conv, spath, None, MANIFEST_STALE, detail, note, resolves_itself=resolves_itself)
+
     if listed != truth and before_boot and have > committed:
-        return Problem(
-            site,
-            conv,
-            spath,
-            None,
-            MANIFEST_STALE,
+        return stale(
             f"the listing has {_describe(listed)}, the log holds {_describe(truth)}: commits logged before "
             "this boot of the machine were lost (a power cut), the log itself is whole",
             "none needed: the engine re-reads this conversation's log at the site's first listing after "
             "the restart and logs its extent again; --repair does it now",
-            resolves_itself=True,
         )
     if listed is None and pending is None and have > 0 and walk_owed:
-        return Problem(
-            site,
-            conv,
-            spath,
-            None,
-            MANIFEST_STALE,
+        return stale(
             f"the listing does not name this conversation, whose log holds {_describe(truth)}: a new "
             "conversation's first records in the activity log are not synced, so a power cut can lose them; "
             "the log itself is whole",
             "none needed: at the site's first listing after the restart the engine looks for conversations "
             "the listing does not know and logs their extent; --repair does it now",
-            resolves_itself=True,
         )
     if listed != truth and rebuild_owed:
-        return Problem(
-            site,
-            conv,
-            spath,
-            None,
-            MANIFEST_STALE,
+        return stale(
             f"the listing has {_describe(listed)}, the log holds {_describe(truth)}; the activity log is "
             "damaged (see above), which may be where its commit was",
             _REBUILD_NOTE,
-            resolves_itself=True,
         )
     if listed != truth:
-        return Problem(
-            site,
-            conv,
-            spath,
-            None,
-            MANIFEST_STALE,
-            f"the listing has {_describe(listed)}, the log holds {_describe(truth)}",
-            action,
-        )
+        return stale(f"the listing has {_describe(listed)}, the log holds {_describe(truth)}", action, False)
     return None
