@@ -34,6 +34,8 @@ from logstore.memories._semantic import default_embedder
 from logstore.memories.retrieval import MemoryDoc, Retriever
 
 e = default_embedder()
+import logging  # loading the model leaves the host's logging as it was (wordllama configures it on import)
+assert not logging.getLogger().handlers and logging.getLogger().level == logging.WARNING, logging.getLogger()
 v = e.embed(["metric units kilometres celsius", "distance miles temperature fahrenheit", "sourdough bread oven"])
 assert v.shape == (3, 256) and v.dtype == np.float32, (v.shape, v.dtype)
 assert np.allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5)

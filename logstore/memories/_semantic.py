@@ -17,6 +17,7 @@ mean and one matrix-vector product.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,18 +41,38 @@ class Embedder(Protocol):
         ...
 
 
+def _import_wordllama() -> Any:
+    """Import wordllama without the root-logger set-up its modules do on import.
+
+    wordllama 0.4 calls ``logging.basicConfig(level=INFO)`` when imported: in
+    an application that had not configured logging yet, every library's INFO
+    records (HTTP clients' request lines among them) would start going to
+    stderr. A library must not change its host's logging, so the root logger's
+    handlers and level are put back as they were.
+    """
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        import wordllama
+    finally:
+        for handler in root.handlers[:]:
+            if handler not in handlers:
+                root.removeHandler(handler)
+        root.setLevel(level)
+    return wordllama
+
+
 class WordLlamaEmbedder:
     """WordLlama's packaged 256-dimension model, loaded from the installed wheel only."""
 
     dim = 256
 
     def __init__(self) -> None:
-        import wordllama
-        from wordllama import WordLlama
-
+        wordllama = _import_wordllama()
         shipped = Path(wordllama.__file__).parent
-        self._model: Any = WordLlama.load(config="l2_supercat", dim=self.dim, cache_dir=shipped,
-                                          disable_download=True)
+        self._model: Any = wordllama.WordLlama.load(
+            config="l2_supercat", dim=self.dim, cache_dir=shipped, disable_download=True
+        )
         # One model serves every site's retriever; the library does not promise thread safety.
         self._lock = threading.Lock()
 
