@@ -285,8 +285,7 @@ def _mcp_context_rows(ctx: Ctx) -> list[Row]:
                        "memories": made}),
             Row("memory", f"MCP recall_memory with a repeated memory_context vs without, p50 ({made:,} memories)",
                 "ratio", higher_better=False, samples={CONVMEM: [p2 / p0]},
-                note=f"{p2:.2f} ms with the previous call's hint again, {p0:.2f} ms without: +{p2 - p0:.2f} ms; "
-                     "answered from the recent-answers table (not the target's figure)",
+                note=f"{p2:.2f} ms with, {p0:.2f} ms without: +{p2 - p0:.2f} ms; from the recent-answers table",
                 extra={"with_ms": p2, "without_ms": p0, "memories": made})]
 
 
