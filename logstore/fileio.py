@@ -295,47 +295,15 @@ def fsync_dirs(paths: list[str], data_fd: int | None = None) -> None:
         for p in paths:
             fsync_dir(p)
         return
-    try:
-        if data_fd is not None:
-            _fault("fdatasync")
-        for _ in paths:
-            _fault("fsync")
-    except OSError:
-        _unsynced_dirs.update(paths)
-        raise
-    pool = _dir_sync_pool()
-    background = paths if data_fd is not None else paths[1:]
-    futures = [pool.submit(_fsync_dir_timed, p) for p in background]
-    errors: list[BaseException] = []
-    try:
-        if data_fd is not None:
-            with observe.timed("fdatasync"):
-                os.fdatasync(data_fd)
-        else:
-            _fsync_dir_timed(paths[0])
-    except OSError as exc:
-        errors.append(exc)
-        if data_fd is None:
-            _unsynced_dirs.add(paths[0])
-    for p, f in zip(background, futures, strict=True):
-        failure = f.exception()
-        if failure is not None:
-            errors.append(failure)
-            _unsynced_dirs.add(p)
-    if errors:
-        raise errors[0]
-    for p in paths:
-        _unsynced_dirs.discard(p)
-        if recorder is not None:
-            recorder("dirsync", p)
-    if data_fd is not None and recorder is not None:
-        recorder("sync", data_fd)
+    start_dir_syncs(paths).finish(data_fd)
 
 
 class DirSyncs:
     """Directory syncs started in the background (:func:`start_dir_syncs`), awaited by :meth:`finish`."""
 
-    def __init__(self, paths: list[str], fds: list[int], futures: list[concurrent.futures.Future[None]]) -> None:
+    def __init__(
+        self, paths: list[str], fds: list[int | None], futures: list[concurrent.futures.Future[None]]
+    ) -> None:
         self.paths = paths
         self._fds = fds
         self._futures = futures
@@ -353,7 +321,8 @@ class DirSyncs:
                 errors.append(exc)
         for p, fd, f in zip(self.paths, self._fds, self._futures, strict=True):
             failure = f.exception()
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)
             if failure is not None:
                 errors.append(failure)
                 _unsynced_dirs.add(p)
@@ -396,28 +365,35 @@ def start_dir_syncs(paths: list[str]) -> DirSyncs:
     hardly compete for the interpreter lock). The fault hook runs here; the
     recorder hears of each sync when it is awaited.
     """
-    fds: list[int] = []
     try:
         for _ in paths:
             _fault("fsync")
-        for p in paths:
-            fds.append(os.open(p, os.O_RDONLY | os.O_DIRECTORY))
     except OSError:
-        for fd in fds:
-            os.close(fd)
         _unsynced_dirs.update(paths)
         raise
     pool = _dir_sync_pool()
-    return DirSyncs(list(paths), fds, [pool.submit(os.fsync, fd) for fd in fds])
+    fds: list[int | None] = []
+    futures: list[concurrent.futures.Future[None]] = []
+    for p in paths:
+        try:
+            fd = os.open(p, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as exc:  # this one fails at finish(), like a failed sync; the others still run
+            failed: concurrent.futures.Future[None] = concurrent.futures.Future()
+            failed.set_exception(exc)
+            fds.append(None)
+            futures.append(failed)
+            continue
+        fds.append(fd)
+        futures.append(pool.submit(_fsync_timed, fd))
+    return DirSyncs(list(paths), fds, futures)
 
 
-def _fsync_dir_timed(path: str) -> None:
+def _fsync_timed(fd: int) -> None:
+    """``fsync`` on a pool thread, reported to the observer like the calling thread's syncs."""
     started = time.perf_counter()
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
     finally:
-        os.close(fd)
         observe.emit("fsync", time.perf_counter() - started)
 
 

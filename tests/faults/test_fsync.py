@@ -432,10 +432,16 @@ def test_directory_syncs_run_together(tmp_path: Path, hook: list[Any], k: int) -
     hook.clear()
     fileio.fsync_dirs(dirs)  # and without a fault, all three at once
     assert not set(dirs) & fileio._unsynced_dirs
-    # With a file's data sync among them: its fault fails the call before any sync starts.
+    # With a file's data sync among them: its fault fails the call once the directory syncs that ran
+    # meanwhile are done; they succeeded, so they are not taken as failed.
     fd = os.open(tmp_path / "a" / "f", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         hook[:] = [FailNth(1, ("fdatasync",))]
+        with pytest.raises(OSError):
+            fileio.fsync_dirs(dirs, fd)
+        hook.clear()
+        assert not set(dirs) & fileio._unsynced_dirs
+        hook[:] = [FailNth(k, ("fsync",))]  # a directory's fault beside the data sync: fails before any starts
         with pytest.raises(OSError):
             fileio.fsync_dirs(dirs, fd)
         hook.clear()
