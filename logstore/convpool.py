@@ -151,6 +151,9 @@ class SitePool:
         self._held: dict[str, tuple[int, int]] = {}
         #: Directories (``c/`` and ``c/<aa>/``) whose spare was used, or that may lack one.
         self._spares_wanted: set[str] = set()
+        #: Spare paths (``.../.spare``) this pool found clean or made: any spare there now is clean,
+        #: and a claim renames it without listing it (see :meth:`_place`).
+        self._clean_spares: set[str] = set()
         self._conversations_dir = os.path.join(site_path, layout.CONVERSATIONS_DIR)
         self._names_lock = threading.Lock()
         #: A fill is handed to a background job and has not started (request_fill).
@@ -323,8 +326,14 @@ class SitePool:
         spare = os.path.join(parent, layout.SPARE_DIR)
         try:
             # Never one that holds anything else (a power cut can leave a rename undone after
-            # entries were made below its new name; none of them was acknowledged).
-            if self._clean_spare(spare, parent == self._conversations_dir):
+            # entries were made below its new name; none of them was acknowledged). Invariant:
+            # a spare is made empty (by a fill, in some process) and is only ever changed by
+            # being renamed away, so only a power cut leaves one that is not clean, and every
+            # process now running started after it: once this process has seen the spare of a
+            # directory clean (or made it), any spare there is clean while it runs.
+            # (_clean_spares; a spare another process took meanwhile: FileNotFoundError below.)
+            if spare in self._clean_spares or self._clean_spare(spare, parent == self._conversations_dir):
+                self._clean_spares.add(spare)
                 fileio.rename_noreplace(spare, path)
                 fileio.not_durable(path)
                 self._want_spare(parent)
@@ -437,7 +446,7 @@ class SitePool:
             nested = parent == self._conversations_dir
             spare = os.path.join(parent, layout.SPARE_DIR)
             try:
-                if not self._clean_spare(spare, nested):
+                if not self._clean_spare(spare, nested):  # (listed even when known clean: is it there?)
                     fileio.remove_tree(spare)  # holds what a power cut left below an undone rename
                     raise FileNotFoundError(spare)
             except FileNotFoundError:
@@ -448,6 +457,7 @@ class SitePool:
                 made.append(spare)
             except OSError:
                 continue
+            self._clean_spares.add(spare)  # (see _place)
             if nested:
                 try:
                     fileio.mkdir(os.path.join(spare, layout.SPARE_DIR))

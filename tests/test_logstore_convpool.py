@@ -358,3 +358,92 @@ def test_a_process_that_only_reads_never_looks_for_renameat2(tmp_path: Path) -> 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env(),
                          check=True, timeout=60).stdout.split()
     assert out == ["[]", "True"], out
+
+
+def test_a_spare_known_clean_but_taken_by_another_store(tmp_path: Path, inline: None) -> None:
+    """A pool remembers the spares it saw clean; one another store took (or made again) meanwhile is handled.
+
+    Two stores on one data directory (two pools, as two processes): store B
+    takes the spare of ``c/`` that store A knows clean, so A's next new
+    ``<aa>`` finds none and makes the directory; B's refill makes a new spare,
+    which A then renames without listing it. Nothing is lost, nothing is left
+    that fsck would report.
+    """
+    root = tmp_path / "data"
+    a = FileStore(root, conversation_pool=True)
+    b = FileStore(root, conversation_pool=True)
+    conversations_dir = os.path.join(layout.site_dir(str(root), SITE), layout.CONVERSATIONS_DIR)
+    top_spare = os.path.join(conversations_dir, layout.SPARE_DIR)
+    seen_aa: set[str] = set()
+
+    def new_aa_conv(prefix: str) -> str:
+        """A conversation id whose <aa> directory does not exist yet."""
+        for i in range(100000):
+            conv = f"{prefix}-{i:05d}"
+            aa = os.path.dirname(os.path.dirname(layout.conversation_dir(str(root), SITE, conv)))
+            if not os.path.isdir(aa) and aa not in seen_aa:
+                seen_aa.add(aa)
+                return conv
+        raise AssertionError("no conversation id with a new <aa>")
+
+    written: dict[str, list[dict[str, int]]] = {}
+    try:
+        for store, conv in ((a, "conv-a-warm"), (b, "conv-b-warm")):
+            store.append(SITE, conv, [{"w": 1}])
+            written[conv] = [{"w": 1}]
+        conv = new_aa_conv("conv-a")
+        a.append(SITE, conv, [{"a": 0}])  # A renames c/.spare (it listed it) and its refill makes a new one
+        written[conv] = [{"a": 0}]
+        assert os.path.isdir(top_spare) and top_spare in a._pools[SITE]._clean_spares
+
+        renames: list[tuple[str, str]] = []
+
+        def rec(kind: str, *args: Any) -> None:
+            if kind == "rename":
+                renames.append((str(args[0]), str(args[1])))
+
+        fileio.recorder = rec
+        b._pools[SITE]._request_fill = lambda pool, after: None  # no refill by B for now: c/ keeps no spare
+        a._pools[SITE]._request_fill = lambda pool, after: None  # nor by A: its next claim must find none
+        a._pools[SITE]._let_go()  # the entries A built and keeps: for B's claims too (as when A exits)
+        conv = new_aa_conv("conv-b")
+        b.append(SITE, conv, [{"b": 0}])  # B takes the spare A knows clean
+        written[conv] = [{"b": 0}]
+        assert (top_spare, os.path.dirname(os.path.dirname(layout.conversation_dir(str(root), SITE, conv)))) in renames
+        assert not os.path.exists(top_spare)
+        conv = new_aa_conv("conv-a")
+        assert a.append(SITE, conv, [{"a": 1}]).first == 0  # made by mkdir: no spare there
+        written[conv] = [{"a": 1}]
+        assert os.path.isdir(os.path.dirname(layout.conversation_dir(str(root), SITE, conv)))
+        # B fills again (a new spare of c/); A renames it, known clean, without listing it.
+        b._pools[SITE]._spares_wanted.add(conversations_dir)
+        b._pools[SITE].fill()
+        assert os.path.isdir(top_spare)
+        renames.clear()
+        conv = new_aa_conv("conv-a")
+        listed: list[str] = []
+        real_listdir = os.listdir
+
+        def listdir(path: str) -> list[str]:
+            listed.append(str(path))
+            return real_listdir(path)
+
+        os.listdir = listdir  # type: ignore[assignment]
+        try:
+            assert a.append(SITE, conv, [{"a": 2}]).first == 0
+        finally:
+            os.listdir = real_listdir  # type: ignore[assignment]
+        written[conv] = [{"a": 2}]
+        aa = os.path.dirname(os.path.dirname(layout.conversation_dir(str(root), SITE, conv)))
+        assert (top_spare, aa) in renames and top_spare not in listed
+    finally:
+        fileio.recorder = None
+        a.close()
+        b.close()
+    store = FileStore(root, conversation_pool=True)
+    try:
+        for conv, items in written.items():
+            assert [it.payload for it in store.read(SITE, conv, _all())] == items, conv
+    finally:
+        store.close()
+    assert not check(root).problems
