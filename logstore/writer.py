@@ -581,17 +581,14 @@ class Writer(Recovery):
             self._close_active()
             self._fd = fd
             self._pending_end = 0  # on failure the file is emptied: an empty file is a torn creation
-            # The directory syncs (the rename into place) run while the data is written and synced.
-            syncs = fileio.start_dir_syncs(claim.dirs)
-            try:
-                fileio.pwrite_all(fd, data if size == claim.size else data + bytes(size - len(data)), 0)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    syncs.finish()  # (their descriptors closed; the claim's directories stay owed a sync)
-                raise
+            fileio.pwrite_all(fd, data if size == claim.size else data + bytes(size - len(data)), 0)
             fileio.crashpoint("after-file-create")
             fileio.crashpoint("before-data-sync")
-            syncs.finish(data_fd=fd)
+            # The directory syncs (the rename into place) run while the data is synced. Handed to the
+            # helper threads only now, after the write: woken earlier, they would take the interpreter
+            # lock while this thread is in pwrite, and it would wait for it (about 3 hand-overs) before
+            # its fdatasync could start.
+            fileio.fsync_dirs(claim.dirs, data_fd=fd)
             fileio.mark_durable(claim.linked)
         else:
             self._alloc = 0
