@@ -179,8 +179,11 @@ class SitePool:
 
     # ------------------------------------------------------------ claiming
 
-    def claim(self, conversation_path: str) -> Claim | None:
+    def claim(self, conversation_path: str, missing: str | None = None) -> Claim | None:
         """Rename a ready entry into place as ``conversation_path`` (which did not exist); None to create in place.
+
+        ``missing``: a directory at or above ``conversation_path`` found missing
+        lately (see :meth:`_fanout`).
 
         None when the pool is empty or unusable, or when the directory exists
         by now (another process made it): the caller then goes the ordinary
@@ -197,7 +200,7 @@ class SitePool:
             keep = False
             got: Claim | bool | None = None
             try:
-                got = self._place_entry(os.path.join(self.dir, name), lock_fd, seg_fd, conversation_path)
+                got = self._place_entry(os.path.join(self.dir, name), lock_fd, seg_fd, conversation_path, missing)
                 if got is False:
                     with self._names_lock:
                         self._held[name] = (lock_fd, seg_fd)  # still ours, still clean
@@ -219,7 +222,7 @@ class SitePool:
             while names:
                 # Several processes share the pool: each starts at a different entry.
                 name = names.pop(os.getpid() % len(names))
-                got = self._take(os.path.join(self.dir, name), conversation_path)
+                got = self._take(os.path.join(self.dir, name), conversation_path, missing)
                 if got is not None:
                     return got if isinstance(got, Claim) else None
             return None
@@ -254,7 +257,7 @@ class SitePool:
         except (FileNotFoundError, NotADirectoryError):
             return []
 
-    def _take(self, entry: str, conversation_path: str) -> Claim | bool | None:
+    def _take(self, entry: str, conversation_path: str, missing: str | None = None) -> Claim | bool | None:
         """Claim ``entry``: the claim, False when the conversation exists, None to try another entry."""
         try:
             lock_fd = os.open(os.path.join(entry, layout.LOCK_FILE), os.O_RDWR)
@@ -274,7 +277,8 @@ class SitePool:
             if not clean:
                 self._discard(entry)
                 return None
-            got = self._place_entry(entry, lock_fd, seg_fd, conversation_path)
+            got = self._place_entry(entry, lock_fd, seg_fd, conversation_path, missing)
+            missing = None  # (another entry is tried after a failure: look again)
             keep = isinstance(got, Claim)
             return got
         finally:
@@ -283,11 +287,13 @@ class SitePool:
                     os.close(seg_fd)
                 os.close(lock_fd)
 
-    def _place_entry(self, entry: str, lock_fd: int, seg_fd: int, conversation_path: str) -> Claim | bool | None:
+    def _place_entry(
+        self, entry: str, lock_fd: int, seg_fd: int, conversation_path: str, missing: str | None = None
+    ) -> Claim | bool | None:
         """Rename ``entry`` (locked by us, checked clean) into place; as :meth:`_take` returns."""
         parent = os.path.dirname(conversation_path)
         try:
-            self._fanout(parent)
+            self._fanout(parent, missing)
             fileio.rename_noreplace(entry, conversation_path)
         except FileExistsError:
             return False
@@ -305,7 +311,7 @@ class SitePool:
             _unsettled[conversation_path] = dirs
         return Claim(lock_fd, seg_fd, self.entry_bytes, dirs, linked)
 
-    def _fanout(self, leaf: str) -> None:
+    def _fanout(self, leaf: str, missing: str | None = None) -> None:
         """Make the fan-out directory ``leaf`` (``c/<aa>/<bb>``) and ``c/<aa>`` when missing, from spares if any.
 
         A spare is an empty directory made and synced ahead of need in the same
@@ -313,12 +319,22 @@ class SitePool:
         write of each directory, where a directory made now would have the
         filesystem write each new parent in turn (ext4 without a journal).
         Without a spare (or when another process takes it first) it is made.
+
+        ``missing`` (a directory at or above ``leaf``'s conversation found
+        missing lately): a hint that saves looking at ``leaf`` and ``c/<aa>``
+        again. Taken as it is: one made since is found by the rename of the
+        spare (no replace) or by ``mkdir``, and left as it is.
         """
-        if os.path.isdir(leaf):
-            return
         middle = os.path.dirname(leaf)
-        if not os.path.isdir(middle):
-            self._place(middle)
+        if missing is None or not (missing == leaf or leaf.startswith(missing + os.sep)):
+            if missing is not None and os.path.dirname(missing) == leaf:
+                return  # only the conversation's own directory was missing
+            if os.path.isdir(leaf):
+                return
+            if not os.path.isdir(middle):
+                self._place(middle)
+        elif missing != leaf:
+            self._place(middle)  # missing: c/<aa> (or above it)
         self._place(leaf)
 
     def _place(self, path: str) -> None:
@@ -332,9 +348,12 @@ class SitePool:
             # process now running started after it: once this process has seen the spare of a
             # directory clean (or made it), any spare there is clean while it runs.
             # (_clean_spares; a spare another process took meanwhile: FileNotFoundError below.)
-            if spare in self._clean_spares or self._clean_spare(spare, parent == self._conversations_dir):
+            nested = parent == self._conversations_dir
+            if spare in self._clean_spares or self._clean_spare(spare, nested):
                 self._clean_spares.add(spare)
                 fileio.rename_noreplace(spare, path)
+                if nested:
+                    self._clean_spares.add(os.path.join(path, layout.SPARE_DIR))  # the spare it held, if any
                 fileio.not_durable(path)
                 self._want_spare(parent)
                 return

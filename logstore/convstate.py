@@ -108,6 +108,10 @@ class ConversationState:
         self._claim: Claim | None = None
         #: A first segment was just made: the pool may be refilled once the append is done.
         self._refill_pool = False
+        #: The first directory of ``path`` found missing when this object was made (the symbolic
+        #: link check), if any: a hint for a first append's claim, which then does not look again
+        #: (another process may have made it since: a claim never replaces what is there).
+        self._missing: str | None = None
         self._reset_state()
 
     def _reset_state(self) -> None:

@@ -122,8 +122,11 @@ class FileStore(MemoryStore):
         if self._closed:
             raise Unavailable("the store is closed")
 
-    def _refuse_symlinks(self, path: str, checked: str | None = None) -> None:
+    def _refuse_symlinks(self, path: str, checked: str | None = None) -> str | None:
         """Raise Unavailable when ``path``, a directory between the root and it, or an entry in it is a symlink.
+
+        Returns the first directory on the way (``path`` itself at the most)
+        found missing, if any: nothing below it is there to check.
 
         Invariant: the store never follows a symbolic link below its root, so a
         site or conversation directory linked to another cannot serve (or
@@ -145,14 +148,17 @@ class FileStore(MemoryStore):
                 if stat.S_ISLNK(os.lstat(current).st_mode):
                     raise _symlink_refused(root, current)
             except FileNotFoundError:
-                return
+                return current
         try:
             with os.scandir(path) as entries:
                 for entry in entries:
                     if entry.is_symlink():
                         raise _symlink_refused(self.root, entry.path)
-        except (FileNotFoundError, NotADirectoryError):
-            return
+        except FileNotFoundError:
+            return path
+        except NotADirectoryError:
+            pass
+        return None
 
     def _manifest(self, site: str) -> SiteManifest:
         with self._lock:
@@ -182,11 +188,13 @@ class FileStore(MemoryStore):
         if manifest is None:
             manifest = self._manifest(site)
         path = layout.conversation_dir(self.root, site, conversation_id)
-        self._refuse_symlinks(path, layout.site_dir_of_conversation(path))  # the site's own: by _manifest
+        # The site's own directories were checked by _manifest.
+        missing = self._refuse_symlinks(path, layout.site_dir_of_conversation(path))
         with self._lock:
             conv = self._convs.get(key)
             if conv is None or conv.closed:
                 conv = Conversation(path, conversation_id, self.options, manifest)
+                conv._missing = missing
                 pool = self._pools.get(site)
                 if pool is None and self._use_pool:
                     pool = convpool.SitePool(

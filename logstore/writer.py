@@ -268,10 +268,11 @@ class Writer(Recovery):
         """
         if self._claim is not None:
             return True
+        missing, self._missing = self._missing, None  # (a hint for this first attempt only)
         pool = self.pool
-        if pool is None or self._first_chunk() != pool.entry_bytes or os.path.isdir(self.path):
+        if pool is None or self._first_chunk() != pool.entry_bytes or (missing is None and os.path.isdir(self.path)):
             return False
-        claim = pool.claim(self.path)
+        claim = pool.claim(self.path, missing)
         if claim is None:
             return False
         if self._lock_fd is not None:

@@ -447,3 +447,37 @@ def test_a_spare_known_clean_but_taken_by_another_store(tmp_path: Path, inline: 
     finally:
         store.close()
     assert not check(root).problems
+
+
+def test_a_stale_missing_hint_never_replaces_a_conversation_made_since(tmp_path: Path, inline: None) -> None:
+    """The directory a store found missing when it opened a conversation may be made by another store since.
+
+    Store A opens the conversation object (its directories missing, c/<aa>
+    included: the hint its first append uses instead of looking again); store
+    B then creates the conversation; A's append must find B's batch and add
+    to it, never rename an entry over it.
+    """
+    root = tmp_path / "data"
+    a = FileStore(root, conversation_pool=True)
+    b = FileStore(root, conversation_pool=True)
+    try:
+        a.append(SITE, "conv-hint-warm", [{"w": 1}])
+        b.append(SITE, "conv-hint-warmb", [{"w": 2}])
+        conv = next(
+            c
+            for c in (f"conv-hint-{i:05d}" for i in range(100000))
+            if not os.path.isdir(os.path.dirname(os.path.dirname(layout.conversation_dir(str(root), SITE, c))))
+        )
+        path = layout.conversation_dir(str(root), SITE, conv)
+        opened = a._conversation(SITE, conv)
+        assert opened._missing == os.path.dirname(os.path.dirname(path))  # c/<aa>
+        assert b.append(SITE, conv, [{"by": "b"}]).first == 0
+        seg_ino = os.stat(os.path.join(path, layout.segment_name(0))).st_ino
+        assert a.append(SITE, conv, [{"by": "a"}]).first == 1
+        assert os.stat(os.path.join(path, layout.segment_name(0))).st_ino == seg_ino
+        for store in (a, b):
+            assert [it.payload for it in store.read(SITE, conv, _all())] == [{"by": "b"}, {"by": "a"}]
+    finally:
+        a.close()
+        b.close()
+    assert not check(root).problems
