@@ -13,7 +13,7 @@ and an existing directory, even an empty one another process has just made,
 is never replaced), then writes the segment header and its records into the
 zeros and makes them durable with the rename: the file's ``fdatasync`` runs
 beside the syncs of the conversation's parent directory (and any new one
-above it) and of the pool directory, started just before the write. Nothing
+above it) and of the pool directory, started right after the write. Nothing
 is acknowledged before all of them are done.
 
 Invariants:
