@@ -301,12 +301,10 @@ def fsync_dirs(paths: list[str], data_fd: int | None = None) -> None:
 class DirSyncs:
     """Directory syncs started in the background (:func:`start_dir_syncs`), awaited by :meth:`finish`."""
 
-    def __init__(
-        self, paths: list[str], fds: list[int | None], futures: list[concurrent.futures.Future[None]]
-    ) -> None:
+    def __init__(self, paths: list[str], fds: list[int | None], pending: list[_SyncWorker | _Future]) -> None:
         self.paths = paths
         self._fds = fds
-        self._futures = futures
+        self._pending = pending
 
     def finish(self, data_fd: int | None = None) -> None:
         """Wait for every sync (``fdatasync`` of ``data_fd`` too, on this thread, meanwhile); raise the first error.
@@ -319,8 +317,12 @@ class DirSyncs:
                 fdatasync(data_fd)
             except OSError as exc:
                 errors.append(exc)
-        for p, fd, f in zip(self.paths, self._fds, self._futures, strict=True):
-            failure = f.exception()
+        for p, fd, w in zip(self.paths, self._fds, self._pending, strict=True):
+            if isinstance(w, _SyncWorker):
+                failure = w.wait()
+                _give_back(w)
+            else:
+                failure = w.exception()
             if fd is not None:
                 os.close(fd)
             if failure is not None:
@@ -376,25 +378,102 @@ def start_dir_syncs(paths: list[str]) -> DirSyncs:
         _unsynced_dirs.update(paths)
         raise
     fds: list[int | None] = []
-    futures: list[concurrent.futures.Future[None]] = []
+    pending: list[_SyncWorker | _Future] = []
     for p in paths:
         try:
             fds.append(os.open(p, os.O_RDONLY | os.O_DIRECTORY))
         except OSError as exc:  # this one fails at finish(), like a failed sync; the others still run
-            failed: concurrent.futures.Future[None] = concurrent.futures.Future()
+            failed: _Future = concurrent.futures.Future()
             failed.set_exception(exc)
             fds.append(None)
-            futures.append(failed)
+            pending.append(failed)
             continue
-        futures.append(_PENDING_FUTURE)
+        pending.append(_PENDING_FUTURE)
     if fds:
-        pool = _dir_sync_pool()
-        futures = [pool.submit(_fsync_timed, fd) if fd is not None else f for fd, f in zip(fds, futures, strict=True)]
-    return DirSyncs(list(paths), fds, futures)
+        workers = _take_workers(sum(fd is not None for fd in fds))
+        for i, fd in enumerate(fds):
+            if fd is None:
+                continue
+            if workers:
+                w = workers.pop()
+                w.start(fd)
+                pending[i] = w
+            else:  # every sync thread is busy (other callers): the pool's threads take the rest
+                pending[i] = _dir_sync_pool().submit(_fsync_timed, fd)
+    return DirSyncs(list(paths), fds, pending)
 
 
+_Future = concurrent.futures.Future[None]
 #: A placeholder in start_dir_syncs' list until the sync is handed over (never awaited).
-_PENDING_FUTURE: concurrent.futures.Future[None] = concurrent.futures.Future()
+_PENDING_FUTURE: _Future = concurrent.futures.Future()
+
+
+class _SyncWorker:
+    """A thread that syncs one descriptor when told to: :meth:`start`, then :meth:`wait` (once each, in turn).
+
+    What :func:`start_dir_syncs` hands its syncs to: a hand-over is one lock
+    release and the wait one lock acquire, where a thread pool's
+    ``submit`` and future cost the calling thread twice the interpreter time
+    (measured: 4 syncs handed over and awaited, 31-34 us of the caller's CPU
+    against 65-69 us). Workers are kept in :data:`_idle_workers` between
+    uses, at most :data:`MAX_SYNC_WORKERS` of them.
+    """
+
+    __slots__ = ("_done", "_error", "_fd", "_go")
+
+    def __init__(self) -> None:
+        self._go = threading.Lock()
+        self._go.acquire()
+        self._done = threading.Lock()
+        self._done.acquire()
+        self._fd = -1
+        self._error: BaseException | None = None
+        threading.Thread(target=self._run, name="logstore-dirsync", daemon=True).start()
+
+    def start(self, fd: int) -> None:
+        self._fd = fd
+        self._go.release()
+
+    def wait(self) -> BaseException | None:
+        """Wait for the sync :meth:`start` asked for; its error, or None."""
+        self._done.acquire()
+        return self._error
+
+    def _run(self) -> None:
+        while True:
+            self._go.acquire()
+            try:
+                _fsync_timed(self._fd)
+                self._error = None
+            except BaseException as exc:  # reported by wait() as the sync's failure
+                self._error = exc
+            finally:
+                self._done.release()
+
+
+#: Sync threads of this process (see _SyncWorker): more than one caller's syncs at a time go
+#: to the thread pool beyond this.
+MAX_SYNC_WORKERS = 8
+_idle_workers: list[_SyncWorker] = []
+_workers_made = 0
+_workers_lock = threading.Lock()
+
+
+def _take_workers(n: int) -> list[_SyncWorker]:
+    """Up to ``n`` idle sync threads (started as needed, up to MAX_SYNC_WORKERS), now the caller's."""
+    global _workers_made
+    with _workers_lock:
+        got = _idle_workers[-n:] if n else []
+        del _idle_workers[len(_idle_workers) - len(got) :]
+        while len(got) < n and _workers_made < MAX_SYNC_WORKERS:
+            got.append(_SyncWorker())
+            _workers_made += 1
+        return got
+
+
+def _give_back(worker: _SyncWorker) -> None:
+    with _workers_lock:
+        _idle_workers.append(worker)
 
 
 def _fsync_timed(fd: int) -> None:
@@ -419,10 +498,13 @@ def _dir_sync_pool() -> concurrent.futures.ThreadPoolExecutor:
 
 
 def _forget_pool() -> None:
-    """In a forked child the parent's pool threads do not exist: start a new pool when needed."""
-    global _pool, _pool_lock
+    """In a forked child the parent's pool and sync threads do not exist: start new ones when needed."""
+    global _pool, _pool_lock, _workers_made, _workers_lock
     _pool = None
     _pool_lock = threading.Lock()
+    _idle_workers.clear()
+    _workers_made = 0
+    _workers_lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
