@@ -344,9 +344,31 @@ def sync_all(data_fds: list[int], paths: list[str]) -> None:
     for _ in data_fds:
         _fault("fdatasync")
     syncs = start_dir_syncs(paths)
-    pool = _dir_sync_pool()
-    futures = [pool.submit(os.fdatasync, fd) for fd in data_fds]
-    errors = [e for e in (f.exception() for f in futures) if e is not None]
+    # The calling thread syncs one file itself (it would only wait meanwhile); sync threads the rest.
+    rest = data_fds[1:]
+    workers = _take_workers(len(rest))
+    pending: list[_SyncWorker | _Future] = []
+    for fd in rest:
+        if workers:
+            w = workers.pop()
+            w.start(fd, data=True)
+            pending.append(w)
+        else:
+            pending.append(_dir_sync_pool().submit(os.fdatasync, fd))
+    errors: list[BaseException] = []
+    if data_fds:
+        try:
+            os.fdatasync(data_fds[0])
+        except OSError as exc:
+            errors.append(exc)
+    for job in pending:
+        if isinstance(job, _SyncWorker):
+            failure = job.wait()
+            _give_back(job)
+        else:
+            failure = job.exception()
+        if failure is not None:
+            errors.append(failure)
     try:
         syncs.finish()
     except OSError as exc:
@@ -422,7 +444,7 @@ class _SyncWorker:
     uses, at most :data:`MAX_SYNC_WORKERS` of them.
     """
 
-    __slots__ = ("_done", "_error", "_fd", "_go")
+    __slots__ = ("_data", "_done", "_error", "_fd", "_go")
 
     def __init__(self) -> None:
         self._go = threading.Lock()
@@ -430,11 +452,14 @@ class _SyncWorker:
         self._done = threading.Lock()
         self._done.acquire()
         self._fd = -1
+        self._data = False
         self._error: BaseException | None = None
         threading.Thread(target=self._run, name="logstore-dirsync", daemon=True).start()
 
-    def start(self, fd: int) -> None:
+    def start(self, fd: int, data: bool = False) -> None:
+        """Have ``fd`` synced: ``fsync`` (a directory), or with ``data`` ``fdatasync`` (a file)."""
         self._fd = fd
+        self._data = data
         self._go.release()
 
     def wait(self) -> BaseException | None:
@@ -446,7 +471,10 @@ class _SyncWorker:
         while True:
             self._go.acquire()
             try:
-                _fsync_timed(self._fd)
+                if self._data:
+                    os.fdatasync(self._fd)
+                else:
+                    _fsync_timed(self._fd)
                 self._error = None
             except BaseException as exc:  # reported by wait() as the sync's failure
                 self._error = exc
