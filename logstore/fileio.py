@@ -318,11 +318,7 @@ class DirSyncs:
             except OSError as exc:
                 errors.append(exc)
         for p, fd, w in zip(self.paths, self._fds, self._pending, strict=True):
-            if isinstance(w, _SyncWorker):
-                failure = w.wait()
-                _give_back(w)
-            else:
-                failure = w.exception()
+            failure = _awaited(w)
             if fd is not None:
                 os.close(fd)
             if failure is not None:
@@ -362,11 +358,7 @@ def sync_all(data_fds: list[int], paths: list[str]) -> None:
         except OSError as exc:
             errors.append(exc)
     for job in pending:
-        if isinstance(job, _SyncWorker):
-            failure = job.wait()
-            _give_back(job)
-        else:
-            failure = job.exception()
+        failure = _awaited(job)
         if failure is not None:
             errors.append(failure)
     try:
@@ -505,6 +497,15 @@ def _take_workers(n: int) -> list[_SyncWorker]:
 def _give_back(worker: _SyncWorker) -> None:
     with _workers_lock:
         _idle_workers.append(worker)
+
+
+def _awaited(job: _SyncWorker | _Future) -> BaseException | None:
+    """Wait for a sync handed to a sync thread (given back once done) or to the pool; its error, or None."""
+    if isinstance(job, _SyncWorker):
+        failure = job.wait()
+        _give_back(job)
+        return failure
+    return job.exception()
 
 
 def _fsync_timed(fd: int) -> None:
