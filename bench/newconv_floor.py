@@ -12,9 +12,19 @@ synced file plus ``fdatasync``):
   fan-out directory made by ``mkdir``; data sync beside the syncs of the
   parents and of the pool directory;
 * ``pool/spare``: the same with the fan-out directory an empty, synced spare
-  renamed into place.
+  renamed into place (the engine's layout, FORMAT.md 1 and 6);
+* ``one-level``: a layout the engine does not have, measured for comparison:
+  one level of fan-out, every ``c/<aa>`` made with the site, an entry renamed
+  from ``pool/`` straight into ``c/<aa>/``: the data sync beside the syncs of
+  ``<aa>`` and ``pool/``;
+* ``flat``: another such layout: every conversation directly in ``c/``, with
+  the ready entries kept in ``c/`` too, so a claim is a rename within one
+  directory: the data sync beside the sync of ``c/`` alone. (A directory of
+  that many subdirectories needs a filesystem without a small limit on them:
+  ext4 with ``dir_nlink``, XFS, btrfs.)
 
-``--fresh`` measures a new site (most ``<aa>`` directories new too);
+``--fresh`` measures a new site (most ``<aa>`` directories new too, except in
+``one-level``, which makes them all with the site);
 otherwise every ``<aa>`` exists (the case of a site with a few hundred
 conversations). The preparation of each entry (pool, spare) is not timed.
 """
@@ -167,7 +177,45 @@ def run(n: int, fresh: bool) -> dict[str, list[float]]:
 
         return op
 
-    ops = {"append": append, "in-place": in_place, "pool/mkdir": claim("pool/mkdir"), "pool/spare": claim("pool/spare")}
+    flat = _Site(root, "flat", True, False)
+    one = _Site(root, "one", False, False)
+
+    def flat_claim(i: int) -> float:
+        h = _fan(i)[2]
+        entry = os.path.join(flat.c, f".e-{i}")  # made (and synced) like a pool entry, not timed
+        os.mkdir(entry)
+        fd = os.open(os.path.join(entry, "seg"), os.O_RDWR | os.O_CREAT, 0o600)
+        os.pwrite(fd, ZERO, 0)
+        os.fdatasync(fd)
+        os.close(fd)
+        os.close(os.open(os.path.join(entry, "lock"), os.O_RDWR | os.O_CREAT, 0o600))
+        _fsync_dir(entry)
+        _fsync_dir(flat.c)
+        t = time.perf_counter()
+        conv = os.path.join(flat.c, h)
+        os.rename(entry, conv)
+        fd = os.open(os.path.join(conv, "seg"), os.O_RDWR)
+        os.pwrite(fd, RECORD, 0)
+        _sync_all(fd, [flat.c])
+        dt = time.perf_counter() - t
+        os.close(fd)
+        return dt
+
+    def one_level_claim(i: int) -> float:
+        a, _b, h = _fan(i)
+        entry = one.entry(i)
+        t = time.perf_counter()
+        conv = os.path.join(one.c, a, h)
+        os.rename(entry, conv)
+        fd = os.open(os.path.join(conv, "seg"), os.O_RDWR)
+        os.pwrite(fd, RECORD, 0)
+        _sync_all(fd, [os.path.join(one.c, a), one.pool])
+        dt = time.perf_counter() - t
+        os.close(fd)
+        return dt
+
+    ops = {"append": append, "in-place": in_place, "pool/mkdir": claim("pool/mkdir"), "pool/spare": claim("pool/spare"),
+           "one-level": one_level_claim, "flat": flat_claim}
     out: dict[str, list[float]] = {k: [] for k in ops}
     for i in range(n):
         for k, f in ops.items():
