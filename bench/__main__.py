@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     print(report.targets_text(ts, intervals))
     if mem:
         print("\nlong-term memory:")
-        print(report.targets_text(report.targets(mem, report.MEMORY_TARGETS)))
+        print(report.targets_text(report.targets(mem, report.MEMORY_TARGETS), report.memory_intervals(rows)))
     if where:
         print("\nsizes: " + "; ".join(f"{k}: {v}" for k, v in where.items()))
     steal = env["cpu_steal_share"]
@@ -221,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_sizes": where,
         "targets": ts,
         "memory_figures": mem,
+        "memory_intervals": report.memory_intervals(rows) if mem else {},
         "results": [row.to_json() for row in rows],
         "failures": failures,
         "missing_ratios": missing,

@@ -41,7 +41,7 @@ from . import mcpserver
 from .context import Ctx
 from .ltm_eval import memories, queries
 from .ltm_eval.evaluate import at_scale, evaluate
-from .util import CONVMEM, Row, engine_sync_disabled
+from .util import CONVMEM, Row, engine_sync_disabled, paired_median_diff_ci
 
 SITE_SIZE = 10_000
 
@@ -278,11 +278,13 @@ def _mcp_context_rows(ctx: Ctx) -> list[Row]:
     finally:
         server.stop()
     p0, p1, p2 = statistics.median(plain), statistics.median(with_ctx), statistics.median(again)
+    added, lo, hi = paired_median_diff_ci(with_ctx, plain)
     return [Row("memory", f"{name} ({made:,} memories)", "ratio", higher_better=False,
                 samples={CONVMEM: [p1 / p0]},
-                note=f"{p1:.2f} ms with, {p0:.2f} ms without: +{p1 - p0:.2f} ms; {len(with_ctx)} hints, each new",
-                extra={"headline": "ltm_context_added_ms", "value": p1 - p0, "with_ms": p1, "without_ms": p0,
-                       "memories": made}),
+                note=f"{p1:.2f} ms with, {p0:.2f} ms without: +{added:.2f} ms [95% {lo:+.2f}, {hi:+.2f}]; "
+                     f"{len(with_ctx)} hints, each new",
+                extra={"headline": "ltm_context_added_ms", "value": added, "ci": [lo, hi], "with_ms": p1,
+                       "without_ms": p0, "memories": made}),
             Row("memory", f"MCP recall_memory with a repeated memory_context vs without, p50 ({made:,} memories)",
                 "ratio", higher_better=False, samples={CONVMEM: [p2 / p0]},
                 note=f"{p2:.2f} ms with, {p0:.2f} ms without: +{p2 - p0:.2f} ms; from the recent-answers table",

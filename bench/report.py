@@ -167,6 +167,15 @@ def memory_figures(rows: list[Row]) -> dict[str, float | None]:
     return out
 
 
+def memory_intervals(rows: list[Row]) -> dict[str, list[float] | None]:
+    """The bootstrap 95% interval of each long-term memory headline figure that has one."""
+    out: dict[str, list[float] | None] = {}
+    for key in MEMORY_KEYS:
+        row = _find(rows, "memory", headline=key)
+        out[key] = row.extra.get("ci") if row else None
+    return out
+
+
 #: (key, comparison, threshold, what issue 13 asks); peers = tuned SQLite and LMDB, floor = the pre-zeroed one.
 TARGETS = [
     ("append1_vs_sqlite", ">=", 1.2, "1-item appends at least 1.2x the tuned SQLite (p50)"),

@@ -167,6 +167,25 @@ def median_ci(values: list[float]) -> tuple[float, float, float]:
     return median(values), float(lo), float(hi)
 
 
+def paired_median_diff_ci(with_: list[float], without: list[float]) -> tuple[float, float, float]:
+    """``median(with_) - median(without)`` with a bootstrap 95% interval, the pairs resampled together.
+
+    ``with_[i]`` and ``without[i]`` were timed in the same round, one right after
+    the other, so a round's noise (a stall of the shared machine) moves both:
+    resampling rounds keeps that pairing.
+    """
+    import numpy as np
+
+    if len(with_) != len(without) or not with_:
+        raise ValueError("paired samples must be non-empty and of equal length")
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    a, b = np.asarray(with_, dtype=float), np.asarray(without, dtype=float)
+    idx = rng.integers(0, len(a), (BOOTSTRAP, len(a)))
+    diffs = np.median(a[idx], axis=1) - np.median(b[idx], axis=1)
+    lo, hi = np.percentile(diffs, [2.5, 97.5])
+    return median(with_) - median(without), float(lo), float(hi)
+
+
 #: Per "workload / backend": [seconds waited for background jobs after the calls, seconds
 #: of the timed calls, calls], filled by :func:`interleaved_ops`.
 BACKGROUND: dict[str, list[float]] = {}

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from bench import environment
-from bench.util import Row, median_ci, percentile, percentile_ratio_ci
+from bench.util import Row, median_ci, paired_median_diff_ci, percentile, percentile_ratio_ci
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -31,6 +31,19 @@ def test_ratio_interval_holds_its_value_and_separates_distinct_samples() -> None
     assert lo2 <= v2 <= hi2 and v2 > 1
     m, mlo, mhi = median_ci([1.0, 2.0, 3.0, 4.0, 5.0])
     assert (m, mlo <= m <= mhi) == (3.0, True)
+
+
+def test_paired_difference_interval_keeps_the_pairing() -> None:
+    """A shared per-round stall moves both calls of a round; the paired interval sees through it."""
+    rnd = random.Random(11)
+    stall = [rnd.choice([0.0, 0.0, 0.0, 5.0]) + rnd.gauss(6.0, 0.5) for _ in range(300)]
+    without = [s + rnd.gauss(0, 0.05) for s in stall]
+    with_ = [s + 2.0 + rnd.gauss(0, 0.05) for s in stall]
+    added, lo, hi = paired_median_diff_ci(with_, without)
+    assert lo <= added <= hi
+    assert 1.8 < lo and hi < 2.2
+    with pytest.raises(ValueError):
+        paired_median_diff_ci([1.0], [1.0, 2.0])
 
 
 def test_row_speed_ratio_is_the_other_p50_over_convmem_p50() -> None:
