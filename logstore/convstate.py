@@ -77,7 +77,11 @@ def _lock_wait(acquire: Callable[[], bool], deadline: float, started: float) -> 
 class ConversationState:
     """Paths, descriptors, locks and the cached tail of one conversation."""
 
-    def __init__(self, path: str, conversation_id: str, options: Options, manifest: ManifestHook) -> None:
+    def __init__(self, path: str, conversation_id: str, options: Options, manifest: ManifestHook,
+                 pool: SitePool | None = None, missing: str | None = None) -> None:
+        """``pool``: the site's pool of pre-created conversation directories, if the store uses one.
+        ``missing``: the first directory of ``path`` that the store found missing when it made this
+        object (its symbolic-link check), if any; see ``_missing`` below."""
         self.path = path
         self.conversation_id = conversation_id
         self.options = options
@@ -102,16 +106,16 @@ class ConversationState:
         self._loaded = False
         self._fd: int | None = None  # active segment, read-write
         self._idx_fd: int | None = None
-        #: The site's pool of pre-created conversation directories (set by the store), and an
-        #: entry claimed as this conversation whose first segment is not written yet.
-        self.pool: SitePool | None = None
+        #: The site's pool of pre-created conversation directories, and an entry claimed as this
+        #: conversation whose first segment is not written yet.
+        self.pool = pool
         self._claim: Claim | None = None
         #: A first segment was just made: the pool may be refilled once the append is done.
         self._refill_pool = False
         #: The first directory of ``path`` found missing when this object was made (the symbolic
         #: link check), if any: a hint for a first append's claim, which then does not look again
         #: (another process may have made it since: a claim never replaces what is there).
-        self._missing: str | None = None
+        self._missing = missing
         self._reset_state()
 
     def _reset_state(self) -> None:

@@ -36,6 +36,7 @@ from .model import (
 from .quota import SiteQuota, UsageTracker
 from .store import MemoryStore
 from .timefmt import format_us, parse_rfc3339
+from .writer import first_chunk
 
 _Item = TypeVar("_Item", MemoryItem, RawMemoryItem)
 
@@ -193,15 +194,13 @@ class FileStore(MemoryStore):
         with self._lock:
             conv = self._convs.get(key)
             if conv is None or conv.closed:
-                conv = Conversation(path, conversation_id, self.options, manifest)
-                conv._missing = missing
                 pool = self._pools.get(site)
                 if pool is None and self._use_pool:
                     pool = convpool.SitePool(
-                        layout.site_dir(self.root, site), convpool.request_fill, conv._first_chunk()
+                        layout.site_dir(self.root, site), convpool.request_fill, first_chunk(self.options)
                     )
                     self._pools[site] = pool
-                conv.pool = pool
+                conv = Conversation(path, conversation_id, self.options, manifest, pool=pool, missing=missing)
                 self._convs[key] = conv
             self._convs.move_to_end(key)
             self._evict_locked(key)

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from . import background, convpool, fileio, frame, index, layout
-from .convstate import Tip
+from .convstate import Options, Tip
 from .errors import ConversationFull, Io, StoreError, Timeout
 from .frame import KIND_BATCH, KIND_SEAL, SEGMENT_HEADER_SIZE
 from .limits import MAX_CONVERSATION_ITEMS
@@ -53,6 +53,11 @@ AHEAD_MIN_CHUNK = 64 * 1024
 #: most, never for a whole chunk's.
 EXTEND_STEP = 64 * 1024
 _ZERO_STEP = bytes(EXTEND_STEP)
+
+
+def first_chunk(options: Options) -> int:
+    """Bytes of a new segment file (header and zeros): one block, less for tiny test segments."""
+    return max(SEGMENT_HEADER_SIZE, min(PREALLOC_FIRST, options.segment_bytes // 4))
 
 
 def _run_extension_job(job: Callable[[], None]) -> None:
@@ -395,8 +400,7 @@ class Writer(Recovery):
         self._last_us = stamp
 
     def _first_chunk(self) -> int:
-        """Bytes of a new segment file (header and zeros): one block, less for tiny test segments."""
-        return max(SEGMENT_HEADER_SIZE, min(PREALLOC_FIRST, self.options.segment_bytes // 4))
+        return first_chunk(self.options)
 
     def _extended_size(self, rec_end: int) -> int:
         """The new file size when a record ending at ``rec_end`` does not fit the space allocated.
