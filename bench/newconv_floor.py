@@ -80,8 +80,10 @@ class _Site:
             _fsync_dir(d)
         _fsync_dir(self.dir)
 
-    def entry(self, i: int) -> str:
-        p = os.path.join(self.pool, f"e-{i}")
+    def entry(self, i: int, where: str | None = None) -> str:
+        """A ready entry, made and synced (not timed), in ``pool/`` or in ``where``."""
+        where = self.pool if where is None else where
+        p = os.path.join(where, f"e-{i}" if where == self.pool else f".e-{i}")
         os.mkdir(p)
         fd = os.open(os.path.join(p, "seg"), os.O_RDWR | os.O_CREAT, 0o600)
         os.pwrite(fd, ZERO, 0)
@@ -89,7 +91,7 @@ class _Site:
         os.close(fd)
         os.close(os.open(os.path.join(p, "lock"), os.O_RDWR | os.O_CREAT, 0o600))
         _fsync_dir(p)
-        _fsync_dir(self.pool)
+        _fsync_dir(where)
         return p
 
     def spare(self, parent: str) -> None:
@@ -182,15 +184,7 @@ def run(n: int, fresh: bool) -> dict[str, list[float]]:
 
     def flat_claim(i: int) -> float:
         h = _fan(i)[2]
-        entry = os.path.join(flat.c, f".e-{i}")  # made (and synced) like a pool entry, not timed
-        os.mkdir(entry)
-        fd = os.open(os.path.join(entry, "seg"), os.O_RDWR | os.O_CREAT, 0o600)
-        os.pwrite(fd, ZERO, 0)
-        os.fdatasync(fd)
-        os.close(fd)
-        os.close(os.open(os.path.join(entry, "lock"), os.O_RDWR | os.O_CREAT, 0o600))
-        _fsync_dir(entry)
-        _fsync_dir(flat.c)
+        entry = flat.entry(i, flat.c)
         t = time.perf_counter()
         conv = os.path.join(flat.c, h)
         os.rename(entry, conv)
