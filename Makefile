@@ -11,15 +11,15 @@ UV_VERSION := 0.13.9
 
 .PHONY: serve test lint bench bench-quick clean lock check-lock
 
-$(STAMP): pyproject.toml $(LOCK) setup.py build_support.py
+$(STAMP): pyproject.toml $(LOCK) .ci/lockfile.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(PYTHON) build_support.py check-lock
+	$(PYTHON) .ci/lockfile.py check-lock
 	$(BIN)/python -m pip install --quiet --require-hashes -r $(LOCK)
 	$(BIN)/python -m pip install --quiet --no-deps --config-settings editable_mode=compat -e .
 	touch $(STAMP)
 
 check-lock:
-	$(PYTHON) build_support.py check-lock
+	$(PYTHON) .ci/lockfile.py check-lock
 
 serve: $(STAMP)
 	$(BIN)/convmem serve --data-dir ./data --demo-site $(if $(PORT),--port $(PORT))
@@ -37,7 +37,7 @@ lock:
 	test -x $(BIN)/uv || $(BIN)/python -m pip install --quiet uv==$(UV_VERSION)
 	$(BIN)/uv pip compile pyproject.toml --all-extras --generate-hashes --universal --python-version 3.11 \
 		--no-header --quiet --output-file $(LOCK).compiled
-	$(BIN)/python build_support.py stamp-lock $(LOCK).compiled
+	$(BIN)/python .ci/lockfile.py stamp-lock $(LOCK).compiled
 	rm -f $(LOCK).compiled
 
 bench: $(STAMP)

@@ -19,7 +19,7 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-from logstore import MAX_CONVERSATION_ITEMS
+from convmem.logstore import MAX_CONVERSATION_ITEMS
 
 from .context import SITE, Ctx
 from .floor_peer import Floor

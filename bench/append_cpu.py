@@ -21,8 +21,8 @@ import shutil
 import tempfile
 import time
 
-import logstore
-from logstore.filestore import open_store
+from convmem import logstore
+from convmem.logstore.filestore import open_store
 
 CONVS = 8
 

@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 
 from bench.sqlite_peer import SqliteConnections
-from logstore import ListCursor, ListSelector, Range, Tail, open_store
+from convmem.logstore import ListCursor, ListSelector, Range, Tail, open_store
 
 _enc = msgspec.json.Encoder()
 _dec_list = msgspec.json.Decoder(type=list[dict[str, Any]])
@@ -209,7 +209,7 @@ class Postgres:
     def __init__(self, dsn: str, **options: Any) -> None:
         import logging
 
-        from logstore.postgres import PgStore
+        from convmem.logstore.postgres import PgStore
 
         # The bulk store's "synchronous_commit = off" warning is expected here, in every process.
         logging.getLogger("logstore.postgres").setLevel(logging.ERROR)

@@ -13,7 +13,7 @@ import time
 
 import msgspec
 
-from logstore import ListSelector, Tail, open_store
+from convmem.logstore import ListSelector, Tail, open_store
 
 
 def main() -> None:

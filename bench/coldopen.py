@@ -36,7 +36,7 @@ def _child(args: dict[str, Any]) -> float:
 
 
 def _convmem_files(ctx: Ctx, site: str, conv: str | None) -> list[str]:
-    from logstore import layout
+    from convmem.logstore import layout
 
     if conv is not None:
         return [*files_under(layout.conversation_dir(ctx.convmem_dir, site, conv)),

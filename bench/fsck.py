@@ -29,14 +29,14 @@ def steps(ctx: Ctx) -> int:
 def _fsck(root: str) -> tuple[Callable[[], object] | None, str]:
     """A callable running fsck over ``root`` and how it runs, or None when fsck is not there."""
     try:
-        from logstore import maintenance
+        from convmem.logstore import maintenance
     except ImportError:
         maintenance = None  # type: ignore[assignment]
     check = getattr(maintenance, "check", None)
     if check is not None:
         return (lambda: check(root)), "logstore.maintenance.check"
     env = dict(os.environ, PYTHONPATH=ROOT)
-    cli = "import sys; from mcp_adapter.cli import main; sys.exit(main())"
+    cli = "import sys; from convmem.mcp_adapter.cli import main; sys.exit(main())"
     cmd = [sys.executable, "-c", cli, "fsck", root, "--json"]
     probe = subprocess.run([*cmd[:3], "fsck", "--help"], capture_output=True, env=env)
     if probe.returncode != 0:

@@ -20,8 +20,8 @@ import statistics
 import tempfile
 import time
 
-import logstore
-from logstore import FileStore, ListSelector, fileio, manifest
+from convmem import logstore
+from convmem.logstore import FileStore, ListSelector, fileio, manifest
 
 SITE = "benchsite"
 

@@ -24,7 +24,7 @@ def available() -> str | None:
         from mcp import Client  # noqa: F401
         from mcp.client.streamable_http import streamable_http_client  # noqa: F401
 
-        import mcp_adapter.cli  # noqa: F401
+        import convmem.mcp_adapter.cli  # noqa: F401
     except ImportError as exc:
         return f"MCP server or client not importable: {exc}"
     return None
@@ -37,7 +37,7 @@ def _env() -> dict[str, str]:
 
 
 def _cmd(*args: str) -> list[str]:
-    return [sys.executable, "-c", "import sys; from mcp_adapter.cli import main; sys.exit(main())", *args]
+    return [sys.executable, "-c", "import sys; from convmem.mcp_adapter.cli import main; sys.exit(main())", *args]
 
 
 def add_site(data_dir: str) -> None:

@@ -35,7 +35,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-from logstore.memories.retrieval import MemoryDoc, Retriever
+from convmem.logstore.memories.retrieval import MemoryDoc, Retriever
 
 from . import mcpserver
 from .context import Ctx
@@ -96,11 +96,11 @@ def _child_open(n: int) -> dict[str, float]:
     code = f"""
 import json, resource, sys, tempfile, time
 t0 = time.perf_counter()
-from logstore.memories._semantic import default_embedder
+from convmem.logstore.memories._semantic import default_embedder
 default_embedder()
 t1 = time.perf_counter()
 from bench.memory import synthetic_docs
-from logstore.memories.retrieval import Retriever
+from convmem.logstore.memories.retrieval import Retriever
 docs = synthetic_docs({n})
 with tempfile.TemporaryDirectory() as d:
     t2 = time.perf_counter()
@@ -204,8 +204,8 @@ def _latency_rows(ctx: Ctx) -> list[Row]:
 
 def _fill_site(data_dir: str, n: int) -> int:
     """Create ``n`` memories (the active ones of the synthetic set) and a short conversation, syncs off."""
-    from logstore import open_store
-    from logstore.memories import LongTermMemory  # type: ignore[attr-defined,unused-ignore]
+    from convmem.logstore import open_store
+    from convmem.logstore.memories import LongTermMemory  # type: ignore[attr-defined,unused-ignore]
 
     made = 0
     mcpserver.add_site(data_dir)  # before the data: see add_site
@@ -256,7 +256,7 @@ async def _context_calls(url: str, warm: list[str], texts: list[str]) -> tuple[l
 def _mcp_context_rows(ctx: Ctx) -> list[Row]:
     name = "MCP recall_memory with memory_context vs without, p50"
     try:
-        from logstore.memories import LongTermMemory  # type: ignore[attr-defined,unused-ignore]  # noqa: F401
+        from convmem.logstore.memories import LongTermMemory  # type: ignore[attr-defined,unused-ignore]  # noqa: F401
     except ImportError:
         return [Row("memory", name, "ratio", higher_better=False,
                     note="unavailable: the long-term memory store is not in this tree")]

@@ -34,9 +34,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import logstore
-from logstore import FileStore
-from logstore.writer import wait_for_extensions
+from convmem import logstore
+from convmem.logstore import FileStore
+from convmem.logstore.writer import wait_for_extensions
 
 ITEMS = [{"role": "user", "text": "x" * 120, "n": i} for i in range(10)]
 

@@ -23,7 +23,7 @@ NOOP = "bench_noop"
 
 
 def _install(payload_file: str) -> None:
-    from mcp_adapter import server, wire
+    from convmem.mcp_adapter import server, wire
 
     original = server.call_tool
     cache: dict[str, Any] = {}
@@ -42,7 +42,7 @@ def _install(payload_file: str) -> None:
 
 def main() -> None:
     _install(sys.argv[1])
-    from mcp_adapter.cli import main as cli_main
+    from convmem.mcp_adapter.cli import main as cli_main
 
     sys.exit(cli_main(sys.argv[2:]))
 

@@ -50,7 +50,7 @@ def _build(store: Any, peer: Sqlite, conv: str, n: int, batch: int) -> None:
 
 
 def _build_all(root: str, items: int) -> None:
-    import logstore
+    from convmem import logstore
 
     peer = Sqlite(f"{root}/sqlite.db")
     store = logstore.open_store(f"{root}/convmem")
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--only", default="", help="comma-separated cases: tail,raw,wide,replay")
     ap.add_argument("--build-into", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    import logstore
+    from convmem import logstore
 
     if args.build_into:
         _build_all(args.build_into, args.items)

@@ -18,7 +18,7 @@ import json
 
 import msgspec
 
-from logstore import MAX_ITEM_BYTES, open_store
+from convmem.logstore import MAX_ITEM_BYTES, open_store
 
 from . import mcpserver
 from .context import Ctx

@@ -28,8 +28,8 @@ import sys
 import tempfile
 import time
 
-from logstore import FileStore, layout
-from logstore.writer import Writer, wait_for_extensions
+from convmem.logstore import FileStore, layout
+from convmem.logstore.writer import Writer, wait_for_extensions
 
 
 def _spans() -> list[tuple[float, float]]:

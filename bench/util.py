@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from logstore.background import busy_seconds
-from logstore.writer import wait_for_extensions
+from convmem.logstore.background import busy_seconds
+from convmem.logstore.writer import wait_for_extensions
 
 #: Backend names, in the order the table shows them.
 CONVMEM, SQLITE, FLOOR, POSTGRES = "convmem", "sqlite", "floor", "postgres"
@@ -367,7 +367,7 @@ def engine_sync_disabled() -> Iterator[None]:
 
     Only for setting up data that is read back, never while timing appends.
     """
-    from logstore import fileio
+    from convmem.logstore import fileio
 
     saved = (fileio.fdatasync, fileio.fsync, fileio.fsync_dir)
 

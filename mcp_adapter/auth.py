@@ -28,7 +28,7 @@ from collections import OrderedDict
 import anyio
 import anyio.to_thread
 
-from logstore import InvalidConversationId, SiteName, Unavailable
+from convmem.logstore import InvalidConversationId, SiteName, Unavailable
 
 from . import metrics
 from .credentials import DUMMY_HASH, CredentialError, CredentialFile, PasswordHash

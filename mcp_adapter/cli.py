@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from logstore import (
+from convmem.logstore import (
     InvalidConversationId,
     ListSelector,
     MemoryStore,
@@ -24,7 +24,7 @@ from logstore import (
     open_store,
     site_usage,
 )
-from logstore.ids import SITE_NAME_RULE
+from convmem.logstore.ids import SITE_NAME_RULE
 
 from . import __version__, metrics, requestlog, tls
 from .credentials import CredentialError, generate_password
@@ -490,7 +490,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[
     remove.set_defaults(func=cmd_site_remove)
 
     try:
-        from tools.cli import add_subcommands
+        from convmem.tools.cli import add_subcommands
     except ImportError:
         pass
     else:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from logstore import SiteName
+from convmem.logstore import SiteName
 
 AUTH_DIRNAME = "auth"
 SITES_FILENAME = "sites.json"

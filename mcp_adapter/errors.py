@@ -29,7 +29,7 @@ from typing import Any
 
 import mcp_types as types
 
-from logstore import Corrupted, InvalidPayload, ItemsLost, StoreError
+from convmem.logstore import Corrupted, InvalidPayload, ItemsLost, StoreError
 
 #: The ``_meta`` key under which the machine-readable error travels.
 ERROR_META_KEY = "convmem/error"

@@ -45,7 +45,7 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from logstore import MAX_BATCH_BYTES
+from convmem.logstore import MAX_BATCH_BYTES
 
 from . import metrics
 from .auth import Authenticator

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
 
-from logstore.memories import Memory
-from logstore.memories import limits as L
-from logstore.timefmt import format_us
+from convmem.logstore.memories import Memory
+from convmem.logstore.memories import limits as L
+from convmem.logstore.timefmt import format_us
 
 from .errors import invalid_arguments
 from .validation import _explain

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from logstore.memories import limits as L
+from convmem.logstore.memories import limits as L
 
 JsonSchema = dict[str, Any]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import mcp_types as types
 
-from logstore.memories import limits as L
+from convmem.logstore.memories import limits as L
 
 from .memory_schemas import memory_input_schema, memory_output_schema
 

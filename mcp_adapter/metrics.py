@@ -45,7 +45,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from logstore import observe
+from convmem.logstore import observe
 
 METRICS_PATH = "/metrics"
 

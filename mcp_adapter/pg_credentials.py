@@ -15,8 +15,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from logstore import SiteName
-from logstore.postgres import PgStore
+from convmem.logstore import SiteName
+from convmem.logstore.postgres import PgStore
 
 from .credentials import CredentialError, PasswordChecks, PasswordHash
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from logstore import MAX_BATCH_ITEMS, MAX_READ_ITEMS
+from convmem.logstore import MAX_BATCH_ITEMS, MAX_READ_ITEMS
 
 from .memory_schemas import with_memory_context
 

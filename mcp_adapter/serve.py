@@ -25,7 +25,7 @@ import anyio
 import uvicorn
 from mcp.server.stdio import stdio_server
 
-from logstore import MemoryStore, SiteQuota, StoreError, open_store
+from convmem.logstore import MemoryStore, SiteQuota, StoreError, open_store
 
 from . import __version__, metrics, requestlog, tls
 from .auth import Authenticator
@@ -77,7 +77,7 @@ def _open_store(args: argparse.Namespace, choice: StoreChoice) -> MemoryStore | 
                     file=sys.stderr,
                 )
                 return None
-            from logstore.postgres import PgStore
+            from convmem.logstore.postgres import PgStore
 
             return PgStore(
                 choice.target,

@@ -25,9 +25,9 @@ import msgspec
 from mcp.server import Server, ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
-from logstore import ListCursor, ListSelector, MemoryStore, Range, RawMemoryItem, ReadSelector, StoreError, Tail
-from logstore.memories import LongTermMemory
-from logstore.memories.limits import DEFAULT_RETENTION_SECONDS
+from convmem.logstore import ListCursor, ListSelector, MemoryStore, Range, RawMemoryItem, ReadSelector, StoreError, Tail
+from convmem.logstore.memories import LongTermMemory
+from convmem.logstore.memories.limits import DEFAULT_RETENTION_SECONDS
 
 from . import __version__, requestlog
 from .auth import Authenticator

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from logstore import MemoryStore, open_store
-from logstore.postgres import DEFAULT_SCHEMA, PgStore, is_dsn
+from convmem.logstore import MemoryStore, open_store
+from convmem.logstore.postgres import DEFAULT_SCHEMA, PgStore, is_dsn
 
 from .credentials import CredentialFile
 
@@ -58,7 +58,7 @@ class StoreChoice:
 
     def describe(self) -> str:
         if self.is_postgres:
-            from logstore.postgres._store import _redact
+            from convmem.logstore.postgres._store import _redact
 
             return f"PostgreSQL {_redact(self.target)} (schema {self.schema})"
         return f"data directory {os.path.abspath(self.target)}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import mcp_types as types
 
-from logstore import MAX_BATCH_ITEMS, MAX_CONVERSATION_ITEMS, MAX_READ_ITEMS
+from convmem.logstore import MAX_BATCH_ITEMS, MAX_CONVERSATION_ITEMS, MAX_READ_ITEMS
 
 from .memory_tools import NEVER_STORE, memory_tool_definitions
 from .schemas import input_schema, output_schema

@@ -19,7 +19,7 @@ from typing import Annotated, Any, TypeVar
 
 import msgspec
 
-from logstore import (
+from convmem.logstore import (
     MAX_BATCH_ITEMS,
     MAX_READ_ITEMS,
     BatchTooLarge,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 
-from logstore import layout
+from convmem.logstore import layout
 
 
 def _skip_made_ahead(dirpath: str, dirnames: list[str]) -> None:

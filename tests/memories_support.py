@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from logstore.memories import LongTermMemory, Memory
+from convmem.logstore.memories import LongTermMemory, Memory
 
 SITE = "memsite-01"
 OTHER = "memsite-02"

@@ -21,11 +21,11 @@ from typing import Any
 
 import psycopg
 
-from logstore import FileStore, MemoryStore
-from logstore.postgres import PgStore
-from logstore.writer import wait_for_extensions
+from convmem.logstore import FileStore, MemoryStore
+from convmem.logstore.postgres import PgStore
+from convmem.logstore.writer import wait_for_extensions
 from tests.logstore_helpers import tree_digest
-from tools import pgcluster
+from convmem.tools import pgcluster
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {}
@@ -123,8 +123,8 @@ def backend_credentials(request: Any, data_dir: Path) -> Iterator[tuple[Any, lis
     For PostgreSQL it opens a store in a fresh schema (dropped afterwards) and
     returns the ``--store``/``--pg-schema`` arguments pointing a server at it.
     """
-    from mcp_adapter.credentials import CredentialFile
-    from mcp_adapter.pg_credentials import PgCredentials
+    from convmem.mcp_adapter.credentials import CredentialFile
+    from convmem.mcp_adapter.pg_credentials import PgCredentials
 
     if request.param == "file":
         yield CredentialFile(data_dir), []

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from mcp_adapter import auth as auth_module
-from mcp_adapter.auth import Authenticator, parse_basic
-from mcp_adapter.credentials import CredentialFile, PasswordHash
-from mcp_adapter.errors import ToolFailure
+from convmem.mcp_adapter import auth as auth_module
+from convmem.mcp_adapter.auth import Authenticator, parse_basic
+from convmem.mcp_adapter.credentials import CredentialFile, PasswordHash
+from convmem.mcp_adapter.errors import ToolFailure
 
 pytestmark = pytest.mark.anyio
 

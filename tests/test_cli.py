@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from mcp_helpers import REPO_ROOT, run_convmem
 
-from logstore import Tail, layout, open_store
-from mcp_adapter.cli import build_parser
-from mcp_adapter.credentials import CredentialFile
-from mcp_adapter.serve import INSPECTOR_PACKAGE
+from convmem.logstore import Tail, layout, open_store
+from convmem.mcp_adapter.cli import build_parser
+from convmem.mcp_adapter.credentials import CredentialFile
+from convmem.mcp_adapter.serve import INSPECTOR_PACKAGE
 
 
 def mode_of(path: Path) -> int:
@@ -139,7 +139,7 @@ def test_operator_tools_plug_into_the_same_command() -> None:
     _, sub = build_parser()
     assert {"serve", "site"} <= set(sub.choices)
     try:
-        import tools.cli  # noqa: F401
+        import convmem.tools.cli  # noqa: F401
     except ImportError:
         pytest.skip("tools.cli is not present")
     assert {"fsck", "dump", "export", "import", "stats"} <= set(sub.choices)

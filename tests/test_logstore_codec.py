@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from logstore import MAX_BATCH_ITEMS, MAX_ITEM_BYTES, InvalidPayload, PayloadTooLarge, StoreError
-from logstore.codec import encode_batch, encode_items
+from convmem.logstore import MAX_BATCH_ITEMS, MAX_ITEM_BYTES, InvalidPayload, PayloadTooLarge, StoreError
+from convmem.logstore.codec import encode_batch, encode_items
 
 _scalars = (
     st.none()

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from logstore import FileStore, Io, ListSelector, Range, background, convpool, fileio, layout
-from logstore.maintenance import check, stats
+from convmem.logstore import FileStore, Io, ListSelector, Range, background, convpool, fileio, layout
+from convmem.logstore.maintenance import check, stats
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -347,7 +347,7 @@ def test_a_process_that_only_reads_never_looks_for_renameat2(tmp_path: Path) -> 
     store.close()
     code = (
         "import sys\n"
-        "from logstore import FileStore, Tail\n"
+        "from convmem.logstore import FileStore, Tail\n"
         f"s = FileStore({str(tmp_path)!r})\n"
         f"assert [i.payload for i in s.read({SITE!r}, 'conv-one', Tail(5))] == [{{'n': 1}}]\n"
         "print(sorted(m for m in ('ctypes', 'subprocess') if m in sys.modules))\n"

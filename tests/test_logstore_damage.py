@@ -27,8 +27,8 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-from logstore import Corrupted, FileStore, ListSelector, Range, StoreError, Tail, frame
-from logstore.maintenance import scan_segment
+from convmem.logstore import Corrupted, FileStore, ListSelector, Range, StoreError, Tail, frame
+from convmem.logstore.maintenance import scan_segment
 from tests.logstore_helpers import data_size, segment_files
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -160,7 +160,7 @@ def run_child(root: Path, code: str) -> dict[str, Any]:
 
 CHILD = """
 import json, sys
-from logstore import FileStore, Range, Tail, Corrupted
+from convmem.logstore import FileStore, Range, Tail, Corrupted
 s = FileStore(sys.argv[1], segment_bytes=2048, index_interval=256)
 out = {}
 def attempt(name, fn):
@@ -320,7 +320,7 @@ def test_roll_cut_short_with_a_damaged_last_record_in_the_sealed_segment(tmp_pat
     """A writer dies right after creating the next segment; then the sealed segment's last batch rots."""
     root = tmp_path / "data"
     code = (
-        "import sys\nfrom logstore import FileStore\n"
+        "import sys\nfrom convmem.logstore import FileStore\n"
         "s = FileStore(sys.argv[1], segment_bytes=2048, index_interval=256)\n"
         "for b in range(1000):\n"
         "    s.append('site-damage', 'conv-damage', [{'b': b, 'pad': 'y' * 100}])\n"

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from logstore import Corrupted, FileStore, ItemsLost, Range, Tail, frame
-from logstore.maintenance import iter_conversation_items, salvage, scan_segment
-from mcp_adapter.errors import ERROR_META_KEY, from_store_error
+from convmem.logstore import Corrupted, FileStore, ItemsLost, Range, Tail, frame
+from convmem.logstore.maintenance import iter_conversation_items, salvage, scan_segment
+from convmem.mcp_adapter.errors import ERROR_META_KEY, from_store_error
 from tests.logstore_helpers import segment_files
 from tests.test_logstore_damage import CONV, OPTS, SITE, Rec, flip, read_everything, records, write_log
 from tests.tools_support import fsck

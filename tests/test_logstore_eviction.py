@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from logstore import FileStore, Range, fileio
-from logstore import writer as logwriter
-from logstore.writer import wait_for_extensions
+from convmem.logstore import FileStore, Range, fileio
+from convmem.logstore import writer as logwriter
+from convmem.logstore.writer import wait_for_extensions
 
 SITE = "site-evict"
 

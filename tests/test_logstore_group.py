@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
-from logstore import FileStore, Io, Range, fileio
-from logstore.codec import encode_batch
-from logstore.maintenance import scan_segment
-from logstore.writer import _Batch, wait_for_extensions
+from convmem.logstore import FileStore, Io, Range, fileio
+from convmem.logstore.codec import encode_batch
+from convmem.logstore.maintenance import scan_segment
+from convmem.logstore.writer import _Batch, wait_for_extensions
 from tests.logstore_helpers import segment_files
 
 SITE = "site-group"

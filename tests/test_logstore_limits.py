@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from logstore import (
+from convmem.logstore import (
     MAX_BATCH_BYTES,
     MAX_BATCH_ITEMS,
     MAX_CONVERSATION_ITEMS,
@@ -21,7 +21,7 @@ from logstore import (
     SiteName,
     Tail,
 )
-from logstore.writer import wait_for_extensions
+from convmem.logstore.writer import wait_for_extensions
 from tests.pg_support import content_digest
 
 SITE = "site-0001"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from logstore import (
+from convmem.logstore import (
     FileStore,
     InvalidCursor,
     ListCursor,
@@ -28,7 +28,7 @@ SITE = "site-manifest"
 def crash_append(root: Path, point: str, conv: str) -> int:
     """Append in a child process that exits at crash point ``point``; its exit status."""
     code = (
-        "import sys\nfrom logstore import FileStore\n"
+        "import sys\nfrom convmem.logstore import FileStore\n"
         f"s = FileStore({str(root)!r}, lock_timeout=0.2)\n"
         f"s.append({SITE!r}, {conv!r}, [{{'crashed': True}}])\n"
     )
@@ -134,7 +134,7 @@ def test_sites_are_isolated_and_cursors_are_bound_to_their_site(tmp_path: Path) 
 
 
 def _log_records(root: Path) -> tuple[Path, list[tuple[int, int, list | None]]]:
-    from logstore import layout, manifest
+    from convmem.logstore import layout, manifest
 
     sdir = Path(layout.site_dir(str(root), SITE))
     log = max(p for p in sdir.iterdir() if p.suffix == ".log")
@@ -152,7 +152,7 @@ def test_new_conversation_lost_from_the_log_is_found_after_a_reboot(
     conversations the listing does not know, and logs a walked record; a
     restart in the same boot walks no more.
     """
-    from logstore import manifest
+    from convmem.logstore import manifest
 
     root = tmp_path / "data"
     store = FileStore(root)
@@ -227,7 +227,7 @@ def test_commits_owed_by_a_killed_writer_are_probed_by_the_next_listing(tmp_path
     root = tmp_path / "data"
     convs = [f"conv-owed-{i}" for i in range(3)]
     code = (
-        "import os, signal, sys\nfrom logstore import FileStore\n"
+        "import os, signal, sys\nfrom convmem.logstore import FileStore\n"
         f"s = FileStore({str(root)!r}, lock_timeout=0.2)\n"
         "for k in range(7):\n"
         f"    s.append({SITE!r}, {convs!r}[k % 3], [{{'k': k}}])\n"
@@ -235,7 +235,7 @@ def test_commits_owed_by_a_killed_writer_are_probed_by_the_next_listing(tmp_path
     )
     proc = subprocess.run([sys.executable, "-c", code], timeout=60)
     assert proc.returncode == -9
-    from logstore import manifest
+    from convmem.logstore import manifest
 
     site_dir = next((root / "sites").iterdir())
     log = max(site_dir.glob("manifest-*.log"))
@@ -332,7 +332,7 @@ def test_a_probe_never_settles_an_intent_whose_batch_is_being_written(tmp_path: 
 
 CHILD_APPENDS = """
 import os, sys
-from logstore import FileStore
+from convmem.logstore import FileStore
 root, site, conv = sys.argv[1:4]
 batches, items, size = map(int, sys.argv[4:7])
 s = FileStore(root, lock_timeout=2.0, segment_bytes=4096, index_interval=512)
@@ -437,8 +437,8 @@ def test_a_repair_keeps_an_intent_logged_after_its_check(tmp_path: Path, monkeyp
     see that an intent was logged since and keep the conversation pending (the
     engine's next listing probes it), not drop it as settled by the check.
     """
-    from logstore import maintenance
-    from logstore.maintenance import _check
+    from convmem.logstore import maintenance
+    from convmem.logstore.maintenance import _check
 
     root = tmp_path / "data"
     conv = "conv-repair-01"
@@ -477,7 +477,7 @@ time.sleep(float(sys.argv[2]))
 def test_a_listing_waits_for_a_held_conversation_whose_writer_owes_its_commit(tmp_path: Path) -> None:
     """Another process holds the conversation (as an idle writer's extend-ahead job, or its next append before
     its intent, does) while the writer owes the commit of its acknowledged batch: the listing waits, then lists it."""
-    from logstore import layout
+    from convmem.logstore import layout
 
     root = tmp_path / "data"
     conv = "conv-held-01"

@@ -9,7 +9,7 @@ import textwrap
 import threading
 from pathlib import Path
 
-from logstore import FileStore, ListSelector, Range, Timeout
+from convmem.logstore import FileStore, ListSelector, Range, Timeout
 from tests.logstore_helpers import tree_digest
 
 SITE = "site-multi"
@@ -18,7 +18,7 @@ SHARED = "conv-shared"
 WRITER = textwrap.dedent(
     """
     import json, sys
-    from logstore import FileStore
+    from convmem.logstore import FileStore
     root, name, rounds, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     store = FileStore(root, segment_bytes=2048, index_interval=128, lock_timeout=30)
     with open(out, "w") as log:
@@ -29,8 +29,8 @@ WRITER = textwrap.dedent(
             log.write(json.dumps([conv, rng.first, rng.last, batch]) + "\\n")
             log.flush()
             if r % 5 == 0:
-                store.read("site-multi", "conv-shared", __import__("logstore").Tail(10))
-                store.list_conversations("site-multi", __import__("logstore").ListSelector(None, 3))
+                store.read("site-multi", "conv-shared", __import__("convmem.logstore", fromlist=["x"]).Tail(10))
+                store.list_conversations("site-multi", __import__("convmem.logstore", fromlist=["x"]).ListSelector(None, 3))
     store.close()
     """
 )

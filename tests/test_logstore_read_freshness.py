@@ -25,9 +25,9 @@ import msgspec
 import pytest
 from logstore_helpers import data_size, segment_files
 
-from logstore import Corrupted, FileStore, InvalidConversationId, Range, Tail, frame, maintenance, reader
-from logstore.frame import SEGMENT_HEADER_SIZE
-from logstore.segment import iter_records
+from convmem.logstore import Corrupted, FileStore, InvalidConversationId, Range, Tail, frame, maintenance, reader
+from convmem.logstore.frame import SEGMENT_HEADER_SIZE
+from convmem.logstore.segment import iter_records
 
 SITE = "fresh-site"
 CONV = "conv-fresh-1"
@@ -36,7 +36,7 @@ OPTS = {"segment_bytes": 4096, "index_interval": 512}
 CHILD = textwrap.dedent(
     """
     import json, sys
-    from logstore import FileStore
+    from convmem.logstore import FileStore
     root, conv, first, batches, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
     with FileStore(root, segment_bytes=4096, index_interval=512) as store:
         n = first
@@ -149,7 +149,7 @@ def test_a_read_after_a_repair_replaced_the_active_segment_reads_the_new_file(tm
             [sys.executable, "-c", textwrap.dedent(
                 """
                 import json, sys
-                from logstore import maintenance
+                from convmem.logstore import maintenance
                 r = maintenance.check(sys.argv[1], truncate_at_corruption=True)
                 print(json.dumps([p.kind for p in r.problems]))
                 """
@@ -242,7 +242,7 @@ def test_a_raw_read_after_a_cut_and_a_new_append_at_the_same_offset_returns_the_
         with open(seg, "r+b") as f:  # damage, then a repair that cuts the log at it
             f.seek(offset + frame.RECORD_HEADER_SIZE + 5)
             f.write(b"#")
-        subprocess.run([sys.executable, "-c", "import sys; from logstore import maintenance; "
+        subprocess.run([sys.executable, "-c", "import sys; from convmem.logstore import maintenance; "
                         "maintenance.check(sys.argv[1], truncate_at_corruption=True)", str(tmp_path)],
                        check=True, timeout=120)
         assert [i.seq for i in store.read_raw(SITE, CONV, Tail(5))] == [0]

@@ -17,9 +17,9 @@ import msgspec
 import pytest
 from logstore_helpers import segment_files
 
-from logstore import Corrupted, FileStore, Range, Tail, frame, reader
-from logstore.frame import SEGMENT_HEADER_SIZE
-from logstore.segment import BadRecord, iter_records
+from convmem.logstore import Corrupted, FileStore, Range, Tail, frame, reader
+from convmem.logstore.frame import SEGMENT_HEADER_SIZE
+from convmem.logstore.segment import BadRecord, iter_records
 
 SITE = "reads-site"
 OPTS = {"segment_bytes": 4096, "index_interval": 512}

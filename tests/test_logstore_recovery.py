@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from logstore import Corrupted, FileStore, Range, Tail, frame
+from convmem.logstore import Corrupted, FileStore, Range, Tail, frame
 from tests.logstore_helpers import data_size, segment_files
 
 SITE = "site-recover"
@@ -272,7 +272,7 @@ def test_deleted_indexes_and_manifest_are_rebuilt(tmp_path) -> None:
         for r in range(6):
             for c in convs:
                 store.append(SITE, c, [{"r": r, "c": c}])
-        before_list = store.list_conversations(SITE, __import__("logstore").ListSelector(None, 10))
+        before_list = store.list_conversations(SITE, __import__("convmem.logstore", fromlist=["x"]).ListSelector(None, 10))
         before = {c: store.read(SITE, c, Range(0, 100)) for c in convs}
     finally:
         store.close()
@@ -283,7 +283,7 @@ def test_deleted_indexes_and_manifest_are_rebuilt(tmp_path) -> None:
     store = FileStore(root, segment_bytes=500, index_interval=64)
     try:
         assert {c: store.read(SITE, c, Range(0, 100)) for c in convs} == before
-        assert store.list_conversations(SITE, __import__("logstore").ListSelector(None, 10)) == before_list
+        assert store.list_conversations(SITE, __import__("convmem.logstore", fromlist=["x"]).ListSelector(None, 10)) == before_list
     finally:
         store.close()
 
@@ -387,15 +387,15 @@ def _append_crashing(root: Path, point: str, batch: list[dict]) -> None:
     import subprocess
     import sys
 
-    from logstore import fileio
+    from convmem.logstore import fileio
 
-    code = f"from logstore import FileStore\nFileStore({str(root)!r}).append({SITE!r}, {CONV!r}, {batch!r})\n"
+    code = f"from convmem.logstore import FileStore\nFileStore({str(root)!r}).append({SITE!r}, {CONV!r}, {batch!r})\n"
     env = {**os.environ, "CONVMEM_CRASH_AT": point}
     assert subprocess.run([sys.executable, "-c", code], env=env, timeout=60).returncode == fileio.CRASH_EXIT_STATUS
 
 
 def _first_segment(root: Path, conv: str) -> Path:
-    from logstore import layout
+    from convmem.logstore import layout
 
     return Path(layout.conversation_dir(str(root), SITE, conv)) / layout.segment_name(0)
 
@@ -403,7 +403,7 @@ def _first_segment(root: Path, conv: str) -> Path:
 @pytest.mark.parametrize("shape", ["first-sector-zeroed", "all-zeros", "empty", "short-zeros"])
 def test_torn_creation_reads_empty_and_is_rewritten(tmp_path: Path, shape: str) -> None:
     """A first segment whose first sector never reached the disk: the conversation is empty, not damaged."""
-    from logstore import maintenance
+    from convmem.logstore import maintenance
 
     root = tmp_path / "data"
     store = FileStore(root)
@@ -442,7 +442,7 @@ def test_torn_creation_reads_empty_and_is_rewritten(tmp_path: Path, shape: str) 
 
 
 def test_torn_creation_repaired_by_fsck(tmp_path: Path) -> None:
-    from logstore import maintenance
+    from convmem.logstore import maintenance
 
     root = tmp_path / "data"
     FileStore(root).close()

@@ -27,7 +27,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from logstore import (
+from convmem.logstore import (
     EmptyBatch,
     FileStore,
     InvalidConversationId,
@@ -36,7 +36,7 @@ from logstore import (
     Range,
     Tail,
 )
-from logstore.postgres import PgStore
+from convmem.logstore.postgres import PgStore
 
 SITES = ["site-aaaa", "site-bbbb"]
 CONVS = ["conv-0000", "conv-0001", "Conv-0001", "c" * 64]
@@ -66,7 +66,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: A writer child: appends batch A, says so, then appends batch B and waits to be killed.
 WRITER = """
 import sys, time, msgspec
-from logstore import FileStore
+from convmem.logstore import FileStore
 root, site, conv = sys.argv[1:4]
 a, b = msgspec.json.decode(sys.stdin.buffer.read())
 s = FileStore(root, segment_bytes=700, index_interval=96, lock_timeout=2.0)

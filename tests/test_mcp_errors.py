@@ -16,7 +16,7 @@ import pytest
 from mcp import Client
 from mcp_helpers import error_of
 
-from logstore import (
+from convmem.logstore import (
     BatchTooLarge,
     ConversationFull,
     ConversationListing,
@@ -36,8 +36,8 @@ from logstore import (
     Timeout,
     Unavailable,
 )
-from mcp_adapter.errors import from_store_error
-from mcp_adapter.server import Backend, build_server
+from convmem.mcp_adapter.errors import from_store_error
+from convmem.mcp_adapter.server import Backend, build_server
 
 pytestmark = pytest.mark.anyio
 

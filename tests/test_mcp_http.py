@@ -18,8 +18,8 @@ import pytest
 from mcp.shared.exceptions import MCPError
 from mcp_helpers import ServerProcess, basic, connect, error_of
 
-from mcp_adapter.memory_schemas import MEMORY_TOOL_NAMES
-from mcp_adapter.schemas import input_schema, output_schema
+from convmem.mcp_adapter.memory_schemas import MEMORY_TOOL_NAMES
+from convmem.mcp_adapter.schemas import input_schema, output_schema
 from tests.pg_support import backend_credentials
 
 pytestmark = pytest.mark.anyio

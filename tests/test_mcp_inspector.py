@@ -17,8 +17,8 @@ import pytest
 from mcp_helpers import ServerProcess, basic
 from node_support import cannot_run, npx_or_skip
 
-from mcp_adapter.credentials import CredentialFile
-from mcp_adapter.serve import INSPECTOR_PACKAGE
+from convmem.mcp_adapter.credentials import CredentialFile
+from convmem.mcp_adapter.serve import INSPECTOR_PACKAGE
 
 SITE, PASSWORD = "inspector-site", "inspector-password-0123456789"
 
@@ -138,13 +138,13 @@ def test_cannot_run_fails_in_ci_and_skips_elsewhere(monkeypatch: pytest.MonkeyPa
 
 def test_an_old_node_is_not_taken(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     """A node older than 22.19 on PATH (and no wheel) is named in the reason, never used."""
-    import tools.npx
+    from convmem.tools import npx as tools_npx
 
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "node").write_text("#!/bin/sh\necho v22.18.0\n")
     (fake / "node").chmod(0o755)
     (fake / "npx").write_text("#!/bin/sh\nexit 0\n")
-    monkeypatch.setattr(tools.npx, "_candidates", lambda: [(str(fake), [str(fake / "npx")], "PATH (fake)")])
-    with pytest.raises(tools.npx.NodeUnavailable, match=r"22\.19 or newer.*node 22\.18\.0"):
-        tools.npx.find_npx()
+    monkeypatch.setattr(tools_npx, "_candidates", lambda: [(str(fake), [str(fake / "npx")], "PATH (fake)")])
+    with pytest.raises(tools_npx.NodeUnavailable, match=r"22\.19 or newer.*node 22\.18\.0"):
+        tools_npx.find_npx()

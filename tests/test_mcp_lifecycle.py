@@ -18,9 +18,9 @@ import httpx2
 import pytest
 from mcp_helpers import ServerProcess, basic, connect, error_of
 
-import logstore.writer
-from logstore import open_store
-from mcp_adapter.credentials import CredentialFile
+from convmem.logstore import writer as logstore_writer
+from convmem.logstore import open_store
+from convmem.mcp_adapter.credentials import CredentialFile
 
 pytestmark = pytest.mark.anyio
 
@@ -189,11 +189,11 @@ async def test_listing_pagination_with_ties(tmp_path: Path, monkeypatch: pytest.
     data = new_data_dir(tmp_path)
     tied = sorted(f"tie-{c}-conv" for c in "qwertyuiop")
     # Prepare the data with a frozen clock, so that all these conversations really tie.
-    monkeypatch.setattr(logstore.writer, "now_us", lambda: 1_800_000_000_000_000)
+    monkeypatch.setattr(logstore_writer, "now_us", lambda: 1_800_000_000_000_000)
     with open_store(data) as store:
         for cid in reversed(tied):
             store.append(SITE, cid, [{"k": cid}])
-    monkeypatch.setattr(logstore.writer, "now_us", lambda: 1_700_000_000_000_000)
+    monkeypatch.setattr(logstore_writer, "now_us", lambda: 1_700_000_000_000_000)
     with open_store(data) as store:
         store.append(SITE, "older-conv", [{"k": "old"}])
     monkeypatch.undo()

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from mcp_adapter.memory_schemas import MEMORY_TOOL_NAMES
-from mcp_adapter.schemas import TOOL_NAMES, input_schema, output_schema
-from mcp_adapter.tools import tool_definitions
+from convmem.mcp_adapter.memory_schemas import MEMORY_TOOL_NAMES
+from convmem.mcp_adapter.schemas import TOOL_NAMES, input_schema, output_schema
+from convmem.mcp_adapter.tools import tool_definitions
 
 # The contract's schemas with every "description" removed (structure, bounds, defaults, titles).
 EXPECTED: dict[str, dict[str, Any]] = {

@@ -12,8 +12,8 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp_helpers import convmem_cmd, error_of, subprocess_env
 
-from logstore import Tail, open_store
-from mcp_adapter.credentials import CredentialFile
+from convmem.logstore import Tail, open_store
+from convmem.mcp_adapter.credentials import CredentialFile
 
 pytestmark = pytest.mark.anyio
 

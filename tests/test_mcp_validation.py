@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mcp_adapter.errors import ToolFailure
-from mcp_adapter.validation import AppendArgs, ListArgs, RecallArgs, ReplayArgs, parse_arguments
+from convmem.mcp_adapter.errors import ToolFailure
+from convmem.mcp_adapter.validation import AppendArgs, ListArgs, RecallArgs, ReplayArgs, parse_arguments
 
 CID = "valid-conv-id"
 

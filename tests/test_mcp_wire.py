@@ -20,8 +20,8 @@ import msgspec
 import pytest
 from mcp_helpers import ServerProcess, basic, run_convmem
 
-from logstore import RawMemoryItem, Tail, open_store
-from mcp_adapter import wire
+from convmem.logstore import RawMemoryItem, Tail, open_store
+from convmem.mcp_adapter import wire
 
 SITE, PASSWORD = "wire-site", "wire-password-0123456789"
 TRICKY = ["plain", 'quo"te', "back\\slash", "ctl\x00\x01\x1f\n\t\r", "é", "\u2028\u2029", "😀", "\x7f", "</script>"]

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from mcp_helpers import ServerProcess, basic, connect, error_of
 
-from mcp_adapter.credentials import CredentialFile
-from mcp_adapter.memory_schemas import MEMORY_TOOL_NAMES
+from convmem.mcp_adapter.credentials import CredentialFile
+from convmem.mcp_adapter.memory_schemas import MEMORY_TOOL_NAMES
 
 pytestmark = pytest.mark.anyio
 

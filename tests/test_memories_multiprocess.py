@@ -14,16 +14,16 @@ from pathlib import Path
 import pytest
 from memories_support import SITE, create, delete, fields, files_holding
 
-from logstore.memories import LongTermMemory, VerifyRequired
-from logstore.memories.eventlog import salvage
-from logstore.memories.site import LOG_NAME, memories_dir
+from convmem.logstore.memories import LongTermMemory, VerifyRequired
+from convmem.logstore.memories.eventlog import salvage
+from convmem.logstore.memories.site import LOG_NAME, memories_dir
 
 REPO = Path(__file__).resolve().parent.parent
 
 RACER = textwrap.dedent(
     """
     import json, os, sys, time
-    from logstore.memories import DuplicateMemory, LongTermMemory
+    from convmem.logstore.memories import DuplicateMemory, LongTermMemory
     root, name, rounds, go, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
     store = LongTermMemory(root, lock_timeout=30)
     while not os.path.exists(go):
@@ -86,7 +86,7 @@ def test_two_processes_racing_on_one_dedupe_key_exactly_one_wins(tmp_path: Path)
 USER = textwrap.dedent(
     """
     import os, sys, time
-    from logstore.memories import LongTermMemory, VerifyRequired
+    from convmem.logstore.memories import LongTermMemory, VerifyRequired
     root, token, go, subject = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
     store = LongTermMemory(root, lock_timeout=30)
     raw = {"category": "shared", "subject": subject, "summary": "one token, two processes"}
@@ -134,7 +134,7 @@ def test_a_token_is_used_once_across_processes(tmp_path: Path) -> None:
 WRITER = textwrap.dedent(
     """
     import sys
-    from logstore.memories import LongTermMemory
+    from convmem.logstore.memories import LongTermMemory
     root, run = sys.argv[1], sys.argv[2]
     store = LongTermMemory(root, lock_timeout=30)
     i = 0
@@ -208,7 +208,7 @@ def test_an_erasure_by_one_store_is_seen_by_another_and_never_written_back(tmp_p
 ERASER = textwrap.dedent(
     """
     import sys
-    from logstore.memories import LongTermMemory
+    from convmem.logstore.memories import LongTermMemory
     root, mid = sys.argv[1], sys.argv[2]
     store = LongTermMemory(root)
     _, token, _ = store.verify("memsite-01", "delete", None, mid)

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from logstore.memories.retrieval import Hit, MemoryDoc, Retriever
+from convmem.logstore.memories.retrieval import Hit, MemoryDoc, Retriever
 
 
 def doc(mid: str, subject: str, summary: str = "", details: str = "", *, category: str = "general",
@@ -264,7 +264,7 @@ def test_no_answers_kept(tmp_path: Path) -> None:
 
 def test_word_counts_follow_every_change() -> None:
     """The common-word cut counts words as rows come, change and go."""
-    from logstore.memories._lexical import LexicalIndex
+    from convmem.logstore.memories._lexical import LexicalIndex
 
     idx = LexicalIndex()
     idx.put_many([(1, "Deploy deploys", "déploy", "", ()), (2, "deploy", "", "", ("Ops",))])
@@ -280,7 +280,7 @@ def test_word_counts_follow_every_change() -> None:
 
 def test_ranking_past_many_filtered_rows() -> None:
     """When the best rows are all filtered out, the ranking still reaches the ones behind them."""
-    from logstore.memories._lexical import LexicalIndex
+    from convmem.logstore.memories._lexical import LexicalIndex
 
     idx = LexicalIndex()
     idx.put_many([(k, "alpha alpha alpha", "", "", ()) for k in range(1, 91)]

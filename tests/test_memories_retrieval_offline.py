@@ -30,8 +30,8 @@ socket.create_connection = refuse
 socket.getaddrinfo = refuse
 
 import numpy as np
-from logstore.memories._semantic import default_embedder
-from logstore.memories.retrieval import MemoryDoc, Retriever
+from convmem.logstore.memories._semantic import default_embedder
+from convmem.logstore.memories.retrieval import MemoryDoc, Retriever
 
 e = default_embedder()
 import logging  # loading the model leaves the host's logging as it was (wordllama configures it on import)

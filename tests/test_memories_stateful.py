@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from memories_support import SITE, files_holding
 
-from logstore.memories import DuplicateMemory, LongTermMemory, NotFound, VersionConflict
-from logstore.memories.site import LOG_NAME, memories_dir
+from convmem.logstore.memories import DuplicateMemory, LongTermMemory, NotFound, VersionConflict
+from convmem.logstore.memories.site import LOG_NAME, memories_dir
 
 KEYS = [None, "k-a", "k-b", "k-c"]
 texts = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), min_size=1, max_size=30).filter(

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from memories_support import OTHER, SITE, create, delete, fields, files_holding, tree_bytes, update
 
-from logstore.errors import Corrupted
-from logstore.memories import (
+from convmem.logstore.errors import Corrupted
+from convmem.logstore.memories import (
     DuplicateMemory,
     InvalidMemory,
     LongTermMemory,
@@ -26,9 +26,9 @@ from logstore.memories import (
     is_memory_id,
     limits,
 )
-from logstore.memories.site import LOG_NAME, memories_dir
-from logstore.memories.state import parse_ts, record_body
-from logstore.timefmt import format_us, now_us, parse_rfc3339
+from convmem.logstore.memories.site import LOG_NAME, memories_dir
+from convmem.logstore.memories.state import parse_ts, record_body
+from convmem.logstore.timefmt import format_us, now_us, parse_rfc3339
 
 
 def test_create_get_update_round_trip(tmp_path: Path) -> None:
@@ -413,7 +413,7 @@ def test_fast_timestamp_parser_matches_the_engine(us: int) -> None:
 
 
 def test_reads_update_last_accessed_without_syncing(tmp_path: Path) -> None:
-    from logstore import fileio
+    from convmem.logstore import fileio
 
     clock = [now_us()]
     with LongTermMemory(tmp_path, clock=lambda: clock[0]) as store:
@@ -455,7 +455,7 @@ def test_memory_files_are_owner_only(tmp_path: Path) -> None:
     """Every file the memory store creates is 0600 and every directory 0700 (sites are tenants)."""
     import stat
 
-    from logstore import fileio
+    from convmem.logstore import fileio
 
     root = tmp_path / "data"
     with LongTermMemory(root) as store:

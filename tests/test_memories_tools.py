@@ -11,17 +11,17 @@ from typing import Any
 
 from memories_support import OTHER, SITE, create, delete, fields, files_holding, tree_bytes
 
-from logstore import open_store
-from logstore.memories import LongTermMemory
-from logstore.memories.eventlog import salvage
-from logstore.memories.site import LOG_NAME, memories_dir
+from convmem.logstore import open_store
+from convmem.logstore.memories import LongTermMemory
+from convmem.logstore.memories.eventlog import salvage
+from convmem.logstore.memories.site import LOG_NAME, memories_dir
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def tool(*args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "tools", *args], capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run([sys.executable, "-m", "convmem.tools", *args], capture_output=True, text=True, env=env, timeout=120)
 
 
 def populated(root: Path) -> list[str]:

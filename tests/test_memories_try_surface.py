@@ -13,9 +13,9 @@ from pathlib import Path
 
 from memories_support import SITE, create, delete, fields
 
-from logstore import fileio
-from logstore.memories import LongTermMemory, Memory, access
-from logstore.memories.site import LOCK_NAME, memories_dir
+from convmem.logstore import fileio
+from convmem.logstore.memories import LongTermMemory, Memory, access
+from convmem.logstore.memories.site import LOCK_NAME, memories_dir
 
 
 def _ids(ms: list[Memory] | None) -> list[str] | None:

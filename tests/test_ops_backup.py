@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from logstore import FileStore, Range
-from logstore.maintenance import check
-from mcp_adapter.credentials import CredentialFile
+from convmem.logstore import FileStore, Range
+from convmem.logstore.maintenance import check
+from convmem.mcp_adapter.credentials import CredentialFile
 from tests.logstore_helpers import write_at_data_end
 from tests.tools_support import REPO, cli
 
@@ -31,7 +31,7 @@ PASSWORD = "backup-site-password-1"
 
 WRITER = """
 import json, os, random, sys
-from logstore import FileStore
+from convmem.logstore import FileStore
 root, stop, site, w, seed = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 rng = random.Random(seed)
 with FileStore(root, segment_bytes=8192, lock_timeout=30) as store:
@@ -171,8 +171,8 @@ def test_backup_refuses_an_existing_or_nested_destination(tmp_path: Path) -> Non
 
 
 def test_per_site_stores_are_copied_by_their_registered_copier(tmp_path: Path) -> None:
-    from logstore import layout
-    from logstore.maintenance import SITE_EXTRAS, backup
+    from convmem.logstore import layout
+    from convmem.logstore.maintenance import SITE_EXTRAS, backup
 
     root, dest = tmp_path / "data", tmp_path / "backup"
     with FileStore(str(root)) as store:
@@ -193,8 +193,8 @@ def test_per_site_stores_are_copied_by_their_registered_copier(tmp_path: Path) -
 
 MEMORY_WRITER = """
 import json, os, random, sys
-from logstore.memories import LongTermMemory
-from logstore.memories.state import record_body
+from convmem.logstore.memories import LongTermMemory
+from convmem.logstore.memories.state import record_body
 root, stop, site, seed = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 rng = random.Random(seed)
 
@@ -230,8 +230,8 @@ def test_backup_copies_memories_written_meanwhile(tmp_path: Path) -> None:
     """Memories written by another process during the backup: the copy holds the store as it was at one moment."""
     import pytest
 
-    from logstore.memories import LongTermMemory, VerifyRequired
-    from logstore.memories.state import record_body
+    from convmem.logstore.memories import LongTermMemory, VerifyRequired
+    from convmem.logstore.memories.state import record_body
 
     seed = int(os.environ.get("CONVMEM_TEST_SEED", random.randrange(1 << 30)))
     print(f"seed={seed} (rerun with CONVMEM_TEST_SEED={seed})")

@@ -17,7 +17,7 @@ from mcp_helpers import basic, error_of
 from ops_support import OpsServer, add_site, connect
 from prometheus_client.parser import text_string_to_metric_families
 
-from logstore import layout
+from convmem.logstore import layout
 
 SITE, PASSWORD = "obs-site-01", "the-right-password-Zq8v"
 WRONG = "wrong-password-Kx7vQ2"

@@ -26,65 +26,29 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-import build_support  # noqa: E402
+sys.path.insert(0, str(REPO / ".ci"))
+import lockfile  # noqa: E402
 
-sys.path.remove(str(REPO))
+sys.path.remove(str(REPO / ".ci"))
 
 #: Build a wheel with the test environment's setuptools: nothing is downloaded.
 PIP_WHEEL = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation"]
 
 
 def test_lock_matches_pyproject() -> None:
-    assert build_support.lock_problem(str(REPO)) is None, build_support.lock_problem(str(REPO))
+    assert lockfile.lock_problem(str(REPO)) is None, lockfile.lock_problem(str(REPO))
 
 
 def test_stale_lock_is_reported(tmp_path: Path) -> None:
     (tmp_path / "pyproject.toml").write_text((REPO / "pyproject.toml").read_text())
     (tmp_path / "requirements.lock").write_text((REPO / "requirements.lock").read_text())
-    assert build_support.lock_problem(str(tmp_path)) is None
+    assert lockfile.lock_problem(str(tmp_path)) is None
     text = (tmp_path / "pyproject.toml").read_text().replace('"xxhash>=3.4",', '"xxhash>=3.4",\n    "psycopg>=3",')
     (tmp_path / "pyproject.toml").write_text(text)
-    problem = build_support.lock_problem(str(tmp_path))
+    problem = lockfile.lock_problem(str(tmp_path))
     assert problem is not None and "run `make lock`" in problem
     (tmp_path / "requirements.lock").unlink()
-    assert "missing" in (build_support.lock_problem(str(tmp_path)) or "")
-
-
-def test_rewrite_maps_only_absolute_imports_of_our_packages() -> None:
-    source = textwrap.dedent(
-        '''\
-        """Docstring mentioning from logstore import X."""
-        from __future__ import annotations
-        import os
-        from logstore import A
-        from logstore.maintenance import (
-            B,
-            C,
-        )
-        from . import sibling
-        from .tools import helper
-        from toolsmith import nothing
-        from mcp_adapter.cli import main  # comment
-        def f():
-            from tools.cli import add_subcommands
-            s = "from logstore import Z"
-            return s
-        '''
-    )
-    out = build_support.rewrite_imports(source)
-    assert "from convmem.logstore import A" in out
-    assert "from convmem.logstore.maintenance import (" in out
-    assert "from convmem.mcp_adapter.cli import main  # comment" in out
-    assert "    from convmem.tools.cli import add_subcommands" in out
-    assert "from .tools import helper" in out and "from toolsmith import nothing" in out
-    assert '"from logstore import Z"' in out and '"""Docstring mentioning from logstore import X."""' in out
-    assert build_support.rewrite_imports(out) == out  # idempotent
-
-
-def test_plain_import_of_our_package_fails_the_build() -> None:
-    with pytest.raises(build_support.LayoutError, match="import logstore"):
-        build_support.rewrite_imports("import logstore\n")
+    assert "missing" in (lockfile.lock_problem(str(tmp_path)) or "")
 
 
 def _run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
@@ -118,10 +82,11 @@ def test_wheel_installs_only_convmem_beside_another_tools(tmp_path: Path) -> Non
     wheels = tmp_path / "wheels"
     src = tmp_path / "src"  # a copy: a build leaves build/ behind, and stale files there would enter the wheel
     src.mkdir()
-    for name in ("pyproject.toml", "setup.py", "build_support.py", "MANIFEST.in", "README.md", "LICENSE"):
+    for name in ("pyproject.toml", "MANIFEST.in", "README.md", "LICENSE"):
         shutil.copy2(REPO / name, src / name)
     for name in ("convmem", "logstore", "mcp_adapter", "tools"):
-        shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+        # symlinks=True: convmem/logstore etc. stay links to the copied top-level directories, as in the checkout.
+        shutil.copytree(REPO / name, src / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
     _run([*PIP_WHEEL, "-w", str(wheels), str(src)])
     _other_tools_wheel(tmp_path, wheels)
     (ours,) = wheels.glob("convmem-*.whl")

@@ -7,11 +7,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from logstore.postgres import PgStore
-from mcp_adapter.auth import Authenticator
-from mcp_adapter.credentials import SCRYPT_N, PasswordHash, _scrypt
-from mcp_adapter.errors import ToolFailure
-from mcp_adapter.pg_credentials import PgCredentials
+from convmem.logstore.postgres import PgStore
+from convmem.mcp_adapter.auth import Authenticator
+from convmem.mcp_adapter.credentials import SCRYPT_N, PasswordHash, _scrypt
+from convmem.mcp_adapter.errors import ToolFailure
+from convmem.mcp_adapter.pg_credentials import PgCredentials
 from tests.pg_support import drop_schema, new_schema
 
 pytestmark = pytest.mark.anyio

@@ -29,10 +29,10 @@ import psycopg
 import pytest
 from mcp_helpers import ServerProcess, basic
 
-from logstore import Unavailable
-from logstore.postgres import PgStore
-from mcp_adapter.pg_credentials import PgCredentials
-from tools import pgcluster
+from convmem.logstore import Unavailable
+from convmem.logstore.postgres import PgStore
+from convmem.mcp_adapter.pg_credentials import PgCredentials
+from convmem.tools import pgcluster
 
 SITE, PASSWORD = "ha-site-0001", "ha-password-0123456789"
 CONVS = [f"ha-conv-{i:04d}" for i in range(3)]

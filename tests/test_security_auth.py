@@ -11,11 +11,11 @@ import anyio
 import anyio.to_thread
 import pytest
 
-from mcp_adapter import auth as auth_module
-from mcp_adapter.auth import Authenticator
-from mcp_adapter.credentials import SCRYPT_N, CredentialFile, PasswordHash, _scrypt
-from mcp_adapter.errors import ToolFailure
-from mcp_adapter.throttle import LoginThrottle, ThrottleSettings
+from convmem.mcp_adapter import auth as auth_module
+from convmem.mcp_adapter.auth import Authenticator
+from convmem.mcp_adapter.credentials import SCRYPT_N, CredentialFile, PasswordHash, _scrypt
+from convmem.mcp_adapter.errors import ToolFailure
+from convmem.mcp_adapter.throttle import LoginThrottle, ThrottleSettings
 
 pytestmark = pytest.mark.anyio
 

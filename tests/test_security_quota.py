@@ -10,9 +10,9 @@ import httpx2
 import pytest
 from mcp_helpers import ServerProcess, basic, run_convmem
 
-from logstore import ListSelector, QuotaExceeded, SiteQuota, Tail, open_store, quota, site_usage
-from mcp_adapter.credentials import CredentialFile
-from mcp_adapter.errors import from_store_error
+from convmem.logstore import ListSelector, QuotaExceeded, SiteQuota, Tail, open_store, quota, site_usage
+from convmem.mcp_adapter.credentials import CredentialFile
+from convmem.mcp_adapter.errors import from_store_error
 
 SITE = "quota-site-01"
 OTHER = "quota-site-02"

@@ -19,7 +19,7 @@ import httpx2
 import pytest
 from mcp_helpers import ServerProcess, run_convmem
 
-from mcp_adapter.credentials import CredentialFile
+from convmem.mcp_adapter.credentials import CredentialFile
 
 SITE = "tenant-site"
 OLD_PASSWORD = "old-owner-password-0123"
@@ -122,7 +122,7 @@ def test_a_removed_sites_data_never_reaches_the_next_owner_of_its_name(tmp_path:
 def test_site_add_refuses_a_name_whose_data_still_exists(tmp_path: Path) -> None:
     data = tmp_path / "data"
     assert run_convmem("site", "add", SITE, "--data-dir", str(data)).returncode == 0
-    from logstore import open_store
+    from convmem.logstore import open_store
 
     with open_store(data) as store:
         store.append(SITE, "left-behind-01", [{"secret": 1}])
@@ -136,7 +136,7 @@ def test_site_add_refuses_a_name_whose_data_still_exists(tmp_path: Path) -> None
     )
     assert purged.returncode == 0, purged.stderr
     with open_store(data) as store:
-        from logstore import Tail
+        from convmem.logstore import Tail
 
         assert store.read(SITE, "left-behind-01", Tail(10)) == []
 
@@ -186,8 +186,8 @@ def test_a_changed_password_stops_working_at_once_under_concurrent_requests(tmp_
 def test_site_add_clears_a_leftover_directory_without_conversations(tmp_path: Path) -> None:
     import shutil
 
-    from logstore import open_store
-    from logstore.layout import site_dir
+    from convmem.logstore import open_store
+    from convmem.logstore.layout import site_dir
 
     data = tmp_path / "data"
     with open_store(data) as store:

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from logstore import Io, ListSelector, StoreError, Tail, Unavailable, open_store
-from logstore.layout import conversation_dir, site_dir
-from logstore.maintenance import check_access
-from mcp_adapter.errors import from_store_error
+from convmem.logstore import Io, ListSelector, StoreError, Tail, Unavailable, open_store
+from convmem.logstore.layout import conversation_dir, site_dir
+from convmem.logstore.maintenance import check_access
+from convmem.mcp_adapter.errors import from_store_error
 
 SITE_A = "tenant-aaaa"
 SITE_B = "tenant-bbbb"
@@ -53,7 +53,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONVMEM_")}
     env["PYTHONPATH"] = str(REPO)
     return subprocess.run(
-        [sys.executable, "-c", "import sys; from mcp_adapter.cli import main; sys.exit(main())", *args],
+        [sys.executable, "-c", "import sys; from convmem.mcp_adapter.cli import main; sys.exit(main())", *args],
         capture_output=True,
         text=True,
         timeout=120,

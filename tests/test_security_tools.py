@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from mcp_helpers import run_convmem
 
-from logstore import open_store
-from tools import export as export_tool
-from tools import restore
+from convmem.logstore import open_store
+from convmem.tools import export as export_tool
+from convmem.tools import restore
 
 SITE = "tools-site-01"
 

@@ -6,9 +6,9 @@ import io
 import json
 from pathlib import Path
 
-from logstore.maintenance import Progress
+from convmem.logstore.maintenance import Progress
 from tests.tools_support import SITE, cli, flip_byte, populate, record_offsets, segments
-from tools.progress import ProgressBar
+from convmem.tools.progress import ProgressBar
 
 
 def test_dump_prints_every_record(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from logstore import FileStore, ListSelector, Tail
+from convmem.logstore import FileStore, ListSelector, Tail
 from tests.tools_support import SITE, cli, flip_byte, read_all, record_offsets, segments
 
 OTHER = "site-restore"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from logstore import Corrupted, FileStore, ItemsLost, ListSelector, Range, Tail, frame
+from convmem.logstore import Corrupted, FileStore, ItemsLost, ListSelector, Range, Tail, frame
 from tests.logstore_helpers import data_size, write_at_data_end
 from tests.tools_support import (
     SITE,
@@ -357,7 +357,7 @@ def test_progress_bar_on_a_terminal(data: Path) -> None:
     master, slave = pty.openpty()
     env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="100")
     proc = subprocess.run(
-        [sys.executable, "-m", "tools", "fsck", str(data)], stderr=slave, stdout=subprocess.PIPE, env=env, timeout=60
+        [sys.executable, "-m", "convmem.tools", "fsck", str(data)], stderr=slave, stdout=subprocess.PIPE, env=env, timeout=60
     )
     os.close(slave)
     drawn = b""

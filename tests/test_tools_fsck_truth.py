@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from logstore import FileStore, ListSelector, frame, layout, manifest
-from logstore.conversation import Tip
+from convmem.logstore import FileStore, ListSelector, frame, layout, manifest
+from convmem.logstore.conversation import Tip
 from tests.tools_support import REPO, SITE, cli, conv_dir, flip_byte, fsck, kinds, populate, read_all, record_offsets
 from tests.tools_support import segments as segs_of
 
@@ -281,7 +281,7 @@ def test_log_shorter_than_the_listing_is_loss_not_unacknowledged(pristine: Path,
 
 _CHILD = r"""
 import os, signal, sys
-from logstore import FileStore
+from convmem.logstore import FileStore
 root, conv, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 store = FileStore(root, segment_bytes=8192)
 for i in range(5):

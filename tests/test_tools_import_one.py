@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from logstore import FileStore, ListSelector, frame
+from convmem.logstore import FileStore, ListSelector, frame
 from tests.tools_support import SITE, cli, flip_byte, fsck, populate, read_all, record_offsets, segments
 
 CID = "conv-0001"

@@ -13,7 +13,7 @@ from tests.tools_support import REPO, SITE, fsck, read_all
 
 WRITER = """
 import json, os, sys
-from logstore import FileStore
+from convmem.logstore import FileStore
 root, stop, site = sys.argv[1], sys.argv[2], sys.argv[3]
 acked = {}
 with FileStore(root, segment_bytes=4096, lock_timeout=30) as store:

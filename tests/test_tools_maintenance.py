@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from logstore import FileStore, manifest
-from logstore.maintenance import (
+from convmem.logstore import FileStore, manifest
+from convmem.logstore.maintenance import (
     MaintenanceError,
     Progress,
     RestoreConflict,
@@ -17,7 +17,7 @@ from logstore.maintenance import (
     export_items,
     scan_segment,
 )
-from logstore.maintenance._manifest import _iter_log
+from convmem.logstore.maintenance._manifest import _iter_log
 from tests.tools_support import SITE, conv_dir, populate, segments
 
 

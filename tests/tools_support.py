@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from logstore import FileStore, MemoryItem, Range, frame, layout
+from convmem.logstore import FileStore, MemoryItem, Range, frame, layout
 
 REPO = Path(__file__).resolve().parent.parent
 SITE = "site-alpha"
@@ -75,7 +75,7 @@ def cli(*args: str, stdin: bytes | None = None, timeout: float = 60) -> subproce
     """Run ``python -m tools ARGS`` in a real subprocess."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
     return subprocess.run(
-        [sys.executable, "-m", "tools", *args], input=stdin, capture_output=True, env=env, timeout=timeout, cwd=REPO
+        [sys.executable, "-m", "convmem.tools", *args], input=stdin, capture_output=True, env=env, timeout=timeout, cwd=REPO
     )
 
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from logstore import StoreError
-from logstore.maintenance import MaintenanceError, backup
-from logstore.memories.check import check as memory_check
-from tools.common import (
+from convmem.logstore import StoreError
+from convmem.logstore.maintenance import MaintenanceError, backup
+from convmem.logstore.memories.check import check as memory_check
+from .common import (
     EXIT_CLEAN,
     EXIT_OPERATIONAL,
     EXIT_PROBLEMS_LEFT,

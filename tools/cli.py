@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from tools import backup, dump, export, fsck, locate, migrate, restore, stats
+from . import backup, dump, export, fsck, locate, migrate, restore, stats
 
 
 def add_subcommands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

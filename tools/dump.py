@@ -15,8 +15,8 @@ import argparse
 import json
 import sys
 
-from logstore.maintenance import IndexInfo, RecordInfo, format_timestamp, scan_index, scan_segment
-from tools.common import EXIT_CLEAN, EXIT_PROBLEMS_LEFT, command, exit_8_on_usage_error, fail
+from convmem.logstore.maintenance import IndexInfo, RecordInfo, format_timestamp, scan_index, scan_segment
+from .common import EXIT_CLEAN, EXIT_PROBLEMS_LEFT, command, exit_8_on_usage_error, fail
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

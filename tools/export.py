@@ -16,10 +16,10 @@ import secrets
 import sys
 from typing import BinaryIO
 
-from logstore import Corrupted, StoreError
-from logstore.maintenance import MaintenanceError, export_items, format_timestamp, site_has_data
-from tools import memories
-from tools.common import (
+from convmem.logstore import Corrupted, StoreError
+from convmem.logstore.maintenance import MaintenanceError, export_items, format_timestamp, site_has_data
+from . import memories
+from .common import (
     EXIT_CLEAN,
     EXIT_OPERATIONAL,
     EXIT_PROBLEMS_LEFT,

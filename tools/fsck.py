@@ -14,8 +14,8 @@ import json
 import sys
 import time
 
-from logstore import StoreError
-from logstore.maintenance import (
+from convmem.logstore import StoreError
+from convmem.logstore.maintenance import (
     BAD_BATCH,
     CORRUPT_RECORD,
     CheckReport,
@@ -27,8 +27,8 @@ from logstore.maintenance import (
     check_access,
     salvage,
 )
-from tools import memories
-from tools.common import (
+from . import memories
+from .common import (
     EXIT_CLEAN,
     EXIT_OPERATIONAL,
     EXIT_PROBLEMS_LEFT,
@@ -38,7 +38,7 @@ from tools.common import (
     fail,
     plural,
 )
-from tools.progress import ProgressBar
+from .progress import ProgressBar
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -13,8 +13,8 @@ import json
 import os
 import sys
 
-from logstore.maintenance import MaintenanceError, locate_conversation
-from tools.common import EXIT_CLEAN, EXIT_OPERATIONAL, command, exit_8_on_usage_error, fail, human_bytes
+from convmem.logstore.maintenance import MaintenanceError, locate_conversation
+from .common import EXIT_CLEAN, EXIT_OPERATIONAL, command, exit_8_on_usage_error, fail, human_bytes
 
 EXIT_NOT_FOUND = 1
 

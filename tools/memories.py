@@ -19,13 +19,13 @@ import os
 import sys
 from typing import Any
 
-from logstore import StoreError
-from logstore.memories import LongTermMemory, Memory
-from logstore.memories import check as mcheck
-from logstore.memories.errors import InvalidMemory
-from logstore.memories.record import STATUS_ACTIVE, STATUS_DELETED, check_memory_id, parse_fields
-from logstore.timefmt import format_us, now_us, parse_rfc3339
-from tools.common import EXIT_CLEAN, EXIT_OPERATIONAL, EXIT_PROBLEMS_LEFT, EXIT_REPAIRED, fail, human_bytes, plural
+from convmem.logstore import StoreError
+from convmem.logstore.memories import LongTermMemory, Memory
+from convmem.logstore.memories import check as mcheck
+from convmem.logstore.memories.errors import InvalidMemory
+from convmem.logstore.memories.record import STATUS_ACTIVE, STATUS_DELETED, check_memory_id, parse_fields
+from convmem.logstore.timefmt import format_us, now_us, parse_rfc3339
+from .common import EXIT_CLEAN, EXIT_OPERATIONAL, EXIT_PROBLEMS_LEFT, EXIT_REPAIRED, fail, human_bytes, plural
 
 EXPORT_FORMAT = "convmem-memories"
 EXPORT_VERSION = 1

@@ -27,9 +27,9 @@ from typing import Any
 
 import msgspec
 
-from logstore import MAX_BATCH_BYTES, MAX_BATCH_ITEMS, FileStore, StoreError, Tail
-from logstore.maintenance import Restorer, iter_conversation_items, iter_conversations, list_sites
-from logstore.postgres import DEFAULT_SCHEMA, PgStore, is_dsn, item_crc
+from convmem.logstore import MAX_BATCH_BYTES, MAX_BATCH_ITEMS, FileStore, StoreError, Tail
+from convmem.logstore.maintenance import Restorer, iter_conversation_items, iter_conversations, list_sites
+from convmem.logstore.postgres import DEFAULT_SCHEMA, PgStore, is_dsn, item_crc
 
 from .common import EXIT_PROBLEMS_LEFT, fail, plural
 
@@ -116,7 +116,7 @@ class DirSide(Side):
         self._restorer.restore_batch(site, conv, first, stamp, [_decoder.decode(p) for p in parts])
 
     def credentials(self) -> Any:
-        from mcp_adapter.credentials import CredentialFile
+        from convmem.mcp_adapter.credentials import CredentialFile
 
         return CredentialFile(self.path)
 
@@ -152,7 +152,7 @@ class PgSide(Side):
         self.store.restore_batch(site, conv, first, stamp, parts)
 
     def credentials(self) -> Any:
-        from mcp_adapter.pg_credentials import PgCredentials
+        from convmem.mcp_adapter.pg_credentials import PgCredentials
 
         return PgCredentials(self.store)
 
@@ -223,7 +223,7 @@ def copy_credentials(src: Side, dst: Side, sites: list[str]) -> int:
 
 
 def _put_hash(creds: Any, site: str, h: Any) -> None:
-    from mcp_adapter.pg_credentials import PgCredentials
+    from convmem.mcp_adapter.pg_credentials import PgCredentials
 
     if isinstance(creds, PgCredentials):
         creds.put_hash(site, h)

@@ -12,9 +12,9 @@ import json
 import sys
 from typing import Any
 
-from logstore import MAX_CONVERSATION_ITEMS, StoreError
-from logstore.postgres import PgStore
-from tools.common import EXIT_CLEAN, EXIT_OPERATIONAL, fail, human_bytes, plural
+from convmem.logstore import MAX_CONVERSATION_ITEMS, StoreError
+from convmem.logstore.postgres import PgStore
+from .common import EXIT_CLEAN, EXIT_OPERATIONAL, fail, human_bytes, plural
 
 
 def collect(store: PgStore, site: str | None, top: int) -> list[dict[str, Any]]:

@@ -11,8 +11,8 @@ import shutil
 import time
 from typing import TextIO
 
-from logstore.maintenance import Progress
-from tools.common import human_bytes
+from convmem.logstore.maintenance import Progress
+from .common import human_bytes
 
 
 def _clock(seconds: float) -> str:

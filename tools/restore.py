@@ -33,8 +33,8 @@ from typing import Any, BinaryIO
 
 import msgspec
 
-from logstore import MAX_BATCH_BYTES, MAX_BATCH_ITEMS, MAX_ITEM_BYTES, Corrupted, StoreError
-from logstore.maintenance import (
+from convmem.logstore import MAX_BATCH_BYTES, MAX_BATCH_ITEMS, MAX_ITEM_BYTES, Corrupted, StoreError
+from convmem.logstore.maintenance import (
     ACKNOWLEDGED_LOST,
     INDEX_MISMATCH,
     INDEX_MISSING,
@@ -52,8 +52,8 @@ from logstore.maintenance import (
     set_aside_conversation,
     site_has_data,
 )
-from tools import memories
-from tools.common import EXIT_CLEAN, EXIT_OPERATIONAL, command, exit_8_on_usage_error, fail
+from . import memories
+from .common import EXIT_CLEAN, EXIT_OPERATIONAL, command, exit_8_on_usage_error, fail
 
 EXIT_BAD_INPUT = 1
 

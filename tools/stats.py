@@ -11,10 +11,10 @@ import json
 import os
 import sys
 
-from logstore import MAX_CONVERSATION_ITEMS, SiteQuota, Usage, site_usage
-from logstore.maintenance import MaintenanceError, SiteStats, site_has_data, stats
-from tools import memories
-from tools.common import (
+from convmem.logstore import MAX_CONVERSATION_ITEMS, SiteQuota, Usage, site_usage
+from convmem.logstore.maintenance import MaintenanceError, SiteStats, site_has_data, stats
+from . import memories
+from .common import (
     EXIT_CLEAN,
     EXIT_OPERATIONAL,
     command,
@@ -38,7 +38,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--site", metavar="S", help="only this site")
     p.add_argument("--top", type=int, default=10, metavar="N", help="how many of the largest to show (default 10)")
     p.add_argument("--json", action="store_true", help="print JSON")
-    from mcp_adapter.cli import add_quota_options
+    from convmem.mcp_adapter.cli import add_quota_options
 
     add_quota_options(p)
     p.set_defaults(func=command(run))
@@ -97,7 +97,7 @@ def site_stats(data_dir: str, site: str | None, top: int) -> list[SiteStats]:
 
 def run(args: argparse.Namespace) -> int:
     if str(args.data_dir).startswith(("postgresql://", "postgres://")):
-        from tools.pg_stats import run as run_pg
+        from .pg_stats import run as run_pg
 
         return run_pg(args)
     try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from logstore.memories.retrieval import MemoryDoc
+from convmem.logstore.memories.retrieval import MemoryDoc
 
 HERE = Path(__file__).parent
 

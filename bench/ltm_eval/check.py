@@ -13,7 +13,7 @@ from __future__ import annotations
 import sqlite3
 import sys
 
-from logstore.memories._lexical import STOP_WORDS, query_terms
+from convmem.logstore.memories._lexical import STOP_WORDS, query_terms
 
 from . import Query, memories, queries
 

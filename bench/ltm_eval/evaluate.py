@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import replace
 
-from logstore.memories.retrieval import MemoryDoc, Retriever, Tuning
+from convmem.logstore.memories.retrieval import MemoryDoc, Retriever, Tuning
 
 from . import Query, memories, queries
 
@@ -101,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     base = Tuning() if args.depth is None else Tuning(depth=args.depth)
     if args.common_share is not None:
-        from logstore.memories import _lexical
+        from convmem.logstore.memories import _lexical
 
         _lexical.COMMON_SHARE = args.common_share
     qs = queries()

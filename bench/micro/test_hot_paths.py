@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from logstore import codec, frame, index, segment
-from logstore.frame import KIND_BATCH, SEGMENT_HEADER_SIZE
+from convmem.logstore import codec, frame, index, segment
+from convmem.logstore.frame import KIND_BATCH, SEGMENT_HEADER_SIZE
 
 from ..util import payloads
 

@@ -59,7 +59,7 @@ SITE_EXTRAS: list[Callable[[str, str, float], None]] = []
 ROOT_EXTRAS: list[Callable[[str, str, float], None]] = []
 #: Modules that register copiers when imported; imported by :func:`backup` (not at
 #: import time: they import this package, which would be a cycle).
-EXTRA_MODULES = ("logstore.memories.backup",)
+EXTRA_MODULES = ("convmem.logstore.memories.backup",)
 
 
 @dataclass

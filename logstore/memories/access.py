@@ -16,7 +16,7 @@ import os
 
 import msgspec
 
-from logstore import fileio
+from .. import fileio
 
 ACCESS_FILE = "access.json"
 #: Seconds between two writes of the side file by one process.

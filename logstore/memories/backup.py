@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import os
 
-from logstore import fileio
-from logstore.errors import Corrupted
-from logstore.maintenance import ROOT_EXTRAS, SITE_EXTRAS
+from .. import fileio
+from ..errors import Corrupted
+from ..maintenance import ROOT_EXTRAS, SITE_EXTRAS
 
 from .check import site_lock
 from .eventlog import salvage

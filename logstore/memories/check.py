@@ -28,8 +28,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from logstore import fileio, layout
-from logstore.errors import Corrupted, Timeout
+from .. import fileio, layout
+from ..errors import Corrupted, Timeout
 
 from . import access, tokens
 from .errors import InvalidMemory

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from logstore.errors import StoreError
+from ..errors import StoreError
 
 
 class InvalidMemory(StoreError):

@@ -33,10 +33,10 @@ from typing import Any
 
 import msgspec
 
-from logstore import fileio, frame
-from logstore.errors import Corrupted
-from logstore.frame import KIND_BATCH, SEGMENT_HEADER_SIZE
-from logstore.segment import BadRecord, classify_failure, iter_records
+from .. import fileio, frame
+from ..errors import Corrupted
+from ..frame import KIND_BATCH, SEGMENT_HEADER_SIZE
+from ..segment import BadRecord, classify_failure, iter_records
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(type=list[dict[str, Any]])

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from logstore.timefmt import format_us
+from ..timefmt import format_us
 
 from . import limits
 from .errors import InvalidMemory

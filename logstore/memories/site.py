@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from logstore import fileio, layout
-from logstore.errors import Timeout
+from .. import fileio, layout
+from ..errors import Timeout
 
 from . import access, tokens
 from .errors import DuplicateMemory, InvalidMemory, MemoryStoreFull, NotFound, VersionConflict
@@ -626,7 +626,7 @@ def _process_alive(pid: int) -> bool:
 
 
 def layout_header_size() -> int:
-    from logstore.frame import SEGMENT_HEADER_SIZE
+    from ..frame import SEGMENT_HEADER_SIZE
 
     return SEGMENT_HEADER_SIZE
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import calendar
 from typing import Any
 
-from logstore.timefmt import format_us, parse_rfc3339
+from ..timefmt import format_us, parse_rfc3339
 
 from .record import STATUS_ACTIVE, STATUS_DELETED, Memory, fields_from_stored
 

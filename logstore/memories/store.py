@@ -8,10 +8,10 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from logstore import layout
-from logstore.errors import Unavailable
-from logstore.ids import SiteName
-from logstore.timefmt import now_us
+from .. import layout
+from ..errors import Unavailable
+from ..ids import SiteName
+from ..timefmt import now_us
 
 from . import tokens
 from .limits import DEFAULT_RETENTION_SECONDS
@@ -44,7 +44,7 @@ class LongTermMemory:
             raise ValueError("retention_seconds must not be negative")
         if not os.path.isfile(os.path.join(self.root, layout.MARKER_FILE)):
             # A new data directory: let the engine create it (and its format marker) as it would.
-            from logstore.filestore import open_store
+            from ..filestore import open_store
 
             open_store(self.root).close()
         self._book = tokens.TokenBook(self.root)

@@ -26,8 +26,8 @@ from typing import Any
 
 import msgspec
 
-from logstore import fileio
-from logstore.errors import Unavailable
+from .. import fileio
+from ..errors import Unavailable
 
 from .errors import VerifyRequired
 from .limits import VERIFY_TOKEN_TTL_SECONDS

@@ -160,7 +160,7 @@ def read_acks(path: str) -> list[Ack]:
 
 def read_all(store: Any, site: str, conv: str) -> list[Any]:
     """Every item of a conversation, by pages of Range reads."""
-    from logstore import Range
+    from convmem.logstore import Range
 
     out: list[Any] = []
     while True:
@@ -172,7 +172,7 @@ def read_all(store: Any, site: str, conv: str) -> list[Any]:
 
 def list_all(store: Any, site: str, page: int = 7) -> list[Any]:
     """The whole listing of a site, walked page by page with cursors."""
-    from logstore import ListSelector
+    from convmem.logstore import ListSelector
 
     out: list[Any] = []
     cursor = None
@@ -334,7 +334,7 @@ _RESTORED: dict[str, dict[str, object]] = {}
 
 
 def conversation_dir(root: str, site: str, conv: str) -> str:
-    from logstore import layout
+    from convmem.logstore import layout
 
     return layout.conversation_dir(root, site, conv)
 
@@ -349,7 +349,7 @@ def segments(root: str, site: str, conv: str) -> list[str]:
 
 def record_spans(path: str) -> list[tuple[int, int, int]]:
     """``(start, end, kind)`` of each record of a healthy segment file (up to its preallocated zeros)."""
-    from logstore import frame
+    from convmem.logstore import frame
 
     with open(path, "rb") as f:
         data = f.read()
@@ -372,7 +372,7 @@ def build_small_store(
     """
     import random
 
-    from logstore import FileStore
+    from convmem.logstore import FileStore
 
     rng = random.Random(seed)
     store = FileStore(root, segment_bytes=segment_bytes, index_interval=index_interval)

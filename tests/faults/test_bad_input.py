@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mcp_helpers import ServerProcess
 
-from logstore import MAX_BATCH_BYTES, MAX_BATCH_ITEMS, MAX_ITEM_BYTES
+from convmem.logstore import MAX_BATCH_BYTES, MAX_BATCH_ITEMS, MAX_ITEM_BYTES
 
 from . import _server
 from ._common import STATS, soak
@@ -367,7 +367,7 @@ def test_cursors(world: World) -> None:
     for bad in ["", "A", "=" * 8, world.own_cursor[:-2], world.own_cursor + "AA", "x" * 10_000, "é"]:
         assert check(world, "list_conversations", {"cursor": bad}) is None, f"cursor {bad[:20]!r}"
     # Well-formed tokens for this site carrying out-of-range timestamps or ids.
-    from logstore.model import _site_tag
+    from convmem.logstore.model import _site_tag
 
     tag = _site_tag("faultsite")
     for ts, cid in [(-62135596800000000, KNOWN), (2**63 - 1, KNOWN), (-(2**63), KNOWN), (0, "short"), (0, "a" * 65)]:

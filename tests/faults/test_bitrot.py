@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from logstore import Corrupted, FileStore, Range, Tail, frame
+from convmem.logstore import Corrupted, FileStore, Range, Tail, frame
 
 from ._common import (
     SITE,

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from logstore import FileStore, fileio, frame, writer
-from logstore.timefmt import parse_rfc3339
+from convmem.logstore import FileStore, fileio, frame, writer
+from convmem.logstore.timefmt import parse_rfc3339
 from tests.logstore_helpers import data_size
 
 from ._common import (

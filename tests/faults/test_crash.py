@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from logstore import FileStore, ListSelector
+from convmem.logstore import FileStore, ListSelector
 
 from ._common import (
     SITE,

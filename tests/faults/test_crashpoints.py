@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from logstore import FileStore, fileio
+from convmem.logstore import FileStore, fileio
 
 from ._common import SITE, STATS, Ack, make_batch, read_acks, soak, subprocess_env, verify, writer_cmd
 

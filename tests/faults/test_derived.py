@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from logstore import FileStore, Tail
+from convmem.logstore import FileStore, Tail
 
 from . import _server
 from ._common import SITE, STATS, build_small_store, list_all, make_batch, read_all, restore_dir, snapshot_dir
@@ -110,7 +110,7 @@ def test_listing_survives_log_deletion_with_only_log_entries(tmp_path: Path) -> 
 
 
 def _conv_dir(root: str, conv: str) -> str:
-    from logstore import layout
+    from convmem.logstore import layout
 
     return layout.conversation_dir(root, SITE, conv)
 

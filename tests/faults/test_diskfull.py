@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from logstore import FileStore, Io
+from convmem.logstore import FileStore, Io
 
 from ._common import SITE, STATS, check_log, list_all, make_batch, make_payload, read_all, soak
 

@@ -25,10 +25,10 @@ from typing import Any
 
 import pytest
 
-from logstore import FileStore, Io, convpool, fileio
-from logstore import writer as logwriter
-from logstore.conversation import Conversation, Tip
-from logstore.manifest import SiteManifest
+from convmem.logstore import FileStore, Io, convpool, fileio
+from convmem.logstore import writer as logwriter
+from convmem.logstore.conversation import Conversation, Tip
+from convmem.logstore.manifest import SiteManifest
 from tests.logstore_helpers import data_size
 
 from ._common import SITE, STATS, check_log, list_all, make_batch, read_all

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from logstore import FileStore, Timeout, fileio, layout
+from convmem.logstore import FileStore, Timeout, fileio, layout
 
 from ._common import SITE, STATS, list_all, make_batch, read_all, snapshot_dir
 

@@ -52,14 +52,14 @@ from typing import Any
 
 import pytest
 
-from logstore import Corrupted, FileStore, ItemsLost, Range, convpool, fileio, frame, layout, manifest
-from logstore import writer as logwriter
-from logstore.codec import encode_batch
-from logstore.maintenance import Restorer, backup, check, salvage
-from logstore.segment import data_end, iter_records
-from logstore.writer import _Batch
-from tools.export import write_items
-from tools.restore import import_conversation
+from convmem.logstore import Corrupted, FileStore, ItemsLost, Range, convpool, fileio, frame, layout, manifest
+from convmem.logstore import writer as logwriter
+from convmem.logstore.codec import encode_batch
+from convmem.logstore.maintenance import Restorer, backup, check, salvage
+from convmem.logstore.segment import data_end, iter_records
+from convmem.logstore.writer import _Batch
+from convmem.tools.export import write_items
+from convmem.tools.restore import import_conversation
 
 from ._common import SITE, STATS, Ack, check_listing_order, list_all, make_batch, make_payload, read_all, rounds
 from ._disk import Image, SimDisk
@@ -1112,7 +1112,7 @@ def test_engine_io_goes_through_the_seam() -> None:
     """
     import ast
 
-    import logstore
+    from convmem import logstore
 
     pkg = Path(logstore.__file__).parent
     found = []
@@ -1286,7 +1286,7 @@ def _mem_needles(n: int) -> list[bytes]:
 
 
 def _mem_retriever(index_dir: str) -> Any:
-    from logstore.memories.retrieval import Retriever
+    from convmem.logstore.memories.retrieval import Retriever
 
     return Retriever(index_dir, embedder=None)  # BM25 alone: the states are checked, not the ranking
 
@@ -1314,7 +1314,7 @@ class MemWorkload:
         self._ack()
 
     def _snapshot(self) -> dict[str, dict[str, Any]]:
-        from logstore.memories.state import record_body
+        from convmem.logstore.memories.state import record_body
 
         return {m.memory_id: record_body(m) for m in self.store.all(MEM_SITE)}
 
@@ -1364,7 +1364,7 @@ class MemWorkload:
 
 def record_memories(root: Path, work: Callable[[MemWorkload, MemClock], None]) -> MemRecording:
     """A data directory with one conversation, then ``work`` on its memories with every operation recorded."""
-    from logstore.memories import LongTermMemory
+    from convmem.logstore.memories import LongTermMemory
 
     FileStore(root, **OPTS).close()  # the data directory exists (the memory store needs its marker)
     disk = SimDisk(str(root))
@@ -1395,9 +1395,9 @@ def _files_holding(root: str, needles: list[bytes]) -> list[tuple[str, bytes]]:
 
 def check_memory_state(mrec: MemRecording, counts: Counter[str]) -> Checker:
     """The checker of a memory workload's states (see :func:`test_power_cut_memory_writes`)."""
-    from logstore.memories import LongTermMemory
-    from logstore.memories import check as mcheck
-    from logstore.memories.state import record_body
+    from convmem.logstore.memories import LongTermMemory
+    from convmem.logstore.memories import check as mcheck
+    from convmem.logstore.memories.state import record_body
 
     def checker(state: str, rec: Recording, acked: list[Ack], nth: int, held: Counter[str]) -> None:
         j = len(acked)  # calls that returned before the cut

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx2
 
-from logstore import FileStore
+from convmem.logstore import FileStore
 
 from . import _server
 from ._common import SITE, STATS, Ack, fault_rng, make_batch, rounds, verify

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import pytest
 
-from logstore import FileStore, frame
+from convmem.logstore import FileStore, frame
 
 from ._common import (
     SITE,

@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _common import SITE, Ack, make_batch
 
-from logstore import FileStore, Io, Timeout
+from convmem.logstore import FileStore, Io, Timeout
 
 
 def main() -> int:

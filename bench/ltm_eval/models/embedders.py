@@ -207,7 +207,7 @@ class WordLlama(Base):
 
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
-        from logstore.memories._semantic import WordLlamaEmbedder
+        from convmem.logstore.memories._semantic import WordLlamaEmbedder
 
         self.m = WordLlamaEmbedder()
         self.dim = self.m.dim

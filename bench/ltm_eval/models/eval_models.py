@@ -26,8 +26,8 @@ from bench.ltm_eval import Query, memories, queries
 from bench.ltm_eval.evaluate import KS, groups, mode_tuning
 from bench.ltm_eval.models import embedders
 from bench.ltm_eval.models.paths import RESULTS
-from logstore.memories import retrieval
-from logstore.memories.retrieval import MemoryDoc, Retriever, Tuning
+from convmem.logstore.memories import retrieval
+from convmem.logstore.memories.retrieval import MemoryDoc, Retriever, Tuning
 
 SHIPPED_EMBEDDING_TEXT: Callable[[MemoryDoc], str] = retrieval.embedding_text
 

@@ -35,8 +35,8 @@ import psutil
 
 from bench.ltm_eval import memories, queries
 from bench.ltm_eval.models import embedders
-from logstore.memories._lexical import query_terms
-from logstore.memories.retrieval import Retriever
+from convmem.logstore.memories._lexical import query_terms
+from convmem.logstore.memories.retrieval import Retriever
 
 
 def rss_mb() -> float:
