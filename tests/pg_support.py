@@ -24,8 +24,8 @@ import psycopg
 from convmem.logstore import FileStore, MemoryStore
 from convmem.logstore.postgres import PgStore
 from convmem.logstore.writer import wait_for_extensions
-from tests.logstore_helpers import tree_digest
 from convmem.tools import pgcluster
+from tests.logstore_helpers import tree_digest
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {}

@@ -18,7 +18,7 @@ SHARED = "conv-shared"
 WRITER = textwrap.dedent(
     """
     import json, sys
-    from convmem.logstore import FileStore
+    from convmem.logstore import FileStore, ListSelector, Tail
     root, name, rounds, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     store = FileStore(root, segment_bytes=2048, index_interval=128, lock_timeout=30)
     with open(out, "w") as log:
@@ -29,8 +29,8 @@ WRITER = textwrap.dedent(
             log.write(json.dumps([conv, rng.first, rng.last, batch]) + "\\n")
             log.flush()
             if r % 5 == 0:
-                store.read("site-multi", "conv-shared", __import__("convmem.logstore", fromlist=["x"]).Tail(10))
-                store.list_conversations("site-multi", __import__("convmem.logstore", fromlist=["x"]).ListSelector(None, 3))
+                store.read("site-multi", "conv-shared", Tail(10))
+                store.list_conversations("site-multi", ListSelector(None, 3))
     store.close()
     """
 )

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from convmem.logstore import Corrupted, FileStore, Range, Tail, frame
+from convmem.logstore import Corrupted, FileStore, ListSelector, Range, Tail, frame
 from tests.logstore_helpers import data_size, segment_files
 
 SITE = "site-recover"
@@ -272,7 +272,7 @@ def test_deleted_indexes_and_manifest_are_rebuilt(tmp_path) -> None:
         for r in range(6):
             for c in convs:
                 store.append(SITE, c, [{"r": r, "c": c}])
-        before_list = store.list_conversations(SITE, __import__("convmem.logstore", fromlist=["x"]).ListSelector(None, 10))
+        before_list = store.list_conversations(SITE, ListSelector(None, 10))
         before = {c: store.read(SITE, c, Range(0, 100)) for c in convs}
     finally:
         store.close()
@@ -283,7 +283,7 @@ def test_deleted_indexes_and_manifest_are_rebuilt(tmp_path) -> None:
     store = FileStore(root, segment_bytes=500, index_interval=64)
     try:
         assert {c: store.read(SITE, c, Range(0, 100)) for c in convs} == before
-        assert store.list_conversations(SITE, __import__("convmem.logstore", fromlist=["x"]).ListSelector(None, 10)) == before_list
+        assert store.list_conversations(SITE, ListSelector(None, 10)) == before_list
     finally:
         store.close()
 

@@ -18,8 +18,8 @@ import httpx2
 import pytest
 from mcp_helpers import ServerProcess, basic, connect, error_of
 
+from convmem.logstore import Range, open_store
 from convmem.logstore import writer as logstore_writer
-from convmem.logstore import open_store
 from convmem.mcp_adapter.credentials import CredentialFile
 
 pytestmark = pytest.mark.anyio
@@ -90,7 +90,7 @@ async def test_signal_finishes_in_flight_appends_and_exits_zero(tmp_path: Path, 
     with open_store(data) as store:
         for cid, info in acked.items():
             seqs: list[int] = []
-            while page := store.read(SITE, cid, logstore.Range(len(seqs), 1000)):
+            while page := store.read(SITE, cid, Range(len(seqs), 1000)):
                 seqs += [item.seq for item in page]
             assert len(seqs) >= info["count"] and seqs == list(range(len(seqs)))
 

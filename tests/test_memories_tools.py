@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +14,14 @@ from convmem.logstore import open_store
 from convmem.logstore.memories import LongTermMemory
 from convmem.logstore.memories.eventlog import salvage
 from convmem.logstore.memories.site import LOG_NAME, memories_dir
+from tests.tools_support import TOOLS_CMD
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def tool(*args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "convmem.tools", *args], capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run([*TOOLS_CMD, *args], capture_output=True, text=True, env=env, timeout=120)
 
 
 def populated(root: Path) -> list[str]:

@@ -23,8 +23,6 @@ import textwrap
 import zipfile
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / ".ci"))
 import lockfile  # noqa: E402

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 from convmem.logstore.maintenance import Progress
-from tests.tools_support import SITE, cli, flip_byte, populate, record_offsets, segments
 from convmem.tools.progress import ProgressBar
+from tests.tools_support import SITE, cli, flip_byte, populate, record_offsets, segments
 
 
 def test_dump_prints_every_record(tmp_path: Path) -> None:

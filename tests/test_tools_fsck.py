@@ -13,6 +13,7 @@ from convmem.logstore import Corrupted, FileStore, ItemsLost, ListSelector, Rang
 from tests.logstore_helpers import data_size, write_at_data_end
 from tests.tools_support import (
     SITE,
+    TOOLS_CMD,
     cli,
     conv_dir,
     flip_byte,
@@ -350,14 +351,13 @@ def test_damaged_manifest_snapshot_is_rewritten(data: Path) -> None:
 def test_progress_bar_on_a_terminal(data: Path) -> None:
     import pty
     import subprocess
-    import sys
 
     from tests.tools_support import REPO
 
     master, slave = pty.openpty()
     env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="100")
     proc = subprocess.run(
-        [sys.executable, "-m", "convmem.tools", "fsck", str(data)], stderr=slave, stdout=subprocess.PIPE, env=env, timeout=60
+        [*TOOLS_CMD, "fsck", str(data)], stderr=slave, stdout=subprocess.PIPE, env=env, timeout=60
     )
     os.close(slave)
     drawn = b""

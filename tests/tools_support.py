@@ -11,6 +11,9 @@ from typing import Any
 
 from convmem.logstore import FileStore, MemoryItem, Range, frame, layout
 
+#: The operator tools run as their own module (`python -m convmem.tools`), as the installed CLI does.
+TOOLS_CMD = [sys.executable, "-m", "convmem.tools"]
+
 REPO = Path(__file__).resolve().parent.parent
 SITE = "site-alpha"
 
@@ -75,7 +78,7 @@ def cli(*args: str, stdin: bytes | None = None, timeout: float = 60) -> subproce
     """Run ``python -m tools ARGS`` in a real subprocess."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
     return subprocess.run(
-        [sys.executable, "-m", "convmem.tools", *args], input=stdin, capture_output=True, env=env, timeout=timeout, cwd=REPO
+        [*TOOLS_CMD, *args], input=stdin, capture_output=True, env=env, timeout=timeout, cwd=REPO
     )
 
 

@@ -21,6 +21,7 @@ import sys
 from convmem.logstore import StoreError
 from convmem.logstore.maintenance import MaintenanceError, backup
 from convmem.logstore.memories.check import check as memory_check
+
 from .common import (
     EXIT_CLEAN,
     EXIT_OPERATIONAL,

@@ -16,6 +16,7 @@ import json
 import sys
 
 from convmem.logstore.maintenance import IndexInfo, RecordInfo, format_timestamp, scan_index, scan_segment
+
 from .common import EXIT_CLEAN, EXIT_PROBLEMS_LEFT, command, exit_8_on_usage_error, fail
 
 

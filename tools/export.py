@@ -18,6 +18,7 @@ from typing import BinaryIO
 
 from convmem.logstore import Corrupted, StoreError
 from convmem.logstore.maintenance import MaintenanceError, export_items, format_timestamp, site_has_data
+
 from . import memories
 from .common import (
     EXIT_CLEAN,

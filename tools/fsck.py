@@ -27,6 +27,7 @@ from convmem.logstore.maintenance import (
     check_access,
     salvage,
 )
+
 from . import memories
 from .common import (
     EXIT_CLEAN,

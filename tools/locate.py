@@ -14,6 +14,7 @@ import os
 import sys
 
 from convmem.logstore.maintenance import MaintenanceError, locate_conversation
+
 from .common import EXIT_CLEAN, EXIT_OPERATIONAL, command, exit_8_on_usage_error, fail, human_bytes
 
 EXIT_NOT_FOUND = 1

@@ -25,6 +25,7 @@ from convmem.logstore.memories import check as mcheck
 from convmem.logstore.memories.errors import InvalidMemory
 from convmem.logstore.memories.record import STATUS_ACTIVE, STATUS_DELETED, check_memory_id, parse_fields
 from convmem.logstore.timefmt import format_us, now_us, parse_rfc3339
+
 from .common import EXIT_CLEAN, EXIT_OPERATIONAL, EXIT_PROBLEMS_LEFT, EXIT_REPAIRED, fail, human_bytes, plural
 
 EXPORT_FORMAT = "convmem-memories"

@@ -14,6 +14,7 @@ from typing import Any
 
 from convmem.logstore import MAX_CONVERSATION_ITEMS, StoreError
 from convmem.logstore.postgres import PgStore
+
 from .common import EXIT_CLEAN, EXIT_OPERATIONAL, fail, human_bytes, plural
 
 

@@ -12,6 +12,7 @@ import time
 from typing import TextIO
 
 from convmem.logstore.maintenance import Progress
+
 from .common import human_bytes
 
 

@@ -52,6 +52,7 @@ from convmem.logstore.maintenance import (
     set_aside_conversation,
     site_has_data,
 )
+
 from . import memories
 from .common import EXIT_CLEAN, EXIT_OPERATIONAL, command, exit_8_on_usage_error, fail
 

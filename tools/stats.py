@@ -13,6 +13,7 @@ import sys
 
 from convmem.logstore import MAX_CONVERSATION_ITEMS, SiteQuota, Usage, site_usage
 from convmem.logstore.maintenance import MaintenanceError, SiteStats, site_has_data, stats
+
 from . import memories
 from .common import (
     EXIT_CLEAN,

@@ -25,7 +25,6 @@ import os
 from .. import fileio
 from ..errors import Corrupted
 from ..maintenance import ROOT_EXTRAS, SITE_EXTRAS
-
 from .check import site_lock
 from .eventlog import salvage
 from .site import LOCK_NAME, LOG_NAME, MEMORIES_DIR

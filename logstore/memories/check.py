@@ -30,7 +30,6 @@ from typing import Any
 
 from .. import fileio, layout
 from ..errors import Corrupted, Timeout
-
 from . import access, tokens
 from .errors import InvalidMemory
 from .eventlog import Event, EventLog, rewrite_file, salvage

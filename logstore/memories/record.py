@@ -15,7 +15,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..timefmt import format_us
-
 from . import limits
 from .errors import InvalidMemory
 

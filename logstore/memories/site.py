@@ -23,7 +23,6 @@ from typing import Any, Protocol
 
 from .. import fileio, layout
 from ..errors import Timeout
-
 from . import access, tokens
 from .errors import DuplicateMemory, InvalidMemory, MemoryStoreFull, NotFound, VersionConflict
 from .eventlog import EventLog, ScanResult

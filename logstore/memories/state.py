@@ -6,7 +6,6 @@ import calendar
 from typing import Any
 
 from ..timefmt import format_us, parse_rfc3339
-
 from .record import STATUS_ACTIVE, STATUS_DELETED, Memory, fields_from_stored
 
 

@@ -12,7 +12,6 @@ from .. import layout
 from ..errors import Unavailable
 from ..ids import SiteName
 from ..timefmt import now_us
-
 from . import tokens
 from .limits import DEFAULT_RETENTION_SECONDS
 from .record import Memory, check_memory_id

@@ -28,7 +28,6 @@ import msgspec
 
 from .. import fileio
 from ..errors import Unavailable
-
 from .errors import VerifyRequired
 from .limits import VERIFY_TOKEN_TTL_SECONDS
 
