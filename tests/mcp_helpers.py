@@ -60,18 +60,29 @@ def basic(site: str, password: str) -> str:
 class ServerProcess:
     """A ``convmem serve`` child on 127.0.0.1 with a free port; read its URL from the banner."""
 
-    def __init__(self, data_dir: Path, *extra: str, verify: ssl.SSLContext | bool = True) -> None:
-        """``verify``: how ``/healthz`` checks an HTTPS server's certificate."""
+    def __init__(
+        self,
+        data_dir: Path,
+        *extra: str,
+        verify: ssl.SSLContext | bool = True,
+        command: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """``verify``: how ``/healthz`` checks an HTTPS server's certificate; ``command``: the argv that
+        runs ``convmem`` (default: this interpreter on the checkout), with ``env`` as its environment."""
         self.data_dir = data_dir
         self.verify = verify
         self.log_path = data_dir.parent / f"server-{os.getpid()}-{time.monotonic_ns()}.log"
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            convmem_cmd("serve", "--data-dir", str(data_dir), "--host", "127.0.0.1", "--port", "0", *extra),
+            [
+                *(command or convmem_cmd()),
+                *("serve", "--data-dir", str(data_dir), "--host", "127.0.0.1", "--port", "0", *extra),
+            ],
             stdout=subprocess.PIPE,
             stderr=self._log,
             text=True,
-            env=subprocess_env(),
+            env=subprocess_env() if env is None else env,
             cwd=data_dir.parent,
         )
         self.banner = self._read_banner()

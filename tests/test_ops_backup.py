@@ -170,9 +170,9 @@ def test_backup_refuses_an_existing_or_nested_destination(tmp_path: Path) -> Non
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "taken"]
 
 
-def test_per_site_stores_are_copied_by_their_registered_copier(tmp_path: Path) -> None:
+def test_per_site_stores_are_copied_by_the_copiers_passed_in(tmp_path: Path) -> None:
     from convmem.logstore import layout
-    from convmem.logstore.maintenance import SITE_EXTRAS, backup
+    from convmem.logstore.maintenance import BackupExtra, backup
 
     root, dest = tmp_path / "data", tmp_path / "backup"
     with FileStore(str(root)) as store:
@@ -183,11 +183,9 @@ def test_per_site_stores_are_copied_by_their_registered_copier(tmp_path: Path) -
         calls.append((src_site, dst_site))
         assert os.path.isdir(dst_site)
 
-    SITE_EXTRAS.append(copier)
-    try:
-        backup(root, dest)
-    finally:
-        SITE_EXTRAS.remove(copier)
+    roots: list[str] = []
+    backup(root, dest, extras=(BackupExtra(site=copier, root=lambda src, dst, timeout: roots.append(src)),))
+    assert roots == [str(root)]
     assert calls == [(layout.site_dir(str(root), SITE), layout.site_dir(str(dest) + f".partial-{os.getpid()}", SITE))]
 
 

@@ -20,6 +20,7 @@ import sys
 
 from convmem.logstore import StoreError
 from convmem.logstore.maintenance import MaintenanceError, backup
+from convmem.logstore.memories.backup import MEMORY_BACKUP
 from convmem.logstore.memories.check import check as memory_check
 
 from .common import (
@@ -56,7 +57,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        report = backup(args.data_dir, args.dest, lock_timeout=args.lock_timeout)
+        report = backup(args.data_dir, args.dest, lock_timeout=args.lock_timeout, extras=(MEMORY_BACKUP,))
     except (MaintenanceError, StoreError, OSError) as exc:
         return fail(f"backup failed: {exc}", EXIT_OPERATIONAL)
     sys.stderr.write(

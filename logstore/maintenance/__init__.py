@@ -29,8 +29,7 @@ The private submodules hold one concern each; only the names below are public.
 from __future__ import annotations
 
 from ._backup import (
-    ROOT_EXTRAS,
-    SITE_EXTRAS,
+    BackupExtra,
     BackupReport,
     backup,
 )
@@ -135,16 +134,15 @@ __all__ = [
     "QUARANTINE_DIR",
     "RECORDED_AT_DECREASING",
     "RECORD_AFTER_SEAL",
-    "ROOT_EXTRAS",
     "SEQ_GAP",
     "SEQ_MISMATCH",
-    "SITE_EXTRAS",
     "STRAY_FILE",
     "TORN_CREATION",
     "TORN_TAIL",
     "TRUNCATABLE_KINDS",
     "UNSEALED_SEGMENT",
     "AccessFinding",
+    "BackupExtra",
     "BackupReport",
     "CheckReport",
     "ConversationFiles",

@@ -23,11 +23,13 @@ How (the engine's own rules, FORMAT.md sections 6 and 7):
    torn tail (never acknowledged) off a copied segment.
 4. ``logstore.json``, ``auth/`` (the site credentials) and ``quarantine/``
    are copied as files. Per-site data stores beside the conversations (for
-   example a site's ``memories/`` directory) are copied by
-   :data:`SITE_EXTRAS` handlers, and files such a store keeps at the top of
-   the data directory by :data:`ROOT_EXTRAS` handlers (run after all sites).
-   The long-term memory store registers both when imported; :func:`backup`
-   imports it, so a library caller cannot leave memories out by accident.
+   example a site's ``memories/`` directory) are copied by the
+   :class:`BackupExtra` copiers the caller passes, and files such a store
+   keeps at the top of the data directory by their root copiers (run after
+   all sites). ``extras`` is a required argument, so a library caller decides
+   what is copied beside the conversations rather than leaving it out by
+   accident; the long-term memory store's copier is
+   ``convmem.logstore.memories.backup.MEMORY_BACKUP``.
 
 The copy is built in ``DEST.partial-<pid>`` next to ``DEST``, synced, checked,
 and only then renamed to ``DEST``: a ``DEST`` that exists is complete.
@@ -36,9 +38,8 @@ and only then renamed to ``DEST``: a ``DEST`` that exists is complete.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .. import fileio, layout
@@ -49,17 +50,22 @@ from ._types import QUARANTINE_DIR, CheckReport, MaintenanceError
 
 AUTH_DIR = "auth"
 
-#: Copiers for per-site data kept beside the conversations: ``(source site dir,
-#: destination site dir, lock_timeout)``. A store that keeps a site's data under
-#: ``sites/<site-hex>/`` outside ``c/`` registers one here, and must make the
-#: copy consistent by its own locking rules.
-SITE_EXTRAS: list[Callable[[str, str, float], None]] = []
-#: Copiers for files such stores keep at the top of the data directory: ``(source
-#: data dir, destination data dir, lock_timeout)``, called after every site was copied.
-ROOT_EXTRAS: list[Callable[[str, str, float], None]] = []
-#: Modules that register copiers when imported; imported by :func:`backup` (not at
-#: import time: they import this package, which would be a cycle).
-EXTRA_MODULES = ("convmem.logstore.memories.backup",)
+#: A copier's arguments: (source directory, destination directory, lock_timeout).
+Copier = Callable[[str, str, float], None]
+
+
+@dataclass(frozen=True)
+class BackupExtra:
+    """How to copy a store that keeps its data beside the conversations.
+
+    ``site`` copies one site's data (source site directory, destination site
+    directory); ``root`` copies what the store keeps at the top of the data
+    directory, after every site was copied. Each must make its copy
+    consistent by the store's own locking rules.
+    """
+
+    site: Copier | None = None
+    root: Copier | None = None
 
 
 @dataclass
@@ -166,6 +172,7 @@ def backup(
     *,
     lock_timeout: float = 30.0,
     progress: Callable[[int], None] | None = None,
+    extras: Sequence[BackupExtra],
 ) -> BackupReport:
     """Copy the live data directory ``data_dir`` to the new directory ``dest`` (see the module docstring).
 
@@ -184,8 +191,6 @@ def backup(
     parent = os.path.dirname(target)
     if not os.path.isdir(parent):
         raise MaintenanceError(f"{parent} does not exist")
-    for module in EXTRA_MODULES:
-        importlib.import_module(module)
     work = f"{target}.partial-{os.getpid()}"
     report = BackupReport(dest=target)
     fileio.mkdir(work)
@@ -208,10 +213,12 @@ def backup(
                     fileio.remove_tree(dst, ignore_errors=True)  # deleted (its site removed) while we copied it
                 if progress is not None:
                     progress(report.conversations)
-            for copy_extra in SITE_EXTRAS:
-                copy_extra(layout.site_dir(root, site), dst_site, lock_timeout)
-        for copy_root_extra in ROOT_EXTRAS:
-            copy_root_extra(root, work, lock_timeout)
+            for extra in extras:
+                if extra.site is not None:
+                    extra.site(layout.site_dir(root, site), dst_site, lock_timeout)
+        for extra in extras:
+            if extra.root is not None:
+                extra.root(root, work, lock_timeout)
         _fsync_dirs(work)
         repaired = check(work, repair=True, lock_timeout=lock_timeout)
         report.repaired = sum(1 for p in repaired.problems if p.repaired)

@@ -1,8 +1,8 @@
 """Online backup of long-term memories: the copiers :func:`logstore.maintenance.backup` runs.
 
-Importing this module (the package does) registers two copiers:
+:data:`MEMORY_BACKUP` holds two copiers, passed to the backup by its caller:
 
-* :func:`copy_site_memories` in ``SITE_EXTRAS``: a site's ``memories/``
+* :func:`copy_site_memories`, per site: a site's ``memories/``
   directory, copied whole while the store's own ``lock`` is held *shared*.
   Every write (append, torn-tail cut, erasure rewrite, used-token record)
   holds that lock exclusively, so the copy is the store as it stood at one
@@ -11,7 +11,7 @@ Importing this module (the package does) registers two copiers:
   ``lock`` (made fresh), nor the search index (rebuilt on open), nor temporary
   files of interrupted writes. A torn tail in the copied log (a writer that
   crashed mid-record; never acknowledged) is cut from the copy.
-* :func:`copy_token_secret` in ``ROOT_EXTRAS``: the data directory's
+* :func:`copy_token_secret`, once: the data directory's
   verify-token secret, so the copy accepts tokens the source minted. It runs
   after every site was copied; the secret is created (atomically, once) before
   any token can be minted and never changes, so a copy holding memories
@@ -24,7 +24,7 @@ import os
 
 from .. import fileio
 from ..errors import Corrupted
-from ..maintenance import ROOT_EXTRAS, SITE_EXTRAS
+from ..maintenance import BackupExtra
 from .check import site_lock
 from .eventlog import salvage
 from .site import LOCK_NAME, LOG_NAME, MEMORIES_DIR
@@ -87,7 +87,5 @@ def copy_token_secret(src_root: str, dst_root: str, lock_timeout: float) -> None
     fileio.fsync_dir(dst_root)
 
 
-if copy_site_memories not in SITE_EXTRAS:
-    SITE_EXTRAS.append(copy_site_memories)
-if copy_token_secret not in ROOT_EXTRAS:
-    ROOT_EXTRAS.append(copy_token_secret)
+#: What :func:`convmem.logstore.maintenance.backup` needs to copy long-term memories.
+MEMORY_BACKUP = BackupExtra(site=copy_site_memories, root=copy_token_secret)

@@ -56,6 +56,7 @@ from convmem.logstore import Corrupted, FileStore, ItemsLost, Range, convpool, f
 from convmem.logstore import writer as logwriter
 from convmem.logstore.codec import encode_batch
 from convmem.logstore.maintenance import Restorer, backup, check, salvage
+from convmem.logstore.memories.backup import MEMORY_BACKUP
 from convmem.logstore.segment import data_end, iter_records
 from convmem.logstore.writer import _Batch
 from convmem.tools.export import write_items
@@ -1049,7 +1050,7 @@ def test_power_cut_backup(shm_path: Path) -> None:
     disk = SimDisk(str(top))
     fileio.recorder = disk
     try:
-        backup(str(root), str(top / "copy"), lock_timeout=5.0)
+        backup(str(root), str(top / "copy"), lock_timeout=5.0, extras=(MEMORY_BACKUP,))
     finally:
         fileio.recorder = None
     rec = Recording(disk, CONVS, acked)
