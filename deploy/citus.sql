@@ -1,12 +1,14 @@
 -- convmem on Citus: the PostgreSQL backend's schema, distributed by site.
 --
--- NOT RUN BY THE TEST SUITE: Citus cannot be installed from the package
--- registries this project builds from. This file was written against, and
--- checked line by line with, Citus's own documentation (create_distributed_table,
--- create_reference_table, create_distributed_function, isolate_tenant_to_new_shard,
--- citus_move_shard_placement; the router planner's rules). See "PostgreSQL and
--- Citus" in README.md for what was checked and what remains to be proven on a
--- real cluster.
+-- Citus cannot be installed from the package registries this project builds
+-- from, so no test runs this file on Citus. It was written against Citus's own
+-- documentation (create_distributed_table, create_reference_table,
+-- create_distributed_function, isolate_tenant_to_new_shard,
+-- citus_move_shard_placement; the router planner's rules).
+-- tests/test_pg_citus_sql.py runs it on plain PostgreSQL with stand-ins for
+-- Citus's functions and checks that its tables, indexes, options and the append
+-- function are exactly those the server's own DDL (logstore/postgres/_schema.py)
+-- creates, and that every table is distributed by site or replicated.
 --
 -- Run it on the coordinator, as the owner of the database, BEFORE any
 -- `convmem serve --store postgresql://coordinator/...` starts (the server
