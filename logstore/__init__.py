@@ -7,7 +7,6 @@ on-disk format.
 
 from __future__ import annotations
 
-from . import maintenance
 from .errors import (
     BatchTooLarge,
     ConversationFull,
@@ -90,7 +89,6 @@ __all__ = [
     "Timeout",
     "Unavailable",
     "Usage",
-    "maintenance",
     "open_store",
     "site_usage",
 ]
