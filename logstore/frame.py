@@ -63,8 +63,10 @@ MAX_LOSS_COUNT = 65535
 #: Largest body of a loss record (a small JSON object describing the loss).
 MAX_LOSS_BODY = 4096
 
-#: Largest body a valid record can have: a full batch as a JSON array.
-MAX_BODY = MAX_BATCH_BYTES + MAX_BATCH_ITEMS + 2
+#: Largest body a valid record can have: a full batch as one JSON array, its items
+#: (at most MAX_BATCH_BYTES in all) joined by MAX_BATCH_ITEMS - 1 commas inside two
+#: brackets (FORMAT.md, section 3: 1,048,827).
+MAX_BODY = MAX_BATCH_BYTES + (MAX_BATCH_ITEMS - 1) + 2
 
 _xxh3 = xxhash.xxh3_64_intdigest
 #: The record checksum function (public for the scan loop in segment.py).
