@@ -23,7 +23,6 @@ from typing import Any
 
 import hypothesis.strategies as st
 import msgspec
-import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -273,12 +272,13 @@ class PostgresVsModel(EngineVsModel):
     """The same machine against :class:`logstore.postgres.PgStore`, one schema per example."""
 
     def _open(self) -> MemoryStore:
-        from tests.pg_support import new_schema, session_dsn
+        from tests.node_support import cannot_run
+        from tests.pg_support import missing_reason, new_schema, session_dsn
 
         if not hasattr(self, "pg"):
             dsn = session_dsn()
             if dsn is None:
-                pytest.skip("no PostgreSQL server for the tests")
+                cannot_run(missing_reason())
             self.pg = (dsn, new_schema(dsn))
         return PgStore(self.pg[0], schema=self.pg[1], pool_min=1, pool_max=2, lock_timeout=2.0)
 
