@@ -18,7 +18,7 @@ from . import fileio, frame, index
 from .convstate import ConversationState, ReadOnlyFile
 from .errors import Corrupted
 from .frame import KIND_BATCH, KIND_SEAL, SEGMENT_HEADER_SIZE
-from .segment import BadRecord, Gap, classify_tail, data_end, find_next_record, iter_records, walk
+from .segment import BadRecord, Fault, Gap, classify_tail, data_end, find_next_record, iter_records, walk
 
 
 class Recovery(ConversationState):
@@ -149,9 +149,11 @@ class Recovery(ConversationState):
             try:
                 for off, h, _body in iter_records(fd, pos, size, self._salt):
                     if self._sealed_active:
-                        raise BadRecord(off, "record after the segment's seal")
+                        raise BadRecord(off, "record after the segment's seal", Fault.AFTER_SEAL)
                     if h.first_seq != self._next_seq:
-                        raise BadRecord(off, f"expected seq {self._next_seq}, record starts at {h.first_seq}")
+                        raise BadRecord(
+                            off, f"expected seq {self._next_seq}, record starts at {h.first_seq}", Fault.SEQ
+                        )
                     if h.kind == KIND_SEAL:
                         self._sealed_active = True
                     else:
@@ -168,9 +170,9 @@ class Recovery(ConversationState):
                     self._end = off + h.size
                 break
             except BadRecord as bad:
-                after_seal = "after the segment's seal" in bad.why
-                seq_problem = after_seal or bad.why.startswith("expected seq")
-                verdict = None if seq_problem else classify_tail(fd, bad.offset, size, self._salt)
+                # A valid record out of place is damage, never a torn write or the end.
+                after_seal = bad.fault is Fault.AFTER_SEAL
+                verdict = classify_tail(fd, bad.offset, size, self._salt) if bad.fault.framing else None
                 if verdict == "end":
                     # Only zeros follow: preallocated space, the clean end of the log.
                     break
@@ -199,7 +201,7 @@ class Recovery(ConversationState):
         """Corrupted for damage at the end of the active segment: every seq from it on is unreadable."""
         why = bad.why
         raw = os.pread(fd, frame.RECORD_HEADER_SIZE, bad.offset)
-        if len(raw) == frame.RECORD_HEADER_SIZE and not why.startswith("expected seq"):
+        if len(raw) == frame.RECORD_HEADER_SIZE and bad.fault is not Fault.SEQ:
             h = frame.decode_record_header(raw)
             if frame.plausible(h) and h.first_seq == self._next_seq and h.count > 0:
                 # Only a hint: nothing after the record can confirm its count.
@@ -379,4 +381,3 @@ def _record_ending_at(fd: int, end: int, salt: int) -> frame.RecordHeader | None
     if not frame.plausible(h) or h.size != len(data) or not frame.checksum_ok(data, 0, h, salt):
         return None
     return h
-

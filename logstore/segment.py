@@ -1,14 +1,20 @@
-"""Reading and verifying the records of one segment file.
+"""Reading and verifying the records of one segment file: the one record walker.
 
 :func:`iter_records` walks records between two offsets and verifies each
 (plausible header, whole record present, checksum). The first record that
-fails raises :class:`BadRecord`; what that means (a torn tail to cut away, or
-damage to acknowledged data) is decided by :func:`classify_failure`, which
-encodes the recovery rule of FORMAT.md.
+fails raises :class:`BadRecord`, whose :class:`Fault` says what failed; what
+that means (a torn tail to cut away, or damage to acknowledged data) is
+decided by :func:`classify_failure`, which encodes the recovery rule of
+FORMAT.md. :func:`walk` goes on past damage, resynchronising as FORMAT.md
+section 3 says: at the next offset whose header is plausible and whose
+checksum matches (:func:`find_next_record`), never by a trailer. The engine's
+reader and recovery, the maintenance tools (dump, fsck's scan, export, stats,
+salvage) and the memory event log all walk records through this module.
 """
 
 from __future__ import annotations
 
+import enum
 import os
 import re
 from collections.abc import Iterator
@@ -24,13 +30,37 @@ CHUNK = 256 * 1024
 FIRST_READ = 16 * 1024
 
 
-class BadRecord(Exception):
-    """The record at ``offset`` failed verification."""
+class Fault(enum.Enum):
+    """What made a record fail: decided by code, never read back from a message."""
 
-    def __init__(self, offset: int, why: str) -> None:
+    #: The header is cut short, or its fields are out of range (FORMAT.md section 3).
+    HEADER = "header"
+    #: The header is plausible but the record runs past the end of the data.
+    LENGTH = "length"
+    #: The whole record is there and its checksum does not match.
+    CHECKSUM = "checksum"
+    #: A valid record whose first seq is not the one the log expects.
+    SEQ = "seq"
+    #: A valid record after the segment's seal.
+    AFTER_SEAL = "after-seal"
+    #: A valid record whose content the log it is in does not allow (the memory
+    #: event log: exactly one event per batch, a decodable event).
+    CONTENT = "content"
+
+    @property
+    def framing(self) -> bool:
+        """True when the bytes themselves fail (they may be a torn write); False for a valid record out of place."""
+        return self in (Fault.HEADER, Fault.LENGTH, Fault.CHECKSUM)
+
+
+class BadRecord(Exception):
+    """The record at ``offset`` failed verification; ``fault`` says how, ``why`` says it in words."""
+
+    def __init__(self, offset: int, why: str, fault: Fault) -> None:
         super().__init__(f"bad record at byte offset {offset}: {why}")
         self.offset = offset
         self.why = why
+        self.fault = fault
 
 
 def iter_records(
@@ -59,14 +89,14 @@ def iter_records(
     ahead = FIRST_READ
     while pos < end:
         if pos + RECORD_HEADER_SIZE > end:
-            raise BadRecord(pos, "incomplete record header")
+            raise BadRecord(pos, "incomplete record header", Fault.HEADER)
         if pos + RECORD_HEADER_SIZE > buf_off + len(buf):
             buf = os.pread(fd, min(max(ahead, RECORD_HEADER_SIZE), end - pos), pos)
             ahead = CHUNK
             view = memoryview(buf)
             buf_off = pos
             if len(buf) < RECORD_HEADER_SIZE:
-                raise BadRecord(pos, "file ends inside the record header")
+                raise BadRecord(pos, "file ends inside the record header", Fault.HEADER)
         fields = unpack(buf, pos - buf_off)
         checksum, body_len, count, kind = fields[0], fields[1], fields[2], fields[3]
         if kind == frame.KIND_BATCH:
@@ -76,21 +106,21 @@ def iter_records(
         else:
             ok = kind == frame.KIND_LOSS and count >= 1 and 2 <= body_len <= frame.MAX_LOSS_BODY
         if not ok:
-            raise BadRecord(pos, "record header fields are out of range")
+            raise BadRecord(pos, "record header fields are out of range", Fault.HEADER)
         rend = pos + frame.RECORD_OVERHEAD + body_len
         if rend > end:
-            raise BadRecord(pos, f"record length {body_len} runs past the end of the data")
+            raise BadRecord(pos, f"record length {body_len} runs past the end of the data", Fault.LENGTH)
         if rend > buf_off + len(buf):
             buf = os.pread(fd, min(max(ahead, rend - pos), end - pos), pos)
             ahead = CHUNK
             view = memoryview(buf)
             buf_off = pos
             if len(buf) < rend - pos:
-                raise BadRecord(pos, "file ends inside the record")
+                raise BadRecord(pos, "file ends inside the record", Fault.LENGTH)
         rel = pos - buf_off
         body_at = rel + RECORD_HEADER_SIZE
         if xxh3(view[rel + 8 : body_at + body_len], salt) != checksum:
-            raise BadRecord(pos, "checksum mismatch")
+            raise BadRecord(pos, "checksum mismatch", Fault.CHECKSUM)
         yield pos, make(fields), view[body_at : body_at + body_len]
         pos = rend
 
@@ -133,15 +163,16 @@ class Gap(NamedTuple):
     """A damaged stretch met by :func:`walk`.
 
     ``offset`` is where the first record that failed starts, ``why`` what
-    failed, ``header`` its header fields when they were plausible (not
-    verified: a hint only), and ``resume`` the offset and header of the next
-    valid record, or None when none follows before the end.
+    failed (``fault`` the same as a value), ``header`` its header fields when
+    they were plausible (not verified: a hint only), and ``resume`` the offset
+    and header of the next valid record, or None when none follows before the end.
     """
 
     offset: int
     why: str
     header: RecordHeader | None
     resume: tuple[int, RecordHeader] | None
+    fault: Fault = Fault.HEADER
 
 
 def gap_at(fd: int, bad: BadRecord, end: int, salt: int) -> Gap:
@@ -151,7 +182,7 @@ def gap_at(fd: int, bad: BadRecord, end: int, salt: int) -> Gap:
     if len(raw) == RECORD_HEADER_SIZE:
         h0 = frame.decode_record_header(raw)
         hint = h0 if frame.plausible(h0) else None
-    return Gap(bad.offset, bad.why, hint, find_next_record(fd, bad.offset, end, salt))
+    return Gap(bad.offset, bad.why, hint, find_next_record(fd, bad.offset, end, salt), bad.fault)
 
 
 def walk(fd: int, start: int, end: int, salt: int) -> Iterator[tuple[int, RecordHeader, memoryview] | Gap]:

@@ -11,7 +11,7 @@ from ..errors import Corrupted, ItemsLost, Loss
 from ..frame import KIND_BATCH, KIND_LOSS, SEGMENT_HEADER_SIZE
 from ..ids import ConversationId, SiteName
 from ..recovery import is_torn_creation
-from ..segment import classify_failure
+from ..segment import Gap, classify_failure, walk
 from ._files import (
     _committed_segments,
     _open_ro,
@@ -20,9 +20,7 @@ from ._files import (
 )
 from ._records import (
     _BATCH_RAW,
-    _Bad,
     _batch_problem,
-    _walk,
 )
 
 
@@ -61,23 +59,23 @@ def iter_conversation_items(
                 raise Corrupted(path, 0, "segment header is missing or invalid")
             if base != expected:
                 raise Corrupted(path, 0, f"segment starts at seq {base}, expected {expected}")
-            for rec in _walk(fd, SEGMENT_HEADER_SIZE, size, header.salt):
-                if isinstance(rec, _Bad):
+            for rec in walk(fd, SEGMENT_HEADER_SIZE, size, header.salt):
+                if isinstance(rec, Gap):
                     if i == len(segs) - 1 and rec.resume is None:
                         if classify_failure(fd, rec.offset, size, header.salt) == "torn":
                             return
                     raise Corrupted(path, rec.offset, rec.why)
-                h = rec.header
+                offset, h, body = rec
                 if h.first_seq != expected:
-                    raise Corrupted(path, rec.offset, f"expected seq {expected}, record starts at {h.first_seq}")
+                    raise Corrupted(path, offset, f"expected seq {expected}, record starts at {h.first_seq}")
                 if h.kind == KIND_LOSS:
-                    raise ItemsLost([Loss(h.first_seq, h.end_seq - 1, path, rec.offset)])
+                    raise ItemsLost([Loss(h.first_seq, h.end_seq - 1, path, offset)])
                 if h.kind != KIND_BATCH:
                     break
-                why = _batch_problem(rec.body, h.count)
+                why = _batch_problem(body, h.count)
                 if why is not None:
-                    raise Corrupted(path, rec.offset, why)
-                for n, raw in enumerate(decode(rec.body)):
+                    raise Corrupted(path, offset, why)
+                for n, raw in enumerate(decode(body)):
                     yield ExportedItem(conversation_id, h.first_seq + n, h.recorded_at_us, bytes(raw))
                 expected = h.end_seq
 

@@ -1,100 +1,26 @@
-"""Reading a segment's records, verifying each and resynchronising after damage; ``scan_segment`` for dump."""
+"""What dump and fsck read of a segment: ``scan_segment``, ``build_index``, ``scan_index``.
+
+Records are walked with :func:`logstore.segment.walk`, the walker the engine
+reads with, so the tools resynchronise after damage exactly where the engine
+does (FORMAT.md section 3: the next plausible header whose checksum matches).
+"""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import msgspec
-import xxhash
 
 from .. import frame, index
-from ..frame import KIND_BATCH, KIND_LOSS, KIND_SEAL, RECORD_HEADER_SIZE, SEGMENT_HEADER_SIZE, RecordHeader
-from ..segment import data_end
+from ..frame import KIND_BATCH, KIND_LOSS, KIND_SEAL, SEGMENT_HEADER_SIZE
+from ..segment import Gap, data_end, walk
 from ._files import (
     _open_ro,
-    _pread_range,
 )
 from ._types import (
     INDEX_INTERVAL,
 )
-
-
-class _Rec(NamedTuple):
-    offset: int
-    header: RecordHeader
-    body: memoryview
-
-
-class _Bad(NamedTuple):
-    offset: int
-    why: str
-    header: RecordHeader | None  # when the header fields were plausible
-    resume: int | None  # start of the next valid record, None when none follows
-
-
-def _walk(fd: int, start: int, end: int, salt: int) -> Iterator[_Rec | _Bad]:
-    """Every record in ``[start, end)``: valid ones, and damaged spans with where valid data resumes.
-
-    The range is read once (a segment is bounded by the engine's segment
-    size); the loop is the scan's hot path, hence the inlined checks.
-    """
-    data = _pread_range(fd, start, end)
-    mv = memoryview(data)
-    limit = len(data)
-    unpack = frame.RECORD_HEADER.unpack_from
-    xxh3 = xxhash.xxh3_64_intdigest
-    max_body = frame.MAX_BODY
-    new_header = tuple.__new__
-    pos = 0
-    while pos < limit:
-        h: RecordHeader | None = None
-        if pos + RECORD_HEADER_SIZE > limit:
-            why = "the file ends inside the record header"
-        else:
-            fields = unpack(data, pos)
-            _check, n, count, kind, _first, _ts = fields
-            if (
-                (kind == KIND_BATCH and 1 <= count <= 250 and 2 <= n <= max_body)
-                or (kind == KIND_SEAL and count == 0 and n == 0)
-                or (kind == KIND_LOSS and count >= 1 and 2 <= n <= frame.MAX_LOSS_BODY)
-            ):
-                h = new_header(RecordHeader, fields)
-                rend = pos + frame.RECORD_OVERHEAD + n
-                if rend > limit:
-                    why = f"record length {n} runs past the end of the file"
-                elif xxh3(mv[pos + 8 : pos + RECORD_HEADER_SIZE + n], salt) != _check:
-                    why = "checksum mismatch"
-                else:
-                    yield _Rec(start + pos, h, mv[pos + RECORD_HEADER_SIZE : pos + RECORD_HEADER_SIZE + n])
-                    pos = rend
-                    continue
-            else:
-                why = "record header fields are out of range"
-        resume = _next_valid(data, pos, salt)
-        yield _Bad(start + pos, why, h, None if resume is None else start + resume)
-        if resume is None:
-            return
-        pos = resume
-
-
-def _next_valid(data: bytes, pos: int, salt: int) -> int | None:
-    """Position in ``data`` of the first valid record starting after ``pos``, found by its trailer magic."""
-    probe = pos + 1
-    while True:
-        m = data.find(frame.TRAILER_MAGIC, probe)
-        if m < 0:
-            return None
-        found = frame.trailer_at_end(data, m + len(frame.TRAILER_MAGIC))
-        if found is not None and found[0] > pos:
-            start = found[0]
-            if start + RECORD_HEADER_SIZE <= len(data):
-                h = frame.decode_record_header(data, start)
-                if frame.plausible(h) and start + h.size <= len(data) and frame.checksum_ok(data, start, h, salt):
-                    return start
-        probe = m + 1
 
 
 class _AnyObject(msgspec.Struct):
@@ -180,9 +106,9 @@ def scan_segment(path: str | os.PathLike[str], *, payloads: bool = True) -> tupl
         end = data_end(fd, SEGMENT_HEADER_SIZE, size)
         info = SegmentInfo(path, size, True, header.base_seq, header.salt, end)
         out: list[RecordInfo] = []
-        for rec in _walk(fd, SEGMENT_HEADER_SIZE, end, header.salt):
-            if isinstance(rec, _Bad):
-                stop = rec.resume if rec.resume is not None else end
+        for rec in walk(fd, SEGMENT_HEADER_SIZE, end, header.salt):
+            if isinstance(rec, Gap):
+                stop = rec.resume[0] if rec.resume is not None else end
                 h = rec.header
                 out.append(
                     RecordInfo(
@@ -197,16 +123,16 @@ def scan_segment(path: str | os.PathLike[str], *, payloads: bool = True) -> tupl
                     )
                 )
                 continue
-            h = rec.header
+            offset, h, body = rec
             items: tuple[bytes, ...] = ()
             verdict = "ok"
             if h.kind == KIND_BATCH:
-                verdict = _batch_problem(rec.body, h.count) or "ok"
+                verdict = _batch_problem(body, h.count) or "ok"
                 if payloads and verdict == "ok":
-                    items = tuple(bytes(r) for r in _BATCH_RAW.decode(rec.body))
+                    items = tuple(bytes(r) for r in _BATCH_RAW.decode(body))
             kind = {KIND_BATCH: "batch", KIND_SEAL: "seal", KIND_LOSS: "loss"}[h.kind]
             out.append(
-                RecordInfo(rec.offset, h.size, kind, verdict, h.first_seq, h.count, h.recorded_at_us, h.checksum, items)
+                RecordInfo(offset, h.size, kind, verdict, h.first_seq, h.count, h.recorded_at_us, h.checksum, items)
             )
         return info, out
 
@@ -215,12 +141,13 @@ def build_index(fd: int, base_seq: int, salt: int, size: int, interval: int = IN
     """The sparse index of a segment as the engine builds it, up to its first bad record."""
     idx = index.SparseIndex(base_seq, salt)
     last = 0
-    for rec in _walk(fd, SEGMENT_HEADER_SIZE, size, salt):
-        if isinstance(rec, _Bad):
+    for rec in walk(fd, SEGMENT_HEADER_SIZE, size, salt):
+        if isinstance(rec, Gap):
             break
-        if rec.header.kind == KIND_BATCH and rec.offset - last >= interval and rec.offset > SEGMENT_HEADER_SIZE:
-            idx.add(rec.header.first_seq, rec.offset)
-            last = rec.offset
+        offset, h, _body = rec
+        if h.kind == KIND_BATCH and offset - last >= interval and offset > SEGMENT_HEADER_SIZE:
+            idx.add(h.first_seq, offset)
+            last = offset
     return idx
 
 
@@ -299,11 +226,11 @@ def scan_index(path: str | os.PathLike[str]) -> IndexInfo:
             elif off >= seg_size:
                 verdict = "past the segment's end"
             else:
-                rec = next(_walk(fd, off, min(seg_size, off + frame.RECORD_OVERHEAD + frame.MAX_BODY), salt), None)
-                if not isinstance(rec, _Rec) or rec.offset != off:
+                rec = next(walk(fd, off, min(seg_size, off + frame.RECORD_OVERHEAD + frame.MAX_BODY), salt), None)
+                if rec is None or isinstance(rec, Gap) or rec[0] != off:
                     verdict = "does not point at a valid record"
-                elif rec.header.kind != KIND_BATCH or rec.header.first_seq != seq:
-                    verdict = f"points at a record starting at seq {rec.header.first_seq}"
+                elif rec[1].kind != KIND_BATCH or rec[1].first_seq != seq:
+                    verdict = f"points at a record starting at seq {rec[1].first_seq}"
                 else:
                     verdict = "ok"
             entries.append(IndexEntryInfo(at, seq, off, verdict))

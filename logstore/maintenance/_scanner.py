@@ -15,7 +15,7 @@ from ..conversation import Tip
 from ..errors import Timeout
 from ..frame import KIND_LOSS, KIND_SEAL, SEGMENT_HEADER_SIZE
 from ..recovery import is_torn_creation
-from ..segment import classify_failure
+from ..segment import Gap, classify_failure, walk
 from ._files import (
     _ConvSnapshot,
     _flocked,
@@ -25,9 +25,7 @@ from ._files import (
     _snapshot,
 )
 from ._records import (
-    _Bad,
     _batch_problem,
-    _walk,
     build_index,
 )
 from ._types import (
@@ -201,8 +199,8 @@ class _ConvScanner:
                 indexed_to = max(entries, default=0)
                 missing_entries = 0
                 walking_whole = True
-                for rec in _walk(fd, SEGMENT_HEADER_SIZE, size, header.salt):
-                    if isinstance(rec, _Bad):
+                for rec in walk(fd, SEGMENT_HEADER_SIZE, size, header.salt):
+                    if isinstance(rec, Gap):
                         self._bad(fd, path, i, last_seg, size, header.salt, rec, expected)
                         expected = None
                         walking_whole = False
@@ -335,7 +333,7 @@ class _ConvScanner:
             )
 
     def _bad(
-        self, fd: int, path: str, seg_i: int, last_seg: bool, size: int, salt: int, rec: _Bad, expected: int | None
+        self, fd: int, path: str, seg_i: int, last_seg: bool, size: int, salt: int, rec: Gap, expected: int | None
     ) -> None:
         if last_seg and rec.resume is None and classify_failure(fd, rec.offset, size, salt) == "torn":
             p = self.problem(
@@ -410,9 +408,7 @@ class _ConvScanner:
                 # is in the directory. The engine ignores it and rebuilds the index (see
                 # Conversation._sealed and _open_active), so nothing is lost, but how it got
                 # there is for the operator to find out: a problem, not a note.
-                p.action += (
-                    "; the engine ignores it and rebuilds the index from the segment, so no data is at risk"
-                )
+                p.action += "; the engine ignores it and rebuilds the index from the segment, so no data is at risk"
             return {}
         out: dict[int, tuple[int, int]] = {}
         prev_seq, prev_off = -1, 0
@@ -543,9 +539,7 @@ class _ConvScanner:
         for base in sorted(self.rebuild_index):
             ok = self._rebuild_index(base)
             for p in self.problems:
-                if p.kind in _INDEX_KINDS and p.file == self._path(
-                    layout.index_name(base)
-                ):
+                if p.kind in _INDEX_KINDS and p.file == self._path(layout.index_name(base)):
                     p.repaired = ok
                     p.action = "rebuilt the index from its segment" if ok else p.action
         return cut

@@ -11,17 +11,12 @@ from ..errors import Timeout
 from ..frame import KIND_BATCH, KIND_LOSS, SEGMENT_HEADER_SIZE
 from ..limits import MAX_CONVERSATION_ITEMS
 from ..recovery import is_torn_creation
-from ..segment import classify_failure
+from ..segment import Gap, classify_failure, walk
 from ._files import (
     _committed_segments,
     _open_ro,
     _select_sites,
     iter_conversations,
-)
-from ._records import (
-    _Bad,
-    _Rec,
-    _walk,
 )
 
 
@@ -64,16 +59,16 @@ def _probe_items(conv_dir: str, lock_timeout: float) -> tuple[int, int, str | No
         idx = index.load(os.path.join(conv_dir, layout.index_name(base)), base, header.salt, size)
         start, seq = SEGMENT_HEADER_SIZE, base
         for s, off in reversed(list(zip(idx.seqs, idx.offsets, strict=True)) if idx else []):
-            first = next(_walk(fd, off, size, header.salt), None)
-            if isinstance(first, _Rec) and first.header.first_seq == s:
+            first = next(walk(fd, off, size, header.salt), None)
+            if first is not None and not isinstance(first, Gap) and first[1].first_seq == s:
                 start, seq = off, s
                 break
-        for rec in _walk(fd, start, size, header.salt):
-            if isinstance(rec, _Bad):
+        for rec in walk(fd, start, size, header.salt):
+            if isinstance(rec, Gap):
                 torn = rec.resume is None and classify_failure(fd, rec.offset, size, header.salt) == "torn"
                 return seq, total, None if torn else f"{path} is damaged at byte {rec.offset}: {rec.why}"
-            if rec.header.kind in (KIND_BATCH, KIND_LOSS):  # lost seqs still count: seqs never move
-                seq = rec.header.end_seq
+            if rec[1].kind in (KIND_BATCH, KIND_LOSS):  # lost seqs still count: seqs never move
+                seq = rec[1].end_seq
     return seq, total, None
 
 

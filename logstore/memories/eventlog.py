@@ -36,9 +36,11 @@ import msgspec
 from .. import fileio, frame
 from ..errors import Corrupted
 from ..frame import KIND_BATCH, SEGMENT_HEADER_SIZE
-from ..segment import BadRecord, classify_failure, iter_records
+from ..segment import BadRecord, Fault, Gap, classify_failure, iter_records, walk
 
 _encoder = msgspec.json.Encoder()
+#: Why a valid record that is not one event fails in this log.
+_ONE_EVENT = "a memory log record must hold exactly one event"
 _decoder = msgspec.json.Decoder(type=list[dict[str, Any]])
 
 OPS = frozenset({"create", "update", "delete", "erase"})
@@ -155,15 +157,15 @@ class EventLog:
         try:
             for off, h, body in iter_records(self.fd, start, size, self.salt):
                 if h.kind != KIND_BATCH or h.count != 1:
-                    raise BadRecord(off, "a memory log record must hold exactly one event")
+                    raise BadRecord(off, _ONE_EVENT, Fault.CONTENT)
                 if h.first_seq != next_seq:
-                    raise BadRecord(off, f"expected seq {next_seq}, record has {h.first_seq}")
+                    raise BadRecord(off, f"expected seq {next_seq}, record has {h.first_seq}", Fault.SEQ)
                 events.append(Event(off, h.first_seq, h.recorded_at_us, decode_event(body, off, self.path)))
                 next_seq += 1
                 end = off + h.size
         except BadRecord as bad:
-            verdict = classify_failure(self.fd, bad.offset, size, self.salt)
-            if verdict == "corrupt" or bad.why.startswith(("expected seq", "a memory log record")):
+            # A valid record out of place is damage; only bytes that fail may be a torn write.
+            if not bad.fault.framing or classify_failure(self.fd, bad.offset, size, self.salt) == "corrupt":
                 raise Corrupted(self.path, bad.offset, bad.why) from None
             return ScanResult(events, end, next_seq, torn_at=bad.offset)
         return ScanResult(events, end, next_seq)
@@ -229,46 +231,23 @@ def salvage(path: str) -> tuple[list[Event], list[tuple[int, str]], int | None]:
     try:
         assert log.fd is not None
         size = log.size()
-        data = os.pread(log.fd, size, 0)
         events: list[Event] = []
         damaged: list[tuple[int, str]] = []
-        pos, seq = SEGMENT_HEADER_SIZE, 0
-        while pos < size:
+        for rec in walk(log.fd, SEGMENT_HEADER_SIZE, size, log.salt):
+            if isinstance(rec, Gap):
+                if rec.resume is None and classify_failure(log.fd, rec.offset, size, log.salt) == "torn":
+                    return events, damaged, rec.offset
+                damaged.append((rec.offset, rec.why))
+                continue
+            off, h, body = rec
             try:
-                for off, h, body in iter_records(log.fd, pos, size, log.salt):
-                    if h.kind != KIND_BATCH or h.count != 1:
-                        raise BadRecord(off, "a memory log record must hold exactly one event")
-                    try:
-                        ev = decode_event(body, off, path)
-                    except Corrupted as exc:
-                        raise BadRecord(off, exc.why) from None
-                    events.append(Event(off, seq, h.recorded_at_us, ev))
-                    seq += 1
-                    pos = off + h.size
-                break
-            except BadRecord as bad:
-                if classify_failure(log.fd, bad.offset, size, log.salt) == "torn":
-                    return events, damaged, bad.offset
-                damaged.append((bad.offset, bad.why))
-                nxt = _next_valid(data, bad.offset + 1, log.salt)
-                if nxt is None:
-                    return events, damaged, None
-                pos = nxt
+                if h.kind != KIND_BATCH or h.count != 1:
+                    raise Corrupted(path, off, _ONE_EVENT)
+                ev = decode_event(body, off, path)
+            except Corrupted as exc:
+                damaged.append((off, exc.why))
+                continue
+            events.append(Event(off, len(events), h.recorded_at_us, ev))
         return events, damaged, None
     finally:
         log.close()
-
-
-def _next_valid(data: bytes, start: int, salt: int) -> int | None:
-    """Offset of the first valid record starting at or after ``start`` (found by its trailer)."""
-    probe = start
-    while True:
-        m = data.find(frame.TRAILER_MAGIC, probe)
-        if m < 0:
-            return None
-        found = frame.trailer_at_end(data, m + len(frame.TRAILER_MAGIC))
-        if found is not None and found[0] >= start:
-            h = frame.decode_record_header(data, found[0])
-            if frame.plausible(h) and found[0] + h.size <= len(data) and frame.checksum_ok(data, found[0], h, salt):
-                return found[0]
-        probe = m + 1
