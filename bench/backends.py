@@ -4,7 +4,7 @@ Every backend takes the same payload dicts and returns decoded items, so
 each figure includes encoding and decoding:
 
 * :class:`Convmem`: a :class:`logstore.FileStore` with its default durability.
-* :class:`Sqlite`: the schema this bench used before issue 13, kept as the
+* :class:`Sqlite`: the schema this bench used before its tuned SQLite peer, kept as the
   labelled ``sqlite-text-schema`` row: WAL mode, ``synchronous=FULL``, items
   keyed by ``(site, conv, seq)`` ``WITHOUT ROWID``, payloads as compact JSON
   text. The peer is :class:`bench.sqlite_peer.Sqlite` (integer keys, BLOBs).

@@ -1,4 +1,4 @@
-"""The printed table, the headline ratios (with bootstrap intervals) and the targets of issue 13."""
+"""The printed table, the headline ratios (with bootstrap intervals) and the performance targets they are held to."""
 
 from __future__ import annotations
 
@@ -176,7 +176,7 @@ def memory_intervals(rows: list[Row]) -> dict[str, list[float] | None]:
     return out
 
 
-#: (key, comparison, threshold, what issue 13 asks); peers = tuned SQLite and LMDB, floor = the pre-zeroed one.
+#: (key, comparison, threshold, what the target asks); peers = tuned SQLite and LMDB, floor = the pre-zeroed one.
 TARGETS = [
     ("append1_vs_sqlite", ">=", 1.2, "1-item appends at least 1.2x the tuned SQLite (p50)"),
     ("append10_vs_sqlite", ">=", 1.2, "10-item appends at least 1.2x the tuned SQLite (p50)"),

@@ -1,10 +1,12 @@
 """The single seam for file I/O that matters to durability.
 
 Every write, sync, directory sync, create, rename, unlink and truncate of
-the engine goes through here, so that fault-injection tests can make any of
-them fail, named crash points can stop the process between them, and a
-recorder can log them all to simulate a power cut (what the disk may hold
-when power is lost after any one of them).
+the engine goes through here, so that a recorder can log them all to
+simulate a power cut (what the disk may hold when power is lost after any
+one of them) and named crash points can stop the process between them.
+Fault-injection tests can make the writes and the syncs (``fault_hook``:
+"write", "fdatasync", "fsync") fail; creates, renames, unlinks and truncates
+are not injected.
 
 Crash points are inert unless the environment variable ``CONVMEM_CRASH_AT``
 is set when this module is imported, to ``NAME`` or ``NAME:N`` (crash at the

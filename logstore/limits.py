@@ -1,4 +1,4 @@
-"""Capacity limits of the data model (see the spec's "Capacity Limits")."""
+"""Capacity limits of the data model: every bound an append, a read or an id is checked against (README, "Errors")."""
 
 from __future__ import annotations
 

@@ -2,7 +2,9 @@
 
 An append holds the conversation exclusively (thread mutex and file lock),
 re-verifies the tail (:mod:`logstore.recovery`), logs its intent in the site
-manifest, writes the record and syncs it, then logs the commit. A
+manifest, writes the record and syncs it, then owes the manifest its commit
+(kept in memory and carried by the conversation's next intent, or logged at
+close; FORMAT.md section 5: no manifest write after the sync). A
 conversation's first segment is created in place with its first batch
 (:meth:`Writer._create_first_segment`); later segments are created whole
 (header synced, then renamed into place) when the active one is rolled
@@ -31,7 +33,7 @@ from collections.abc import Callable, Iterator
 
 from . import background, convpool, fileio, frame, index, layout
 from .convstate import Options, Tip
-from .errors import ConversationFull, Io, StoreError, Timeout
+from .errors import ConversationFull, Io, Timeout
 from .frame import KIND_BATCH, KIND_SEAL, SEGMENT_HEADER_SIZE
 from .limits import MAX_CONVERSATION_ITEMS
 from .recovery import Recovery
@@ -323,13 +325,9 @@ class Writer(Recovery):
             self._poison()
             raise Io(f"appending to the log failed: {os.strerror(exc.errno or errno.EIO)}", exc.errno) from exc
         self._created_us = created
-        try:
-            self.manifest.commit(self.conversation_id, tip)
-        except (OSError, StoreError):
-            # The batches are durable: the append has happened and must not be reported as
-            # failed (a Timeout or Io here would be a lie: "nothing was written"). The
-            # listing learns of it when the intent is resolved by probing (FORMAT.md 5).
-            pass
+        # In memory only (no I/O, nothing to fail): the batches are durable and acknowledged
+        # whatever becomes of the owed commit; a listing elsewhere probes the pending intent.
+        self.manifest.commit(self.conversation_id, tip)
         fileio.crashpoint("manifest-commit")
         self._schedule_extension()
         if self._refill_pool:

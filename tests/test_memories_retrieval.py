@@ -133,8 +133,21 @@ def test_bad_limit_and_closed(retriever: Retriever) -> None:
 
 
 def test_queries_of_punctuation_or_fts_syntax_are_safe(retriever: Retriever) -> None:
-    for q in ["", "   ", '"', "NEAR(a b)", "units OR", "a* AND -b", "!!!", "column:units", "the and of"]:
-        retriever.search(q, limit=3)
+    """Query text is words, never search syntax: no error, no operator, no column filter."""
+    # Nothing but punctuation, operators or stop words: nothing is relevant.
+    for q in ["", "   ", '"', "NEAR(a b)", "a* AND -b", "!!!", "the and of"]:
+        assert retriever.search(q, limit=3) == [], q
+    # Syntax around a real word: the word still finds its memory first.
+    for q, best in [
+        ("units OR", "m_units"),
+        ("column:units", "m_units"),
+        ('"metric units"', "m_units"),
+        ("units)", "m_units"),
+        ("subject:editor", "m_editor"),
+    ]:
+        assert ids(retriever.search(q, limit=3))[:1] == [best], q
+    # "NOT" is a word here: the memory that holds "smoke" is not excluded.
+    assert ids(retriever.search("deploy* NOT smoke", limit=3))[:1] == ["m_deploy"]
 
 
 # -- stateful: incremental state == state rebuilt from the model -------------
