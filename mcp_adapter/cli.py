@@ -3,6 +3,12 @@
 Every option of ``serve`` can also be given as a ``CONVMEM_*`` environment
 variable (the option name in upper case, dashes as underscores, e.g.
 ``CONVMEM_DATA_DIR``); a command-line option wins over the environment.
+
+Start-up: :func:`main` builds the full parser of the one command it runs
+(``convmem fsck`` imports the maintenance code, not the MCP server), and
+``convmem --help`` builds none: it lists the commands from their one-line
+help in :data:`COMMANDS` and :data:`convmem.tools.cli.COMMANDS`. Nothing
+here imports the engine, the MCP types, psycopg or numpy at module level.
 """
 
 from __future__ import annotations
@@ -13,22 +19,10 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from convmem.logstore import (
-    InvalidConversationId,
-    ListSelector,
-    MemoryStore,
-    SiteName,
-    StoreError,
-    open_store,
-    site_usage,
-)
-from convmem.logstore.ids import SITE_NAME_RULE
-
-from . import __version__, metrics, requestlog, tls
-from .credentials import CredentialError, generate_password
-from .store_select import StoreConfigError, add_store_arguments, choose, credentials_for, open_chosen
+if TYPE_CHECKING:
+    from convmem.logstore import MemoryStore
 
 ENV_PREFIX = "CONVMEM_"
 DEMO_SITE = "demo-site"
@@ -60,6 +54,9 @@ def _fail(message: str, code: int = 1) -> int:
 
 def _site_name(name: str) -> str | None:
     """The validated site name, or None after printing why it is invalid."""
+    from convmem.logstore import InvalidConversationId, SiteName
+    from convmem.logstore.ids import SITE_NAME_RULE
+
     try:
         return SiteName(name)
     except InvalidConversationId as exc:
@@ -85,6 +82,10 @@ class _StoreUnusable(Exception):
 @contextlib.contextmanager
 def _site_store(args: argparse.Namespace, *, need_store: bool) -> Iterator[tuple[Any, MemoryStore | None, str]]:
     """(credentials, store or None, where) for a ``site`` command; PostgreSQL always opens the store."""
+    from convmem.logstore import StoreError
+
+    from .store_select import StoreConfigError, choose, credentials_for, open_chosen
+
     try:
         choice = choose(args)
     except StoreConfigError as exc:
@@ -106,6 +107,8 @@ def _site_command(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse
     """Turn an unusable store or a database failure into a clear message and exit status."""
 
     def run(args: argparse.Namespace) -> int:
+        from convmem.logstore import StoreError
+
         try:
             return fn(args)
         except _StoreUnusable as exc:
@@ -120,6 +123,10 @@ def _site_command(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse
 @_site_command
 def cmd_site_add(args: argparse.Namespace) -> int:
     """``convmem site add NAME``: create a site; print its password once (or take it from stdin)."""
+    from convmem.logstore import StoreError
+
+    from .credentials import CredentialError, generate_password
+
     site = _site_name(args.name)
     if site is None:
         return 2
@@ -171,6 +178,8 @@ def cmd_site_list(args: argparse.Namespace) -> int:
 @_site_command
 def cmd_site_passwd(args: argparse.Namespace) -> int:
     """``convmem site passwd NAME``: give a site a new password (generated, or from stdin)."""
+    from .credentials import CredentialError, generate_password
+
     password = _read_password_stdin() if args.password_stdin else generate_password()
     if password is None:
         return 2
@@ -191,6 +200,10 @@ def cmd_site_passwd(args: argparse.Namespace) -> int:
 @_site_command
 def cmd_site_remove(args: argparse.Namespace) -> int:
     """``convmem site remove NAME [--force]``: delete a site (and, with --force, its conversations)."""
+    from convmem.logstore import ListSelector, StoreError
+
+    from .credentials import CredentialError
+
     with _site_store(args, need_store=False) as (creds, store, where):
         if args.name not in creds.sites():
             return _fail(f"no site named {args.name!r}")
@@ -234,6 +247,8 @@ def cmd_site_remove(args: argparse.Namespace) -> int:
 @contextlib.contextmanager
 def _data_store(store: MemoryStore | None, data_dir: str) -> Iterator[MemoryStore]:
     """The store for one step of a site command: the open database, or the data directory opened just for it."""
+    from convmem.logstore import open_store
+
     if store is not None:
         yield store
         return
@@ -247,6 +262,8 @@ def _leftover_site_data(store: MemoryStore | None, data_dir: str, site: str) -> 
     ``store`` is the open PostgreSQL store (there "conversations" means rows of
     that site in the database), or None to look in the data directory.
     """
+    from convmem.logstore import ListSelector
+
     if store is None:
         return _leftover_site_dir(data_dir, site)
     if site not in store.sites():
@@ -256,6 +273,8 @@ def _leftover_site_data(store: MemoryStore | None, data_dir: str, site: str) -> 
 
 def _leftover_site_dir(data_dir: str, site: str) -> str | None:
     """What the data directory still holds for ``site``: "conversations" (segments), "empty", or None."""
+    from convmem.logstore import open_store, site_usage
+
     if not os.path.exists(os.path.join(data_dir, "logstore.json")):
         return None
     with open_store(data_dir) as store:
@@ -280,6 +299,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _data_dir_parent() -> argparse.ArgumentParser:
+    from .store_select import add_store_arguments
+
     parent = argparse.ArgumentParser(add_help=False)
     add_store_arguments(parent)
     return parent
@@ -387,16 +408,68 @@ def add_quota_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argparse.ArgumentParser]]:
-    """The argument parser and its subcommand collection (for extension by ``tools.cli``)."""
+#: The built-in commands and their one-line help (the operator tools' are in convmem.tools.cli).
+COMMANDS = {
+    "serve": "run the MCP server",
+    "site": "manage sites (tenants) and their passwords",
+}
+
+
+def _top_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argparse.ArgumentParser]]:
     parser = argparse.ArgumentParser(prog="convmem", description="Durable conversation memory for AI agents, over MCP.")
-    parser.add_argument("--version", action="version", version=f"convmem {__version__}")
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    data_dir = _data_dir_parent()
+    return parser, sub
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: the installed version, read (from the package metadata) only when asked."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help="show the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *_args: Any, **_kwargs: Any) -> None:
+        from . import __version__
+
+        parser.exit(message=f"convmem {__version__}\n")
+
+
+def build_parser(
+    only: str | None = None,
+) -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argparse.ArgumentParser]]:
+    """The argument parser and its subcommand collection.
+
+    With ``only``, the full parser of that one command (what :func:`main`
+    runs); without, every command's (for the tests and the documentation).
+    """
+    from convmem.tools.cli import add_subcommands
+
+    parser, sub = _top_parser()
+    if only in (None, "serve"):
+        _add_serve(sub)
+    if only in (None, "site"):
+        _add_site(sub)
+    add_subcommands(sub, only=only)
+    return parser, sub
+
+
+def _listing_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every command named but none built: ``--help``, ``--version`` and typos."""
+    from convmem.tools.cli import COMMANDS as TOOL_COMMANDS
+
+    parser, sub = _top_parser()
+    for name, text in {**COMMANDS, **TOOL_COMMANDS}.items():
+        sub.add_parser(name, help=text, add_help=False)
+    return parser
+
+
+def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from . import metrics, requestlog, tls
+    from .store_select import add_store_arguments
 
     serve = sub.add_parser(
         "serve",
-        help="run the MCP server",
+        help=COMMANDS["serve"],
         description="Run the MCP server (streamable HTTP at /mcp, or stdio).",
     )
     add_store_arguments(serve, server=True)
@@ -452,9 +525,14 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[
     add_security_options(serve)
     serve.set_defaults(func=cmd_serve)
 
+
+def _add_site(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from convmem.logstore.ids import SITE_NAME_RULE
+
+    data_dir = _data_dir_parent()
     site = sub.add_parser(
         "site",
-        help="manage sites (tenants) and their passwords",
+        help=COMMANDS["site"],
         description="Manage sites. A site is a tenant: its name is the HTTP Basic user name.",
     )
     site_sub = site.add_subparsers(dest="site_command", required=True, metavar="ACTION")
@@ -489,21 +567,21 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[
     )
     remove.set_defaults(func=cmd_site_remove)
 
-    try:
-        from convmem.tools.cli import add_subcommands
-    except ImportError:
-        pass
-    else:
-        add_subcommands(sub)
-    return parser, sub
-
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``convmem`` console script."""
     # Everything convmem writes (data, credentials, exports) is tenant data: owner only,
     # whatever umask the caller runs with. The engine also sets explicit modes itself.
     os.umask(0o077)
-    parser, _ = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # The command is the first word that is not an option (the top level takes only --help and --version).
+    name = next((a for a in argv if not a.startswith("-")), None)
+    from convmem.tools.cli import COMMANDS as TOOL_COMMANDS
+
+    if name in COMMANDS or name in TOOL_COMMANDS:
+        parser, _ = build_parser(only=name)
+    else:
+        parser = _listing_parser()
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     return func(args)

@@ -1,26 +1,44 @@
 """Registration of the operator tools as ``convmem`` subcommands.
 
-``add_subcommands(subparsers)`` adds ``fsck``, ``dump``, ``export``, ``import``,
-``stats``, ``locate``, ``backup`` and ``migrate``; each sets ``func`` to a callable taking the parsed arguments and
-returning the process exit status.
+:data:`COMMANDS` names each tool, its module and its one-line help, so that
+``convmem --help`` lists them without importing any. ``add_subcommands``
+adds their full parsers (``fsck``, ``dump``, ``export``, ``import``, ``stats``,
+``locate``, ``backup``, ``migrate``), importing only the modules it needs; each
+sets ``func`` to a callable taking the parsed arguments and returning the
+process exit status.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 from collections.abc import Sequence
 
-from . import backup, dump, export, fsck, locate, migrate, restore, stats
+#: Command -> its one-line help (the same as its module's ``add_parser`` gives; a test checks).
+COMMANDS = {
+    "fsck": "check (and repair) a data directory",
+    "dump": "print the records of a segment file (.seg) or the entries of an index file (.idx)",
+    "export": "export conversations as JSON Lines",
+    "import": "load an export file into an empty site, or restore one conversation",
+    "stats": "sizes of sites and their largest conversations",
+    "locate": "print the files holding one conversation",
+    "backup": "copy a live data directory consistently",
+    "migrate": "copy all data between a data directory and PostgreSQL (resumable, verified)",
+}
+#: Command -> the module of this package that defines it (where the two differ).
+_MODULES = {"import": "restore"}
 
 
-def add_subcommands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the operator tools to a ``convmem`` command line."""
-    for module in (fsck, dump, export, restore, stats, locate, backup, migrate):
-        module.add_parser(subparsers)
+def add_subcommands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser], only: str | None = None) -> None:
+    """Add the operator tools (or only the one named ``only``, if it is one) to a ``convmem`` command line."""
+    for name in COMMANDS:
+        if only is None or only == name:
+            module = importlib.import_module(f"{__package__}.{_MODULES.get(name, name)}")
+            module.add_parser(subparsers)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one tool (for ``python -m tools``); returns its exit status."""
+    """Run one tool (for ``python -m convmem.tools``); returns its exit status."""
     parser = argparse.ArgumentParser(prog="convmem", description="convmem operator tools")
     add_subcommands(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
     args = parser.parse_args(argv)
