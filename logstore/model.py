@@ -130,7 +130,7 @@ class ListCursor(msgspec.Struct, frozen=True):
         except InvalidCursor:
             raise
         except (binascii.Error, ValueError, msgspec.DecodeError, OverflowError, Exception) as exc:
-            raise InvalidCursor("the cursor is malformed; pass back next_cursor exactly as received") from exc
+            raise InvalidCursor("the cursor is malformed") from exc
         if tag != _site_tag(site):
             raise InvalidCursor("the cursor was issued to another site")
         return cls(stamp, conv)

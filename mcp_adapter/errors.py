@@ -114,7 +114,9 @@ def unauthenticated(*, bearer: bool = False) -> ToolFailure:
     if bearer:
         message = "Bearer tokens are not accepted; this server requires HTTP Basic authentication"
     else:
-        message = "HTTP Basic authentication is required, with valid credentials (user name = site)"
+        message = (
+            "missing or invalid credentials: HTTP Basic authentication with a site name and its password is required"
+        )
     return ToolFailure("Unauthenticated", message)
 
 

@@ -17,7 +17,7 @@ from convmem.logstore.memories import limits as L
 from convmem.logstore.timefmt import format_us
 
 from .errors import invalid_arguments
-from .validation import _explain
+from .validation import _explain, reject_unknown
 
 if TYPE_CHECKING:
     from .server import Backend
@@ -85,6 +85,7 @@ def parse_memory_arguments(tool: str, arguments: dict[str, Any] | None) -> Memor
     for name in ("candidate", "memory"):
         if raw.get(name) is None and name in raw and tool != "memory_upsert":
             del raw[name]  # null means "not given" for the optional candidate
+    reject_unknown(tool, raw, MEMORY_ARGUMENT_TYPES[tool])
     try:
         return msgspec.convert(raw, type=MEMORY_ARGUMENT_TYPES[tool], strict=True)
     except msgspec.ValidationError as exc:

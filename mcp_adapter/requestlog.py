@@ -156,8 +156,9 @@ def _claimed_site(scope: Scope) -> str | None:
 def _tag_error_response(held: list[Message], rid: str) -> tuple[Message, bytes]:
     """An HTTP error response (start message, whole body) with the request id added to its text.
 
-    A JSON-RPC error gets it appended to ``error.message``, a plain-text body
-    at its end; other bodies are left as they are.
+    A JSON-RPC error gets it appended to ``error.message`` (unless the message
+    already names it, as the server's own errors do for stdio clients), a
+    plain-text body at its end; other bodies are left as they are.
     """
     start, body = held[0], b"".join(m.get("body", b"") for m in held[1:])
     headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
@@ -169,7 +170,7 @@ def _tag_error_response(held: list[Message], rid: str) -> tuple[Message, bytes]:
         except ValueError:
             doc = None
         error = doc.get("error") if isinstance(doc, dict) else None
-        if isinstance(error, dict) and isinstance(error.get("message"), str):
+        if isinstance(error, dict) and isinstance(error.get("message"), str) and suffix not in error["message"]:
             error["message"] += suffix
             body = json.dumps(doc, separators=(",", ":")).encode()
     elif ctype.startswith("text/plain"):

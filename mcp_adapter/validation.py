@@ -7,14 +7,17 @@ raises :class:`~mcp_adapter.errors.ToolFailure`:
 * a malformed ``conversation_id`` is ``InvalidConversationId`` with its reason;
 * an empty ``items`` list is ``EmptyBatch``; more than 250 items is
   ``BatchTooLarge`` (``unit: "items"``);
+* an argument the tool does not take is ``InvalidArguments`` naming it and
+  the nearest one the tool takes (a misspelt ``memory_contxt`` would
+  otherwise silently turn surfacing off);
 * anything else (wrong type, out-of-range number, missing field) is
   ``InvalidArguments`` naming the field and the rule it broke.
-
-Properties the schemas do not declare are ignored, as JSON Schema allows.
 """
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Mapping
 from typing import Annotated, Any, TypeVar
 
 import msgspec
@@ -122,6 +125,18 @@ def _normalize_integers(arguments: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def reject_unknown(tool: str, arguments: Mapping[str, Any], kind: type[msgspec.Struct]) -> None:
+    """InvalidArguments for the first argument (in name order) that ``kind`` has no field for."""
+    known = kind.__struct_fields__
+    unknown = sorted(set(arguments) - set(known))
+    if not unknown:
+        return
+    name = unknown[0]
+    near = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    hint = f"did you mean `{near[0]}`?" if near else f"{tool} takes " + ", ".join(f"`{k}`" for k in sorted(known))
+    raise invalid_arguments(name, f"not an argument of {tool}; {hint}")
+
+
 def _check_conversation_id(value: str) -> None:
     try:
         ConversationId(value)
@@ -137,6 +152,7 @@ def parse_arguments(tool: str, arguments: dict[str, Any] | None) -> ToolArgs:
     """
     kind = ARGUMENT_TYPES[tool]
     raw = _normalize_integers(arguments or {})
+    reject_unknown(tool, raw, kind)
     if kind is AppendArgs:
         # Batch-size rules have their own spec codes; check them before the generic ones.
         items = raw.get("items")

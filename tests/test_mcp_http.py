@@ -94,6 +94,14 @@ async def test_unknown_tool_is_a_protocol_error(server: ServerProcess, mode: str
         with pytest.raises(MCPError) as info:
             await client.call_tool("forget_everything", {})
     assert "forget_everything" in str(info.value)
+    assert str(info.value).count("(request id ") == 1, str(info.value)
+
+
+async def test_an_unknown_argument_is_refused_over_the_wire(server: ServerProcess) -> None:
+    result = await call(server, "recall_memory", {"conversation_id": conv(), "memory_contxt": "units"})
+    error = error_of(result)
+    assert error["code"] == "InvalidArguments" and error["field"] == "memory_contxt"
+    assert "did you mean `memory_context`?" in result.content[0].text
 
 
 # -- the four tools --------------------------------------------------------------------
@@ -294,6 +302,9 @@ async def test_bad_cursors(server: ServerProcess) -> None:
     other_site = error_of(await call(server, "list_conversations", {"cursor": token}, auth=basic(BRAVO, BRAVO_PW)))
     for error in (garbage, other_site):
         assert error["code"] == "InvalidCursor" and error["retryable"] is False
+    # The message says what is wrong, the advice what to do: neither repeats the other.
+    text = (await call(server, "list_conversations", {"cursor": "not-a-cursor"})).content[0].text
+    assert text.lower().count("exactly as received") == 1, text
 
 
 # -- authentication and isolation -------------------------------------------------------------
@@ -302,12 +313,12 @@ async def test_bad_cursors(server: ServerProcess) -> None:
 @pytest.mark.parametrize(
     ("auth", "needle"),
     [
-        ("", "Basic authentication is required"),
+        ("", "missing or invalid credentials"),
         ("Bearer some-oauth-token", "Bearer tokens are not accepted"),
-        (basic(ALPHA, "wrong-password-000000"), "Basic authentication is required"),
-        (basic("no-such-site", ALPHA_PW), "Basic authentication is required"),
-        ("Basic !!!not-base64", "Basic authentication is required"),
-        ("Digest username=alpha-site", "Basic authentication is required"),
+        (basic(ALPHA, "wrong-password-000000"), "missing or invalid credentials"),
+        (basic("no-such-site", ALPHA_PW), "missing or invalid credentials"),
+        ("Basic !!!not-base64", "missing or invalid credentials"),
+        ("Digest username=alpha-site", "missing or invalid credentials"),
     ],
 )
 async def test_calls_without_valid_basic_credentials_are_refused(

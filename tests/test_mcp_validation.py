@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from convmem.mcp_adapter.errors import ToolFailure
-from convmem.mcp_adapter.validation import AppendArgs, ListArgs, RecallArgs, ReplayArgs, parse_arguments
+from convmem.mcp_adapter.validation import ListArgs, RecallArgs, ReplayArgs, parse_arguments
 
 CID = "valid-conv-id"
 
@@ -40,10 +40,24 @@ def test_integral_floats_count_as_integers() -> None:
     assert failure("recall_memory", {"conversation_id": CID, "count": 7.5})["field"] == "count"
 
 
-def test_extra_properties_are_ignored() -> None:
-    assert parse_arguments("append_memory", {"conversation_id": CID, "items": [{"a": 1}], "x": 1}) == AppendArgs(
-        CID, [{"a": 1}]
-    )
+def test_an_unknown_argument_is_refused_with_the_nearest_known_one() -> None:
+    """A misspelt memory_context must not silently turn surfacing off."""
+    got = failure("append_memory", {"conversation_id": CID, "items": [{"a": 1}], "memory_contxt": "units"})
+    assert got["field"] == "memory_contxt"
+    assert "did you mean `memory_context`?" in got["rule"] and "append_memory" in got["rule"]
+    got = failure("replay_memory", {"conversation_id": CID, "limit": 5, "ofset": 3})
+    assert got["field"] == "ofset" and "`offset`" in got["rule"]
+    # Nothing near: the rule lists what the tool takes.
+    got = failure("list_conversations", {"zzz": 1})
+    assert got["field"] == "zzz" and "`cursor`, `limit`" in got["rule"]
+
+
+def test_an_unknown_memory_tool_argument_is_refused_too() -> None:
+    from convmem.mcp_adapter.memory_calls import parse_memory_arguments
+
+    with pytest.raises(ToolFailure) as info:
+        parse_memory_arguments("memory_search", {"query": "units", "limt": 3})
+    assert info.value.details["field"] == "limt" and "`limit`" in info.value.details["rule"]
 
 
 @pytest.mark.parametrize(
