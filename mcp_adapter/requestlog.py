@@ -27,7 +27,6 @@ import contextvars
 import json
 import logging
 import os
-import re
 import sys
 import time
 import uuid
@@ -37,12 +36,23 @@ from typing import Any
 import mcp_types as types
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from convmem.logstore import InvalidConversationId, SiteName
+
 from .errors import ToolFailure
 from .metrics import METRICS, record_auth_failure
 
 logger = logging.getLogger("convmem.request")
 
-_SITE_RE = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
+
+def _is_site_name(user: str) -> bool:
+    """True when ``user`` is a well-formed site name (the rule of :class:`convmem.logstore.SiteName`)."""
+    try:
+        SiteName(user)
+    except InvalidConversationId:
+        return False
+    return True
+
+
 #: Attributes of a LogRecord that are not extra fields.
 _STANDARD_ATTRS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
@@ -149,7 +159,7 @@ def _claimed_site(scope: Scope) -> str | None:
                 user = base64.b64decode(encoded.strip(), validate=True).split(b":", 1)[0].decode("ascii")
             except (binascii.Error, UnicodeDecodeError, ValueError):
                 return None
-            return user if _SITE_RE.match(user) else None
+            return user if _is_site_name(user) else None
     return None
 
 

@@ -182,3 +182,19 @@ def test_http_level_errors_quote_the_request_id(tmp_path: Path) -> None:
         assert body["error"]["message"].endswith(f"(request id {checks[2].headers['x-request-id']})")
     finally:
         assert server.stop() == 0
+
+
+def test_the_request_log_names_a_site_by_the_one_site_name_rule() -> None:
+    """The log's ``site`` field takes any well-formed site name (1-64 characters), not the conversation-id rule."""
+    import base64
+
+    from convmem.mcp_adapter.requestlog import _claimed_site
+
+    def scope(user: str) -> dict[str, Any]:
+        token = base64.b64encode(f"{user}:some-password".encode()).decode()
+        return {"headers": [(b"authorization", f"Basic {token}".encode())]}
+
+    assert _claimed_site(scope("acme")) == "acme"
+    assert _claimed_site(scope("a" * 64)) == "a" * 64
+    for bad in ("", "a" * 65, "no spaces", "dots.not.allowed"):
+        assert _claimed_site(scope(bad)) is None, bad

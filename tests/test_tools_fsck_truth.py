@@ -518,3 +518,47 @@ def test_damage_a_power_cut_cannot_leave_stays_a_problem(two_segments: Path, tmp
     assert not report["problems"][0]["resolves_itself"]
     assert "the engine ignores it" in report["problems"][0]["action"]
     assert fsck(root, "--repair")[0] == 1 and fsck(root)[0] == 0
+
+
+LIVE_WRITER = """
+import sys
+from convmem.logstore import FileStore
+store = FileStore(sys.argv[1])
+for n in range(5):
+    store.append("site-live", f"live-conv-{n}", [{"n": n}])
+print("ready", flush=True)
+sys.stdin.readline()  # hold the store open, its commits owed, until told to close
+store.close()
+"""
+
+
+def test_plain_fsck_of_a_live_directory_summarises_the_commits_writers_owe(tmp_path: Path) -> None:
+    """A healthy directory with a writer running: one note for the site, not three lines per conversation."""
+    root = tmp_path / "data"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    writer = subprocess.Popen(
+        [sys.executable, "-c", LIVE_WRITER, str(root)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert writer.stdout is not None and writer.stdout.readline().strip() == "ready"
+        proc = cli("fsck", str(root))
+        text = proc.stdout.decode()
+        assert proc.returncode == 0, text
+        assert text.count("intent-unresolved") == 1, text
+        assert "site site-live: 5 conversations (live-conv-0, live-conv-1, live-conv-2, ...)" in text
+        assert "0 problems, 0 repaired, 0 left; 5 notes" in text
+        verbose = cli("fsck", str(root), "--verbose").stdout.decode()
+        assert verbose.count("intent-unresolved") == 5, verbose
+        status, report = fsck(root)
+        assert status == 0 and all(p["owed_commit"] for p in report["problems"]), report["problems"]
+    finally:
+        assert writer.stdin is not None
+        writer.stdin.write("\n")
+        writer.stdin.close()
+        writer.wait(timeout=60)
+    status, report = fsck(root)
+    assert status == 0 and report["problems"] == [], report["problems"]  # the writer logged them at close

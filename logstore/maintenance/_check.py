@@ -164,7 +164,9 @@ def _check_site_manifest(
     """
     verified: dict[str, _Verified] = {}
     problems = _check_manifest(root, site, tips, damaged, conversation, lock_timeout, verified)
-    if truncated or (repair and any(p.kind != LOCK_TIMEOUT and not _owed(p, verified) for p in problems)):
+    for p in problems:
+        p.owed_commit = _owed(p, verified)
+    if truncated or (repair and any(p.kind != LOCK_TIMEOUT and not p.owed_commit for p in problems)):
         try:
             _write_manifest(root, site, tips, truncated, conversation is None, lock_timeout, verified)
         except (Timeout, OSError) as exc:

@@ -147,6 +147,9 @@ class Problem:
     #: True for a state a crash can leave that the engine resolves by itself
     #: (``action`` says how): a note, not an error, for the exit status.
     resolves_itself: bool = False
+    #: An ``intent-unresolved`` note whose batch is exactly what the log holds: the commit a
+    #: live (or idle) writer still owes. Normal on a live directory; ``convmem fsck`` summarises these.
+    owed_commit: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -160,6 +163,7 @@ class Problem:
             "repaired": self.repaired,
             "lost_seqs": list(self.lost_seqs) if self.lost_seqs is not None else None,
             "resolves_itself": self.resolves_itself,
+            "owed_commit": self.owed_commit,
         }
 
 
