@@ -52,6 +52,14 @@ def test_smoke_run_produces_every_ratio(tmp_path: Path) -> None:
         lo, hi = doc["ratio_intervals"][key]
         assert lo <= hi, (key, lo, hi)
     assert doc["failures"] == {} and doc["missing_ratios"] == []
+    # docs/performance-figures.md is generated from such a file, never edited by hand.
+    page = [subprocess.run([sys.executable, "-m", "bench.report", str(out)], cwd=ROOT, capture_output=True,
+                           text=True, timeout=120) for _ in range(2)]
+    assert page[0].returncode == 0, page[0].stderr
+    assert page[0].stdout == page[1].stdout  # deterministic: the same run gives the same page
+    assert page[0].stdout.startswith("# Performance figures\n")
+    for key in RATIO_KEYS:
+        assert f"(`{key}`)" in page[0].stdout, key
     env_rec = doc["environment"]
     assert {"loadavg_start", "loadavg_end", "cpu_steal_share", "noisy"} <= set(env_rec)
     append10 = next(r for r in doc["results"] if r["group"] == "append" and r["extra"]["batch"] == 10)
