@@ -213,7 +213,7 @@ def interleaved_ops(n: int, fns: dict[str, Callable[[], Any]], before: Callable[
     call. The latencies are therefore what a caller sees; the time waited is
     added up in :data:`BACKGROUND` (the jobs' own run time per kind in
     :data:`BACKGROUND_KINDS`) and reported beside them, so that it is
-    never simply left out (``python -m bench.tail_probe`` shows the
+    never simply left out (``python -m bench.probes.tail_probe`` shows the
     back-to-back case, where jobs overlap the next appends). Returns seconds
     per call.
     """

@@ -3,7 +3,7 @@
 Usage: ``python3 bench/ltm_eval/models/summarize.py [DIR]``: any Python 3.11+, standard library only (it
 imports nothing of the repository; ``-m bench.ltm_eval.models.summarize`` works too, but importing the
 package needs what bench.ltm_eval imports).
-DIR defaults to ``$CONVMEM_MODELS_DIR/results``; ``bench/ltm_eval/models/results`` holds the first run's.
+DIR defaults to ``$CONVMEM_MODELS_DIR/results``; result files are kept outside the tree.
 Recall rows come from results.jsonl, results_wide.jsonl, results_doctext.jsonl (then any other
 results*.jsonl); latency rows from latency.jsonl, latency2.jsonl, ... (one file per round).
 """

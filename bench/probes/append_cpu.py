@@ -1,4 +1,4 @@
-"""The CPU time of an append, with the sync taken out: ``python -m bench.append_cpu [ITEMS ...]``.
+"""The CPU time of an append, with the sync taken out: ``python -m bench.probes.append_cpu [ITEMS ...]``.
 
 Appends round-robin to 8 conversations (new ones each round, their first
 append untimed) of a store on tmpfs (``/dev/shm``, where ``fdatasync`` costs

@@ -1,4 +1,4 @@
-"""The system-call floor of a first append, by way of creating the conversation (``python -m bench.newconv_floor``).
+"""The system-call floor of a first append, by creating the conversation (``python -m bench.probes.newconv_floor``).
 
 Raw ``os`` calls only (no engine), interleaved op by op, each variant in its
 own site directory, against an ordinary append (``pwrite`` into a pre-zeroed,

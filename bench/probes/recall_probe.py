@@ -1,6 +1,6 @@
 """Microseconds per recall: convmem's read path against the tuned SQLite, and against another copy of logstore.
 
-``python -m bench.recall_probe [--items N] [--ops N] [--baseline DIR]``
+``python -m bench.probes.recall_probe [--items N] [--ops N] [--baseline DIR]``
 builds, in a fresh directory under the current one, a conversation of N
 items (default 20,000) of about 1 KiB in 10-item batches and one of the same
 length in 250-item batches, in convmem and in the bench's tuned SQLite
@@ -80,8 +80,8 @@ def main(argv: list[str] | None = None) -> None:
     root = tempfile.mkdtemp(prefix="recall-probe-", dir=".")
     try:
         # Built by a child process, so every reader here starts from the same fresh heap.
-        subprocess.run([sys.executable, "-m", "bench.recall_probe", "--items", str(args.items), "--build-into", root],
-                       check=True)
+        build = ["--items", str(args.items), "--build-into", root]
+        subprocess.run([sys.executable, "-m", "bench.probes.recall_probe", *build], check=True)
         peer = Sqlite(f"{root}/sqlite.db")
         stores["convmem"] = logstore.open_store(f"{root}/convmem")
         if args.baseline:

@@ -1,6 +1,6 @@
 """Which appends make the tail: time each 10-item append to one conversation, back to back, by class.
 
-``python -m bench.tail_probe [N]`` appends N (default 2,000) batches of 10
+``python -m bench.probes.tail_probe [N]`` appends N (default 2,000) batches of 10
 items of about 1 KiB to one new conversation in a fresh data directory under
 the current directory (so on the same disk as the project), one after the
 other with nothing between them (unlike the bench's interleaved appends, where

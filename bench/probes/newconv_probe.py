@@ -1,4 +1,4 @@
-"""Where a first append's time goes, in the engine (``python -m bench.newconv_probe``).
+"""Where a first append's time goes, in the engine (``python -m bench.probes.newconv_probe``).
 
 Three kinds of call, interleaved op by op in one process, each in its own
 store (so that one's background work never falls into another's call), the
@@ -48,7 +48,7 @@ def _store(root: str, pool: bool | None) -> FileStore:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.newconv_probe", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench.probes.newconv_probe", description=__doc__.splitlines()[0])
     p.add_argument("-n", type=int, default=300, help="calls of each kind (default 300)")
     p.add_argument("--dir", help="directory to work in (default: a temporary one on the working disk)")
     p.add_argument("--profile", action="store_true", help="then profile pool claims")

@@ -1,6 +1,6 @@
 """What the power-cut safe listing costs: first appends per epoch, and the first listing.
 
-``python -m bench.manifest_recovery [N] [--dir DIR]``. A site of N conversations
+``python -m bench.probes.manifest_recovery [N] [--dir DIR]``. A site of N conversations
 (one batch each) is written and closed; a new store (a restarted process) then
 appends to each conversation three times, round-robin: the first append of
 each conversation in this process and epoch syncs its intent to the manifest
