@@ -190,9 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     if env["noisy"]:
         print("WARNING: this run was NOISY (" + "; ".join(env["noisy_reasons"]) + "): its figures carry more noise "
               "than their intervals show; rerun on a quiet machine before quoting them.")
-    background = {k: {"waited_s": round(v[0], 4), "timed_s": round(v[1], 4), "calls": int(v[2]),
-                      "ran_s": {kind: round(t, 4) for kind, t in util.BACKGROUND_KINDS.get(k, {}).items()}}
-                  for k, v in util.BACKGROUND.items() if k.split(" / ")[-1].startswith(util.CONVMEM)}
+    background: dict[str, dict[str, Any]] = {
+        k: {"waited_s": round(v[0], 4), "timed_s": round(v[1], 4), "calls": int(v[2]),
+            "ran_s": {kind: round(t, 4) for kind, t in util.BACKGROUND_KINDS.get(k, {}).items()}}
+        for k, v in util.BACKGROUND.items() if k.split(" / ")[-1].startswith(util.CONVMEM)}
     if background:
         print("\nbackground work waited for between calls (convmem's extend-ahead jobs and pool refills; not in "
               "the latencies above, which are what a caller sees):")

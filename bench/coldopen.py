@@ -62,7 +62,7 @@ def run(ctx: Ctx) -> list[Row]:
     ctx.progress.step(f"cold open of a {length:,}-item conversation")
     ctx.sqlite.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     sq_files = [ctx.sqlite_path, ctx.sqlite_path + "-wal", ctx.sqlite_path + "-shm"]
-    common = {"site": SITE, "conv": conv}
+    common: dict[str, Any] = {"site": SITE, "conv": conv}
     fns = {
         "convmem": lambda: _timed(ctx, "convmem", _convmem_files(ctx, SITE, conv), {"path": ctx.convmem_dir, **common}),
         "sqlite": lambda: _timed(ctx, "sqlite", sq_files, {"path": ctx.sqlite_path, **common}),

@@ -7,6 +7,7 @@ Only convmem, SQLite and PostgreSQL list: the floor has no listing.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -59,7 +60,7 @@ def run(ctx: Ctx) -> list[Row]:
         for b in _listers(ctx):
             cursor = b.cursor_at(site, rank)
             assert len(b.list_page(site, cursor, PAGE)[0]) == PAGE
-            fns[f"{b.name}|{n}|{where}"] = (lambda b=b, cursor=cursor, site=site: b.list_page(site, cursor, PAGE))
+            fns[f"{b.name}|{n}|{where}"] = functools.partial(b.list_page, site, cursor, PAGE)
     samples = interleaved_ops(ctx.sizes.ops, fns, progress=ctx.progress, label="list pages")
     rows = []
     for n, where, rank in cases:

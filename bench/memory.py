@@ -237,7 +237,9 @@ async def _context_calls(url: str, warm: list[str], texts: list[str]) -> tuple[l
     """
     if len(set(warm + texts)) != len(warm) + len(texts):
         raise ValueError("every hint of the run must be new")
-    plain, with_ctx, again = [], [], []
+    plain: list[float] = []
+    with_ctx: list[float] = []
+    again: list[float] = []
     async with mcpserver.client(url) as c:
         base = {"conversation_id": CONV, "count": 50}
         for hint in warm:  # warm up both paths

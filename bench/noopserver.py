@@ -37,7 +37,7 @@ def _install(payload_file: str) -> None:
                 cache["payload"] = msgspec.json.encode(msgspec.json.decode(f.read()))  # compact, as served
         return server._finish(wire.Prepared.from_json(cache["payload"]), wire.splice_of(ctx.request))
 
-    server.call_tool = call_tool  # type: ignore[assignment]
+    server.call_tool = call_tool
 
 
 def main() -> None:

@@ -15,7 +15,9 @@ Every call is timed on its own, the backends (and the lengths) taking turns.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from typing import Any
 
 from .context import SITE, Ctx
 from .util import Row, interleaved_ops, payloads
@@ -70,7 +72,7 @@ def _recalls(ctx: Ctx, cases: list[tuple[int, int]]) -> list[Row]:
         conv = conv_name(length, batch)
         for b in ctx.backends():
             assert len(b.tail(SITE, conv, RECALL_COUNT)) == RECALL_COUNT, (b.name, conv)
-            fns[f"{b.name}|{length}|{batch}"] = (lambda b=b, conv=conv: b.tail(SITE, conv, RECALL_COUNT))
+            fns[f"{b.name}|{length}|{batch}"] = functools.partial(b.tail, SITE, conv, RECALL_COUNT)
     samples = interleaved_ops(ctx.sizes.ops, fns, progress=ctx.progress, label="recall")
     rows = []
     for length, batch in cases:
@@ -97,7 +99,10 @@ def run(ctx: Ctx) -> list[Row]:
         _replay(b, conv, length)
     pages = -(-length // REPLAY_PAGE)
     page = {"i": 0}
-    fns = {b.name: (lambda b=b: b.range(SITE, conv, page["i"], REPLAY_PAGE)) for b in ctx.backends()}
+    def replay_page(b: Any) -> object:
+        return b.range(SITE, conv, page["i"], REPLAY_PAGE)
+
+    fns: dict[str, Callable[[], object]] = {b.name: functools.partial(replay_page, b) for b in ctx.backends()}
     samples = interleaved_ops(max(ctx.sizes.replay_rounds * pages, ctx.sizes.ops), fns,
                               before=lambda i: page.__setitem__("i", (i % pages) * REPLAY_PAGE),
                               progress=ctx.progress, label=label)

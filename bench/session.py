@@ -13,6 +13,7 @@ what an engine must make durable to create one.
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable
 from typing import Any
@@ -48,7 +49,7 @@ def _newconv(ctx: Ctx) -> list[Row]:
     for b in _peers(ctx):
         b.append(SITE, "newconv-existing", items)
         fns[f"{b.name}|first"] = first(b)
-        fns[f"{b.name}|next"] = (lambda b=b: b.append(SITE, "newconv-existing", items))
+        fns[f"{b.name}|next"] = functools.partial(b.append, SITE, "newconv-existing", items)
 
     samples = interleaved_ops(n, fns, before=lambda i: counter.__setitem__("i", i), progress=ctx.progress,
                               label=label)

@@ -9,7 +9,7 @@ import statistics
 import string
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +25,7 @@ LMDB, SQLITE_TEXT, SQLITE_NORMAL, FLOOR_EXTENDING, SQLITE_GROUP = (
     "lmdb", "sqlite-text-schema", "sqlite-normal", "floor-extending", "sqlite-group")
 
 
-def median(values: list[float]) -> float:
+def median(values: Sequence[float]) -> float:
     """Median of ``values`` (nan when empty)."""
     return statistics.median(values) if values else float("nan")
 
@@ -355,7 +355,7 @@ def drop_file_cache(paths: list[str]) -> int:
 
 def files_under(root: str) -> list[str]:
     """Every regular file below ``root``."""
-    out = []
+    out: list[str] = []
     for d, _dirs, names in os.walk(root):
         out.extend(os.path.join(d, n) for n in names)
     return out
@@ -378,4 +378,4 @@ def engine_sync_disabled() -> Iterator[None]:
     try:
         yield
     finally:
-        fileio.fdatasync, fileio.fsync, fileio.fsync_dir = saved  # type: ignore[assignment]
+        fileio.fdatasync, fileio.fsync, fileio.fsync_dir = saved

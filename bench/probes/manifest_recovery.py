@@ -67,7 +67,7 @@ def _round(root: str, n: int, res: dict[str, list[float]]) -> None:
             res[label].append(time.perf_counter() - t)
             store.close()
         finally:
-            if boot is not None:
+            if boot is not None and saved is not None:
                 manifest.boot_id = saved
 
 

@@ -21,6 +21,7 @@ Not part of the bench's ratios.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import random
 import shutil
@@ -99,13 +100,13 @@ def main(argv: list[str] | None = None) -> None:
             mod = sys.modules[type(s).__module__.rsplit(".", 1)[0]]
             tail, rng = mod.Tail(COUNT), mod.Range
             if "tail" in cases:
-                fns[f"tail|{name}"] = lambda s=s, t=tail: s.read(SITE, "probe-narrow", t)
+                fns[f"tail|{name}"] = functools.partial(s.read, SITE, "probe-narrow", tail)
             if "raw" in cases:
-                fns[f"raw|{name}"] = lambda s=s, t=tail: s.read_raw(SITE, "probe-narrow", t)
+                fns[f"raw|{name}"] = functools.partial(s.read_raw, SITE, "probe-narrow", tail)
             if "wide" in cases:
-                fns[f"wide|{name}"] = lambda s=s, t=tail: s.read(SITE, "probe-wide", t)
+                fns[f"wide|{name}"] = functools.partial(s.read, SITE, "probe-wide", tail)
             if "replay" in cases:
-                fns[f"replay|{name}"] = lambda s=s, r=rng: s.read(SITE, "probe-narrow", r(page["start"], PAGE))
+                fns[f"replay|{name}"] = functools.partial(_replay_page, s, rng, page)
         if cases & {"tail", "raw"}:
             fns["tail|sqlite"] = lambda: peer.tail(SITE, "probe-narrow", COUNT)
         if "wide" in cases:
@@ -129,6 +130,11 @@ def main(argv: list[str] | None = None) -> None:
         for s in stores.values():
             s.close()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _replay_page(store: Any, rng: Any, page: dict[str, int]) -> object:
+    """One replay page of the narrow conversation, from where ``page`` says the turn starts."""
+    return store.read(SITE, "probe-narrow", rng(page["start"], PAGE))
 
 
 def _interleave(n: int, fns: dict[str, Callable[[], object]], before: Callable[[int], None]) -> dict[str, list[float]]:
