@@ -431,7 +431,8 @@ class _VersionAction(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, *_args: Any, **_kwargs: Any) -> None:
         from . import __version__
 
-        parser.exit(message=f"convmem {__version__}\n")
+        sys.stdout.write(f"convmem {__version__}\n")  # where argparse's own version action prints it
+        parser.exit()
 
 
 def build_parser(

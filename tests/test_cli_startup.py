@@ -49,6 +49,11 @@ def _import_lines(done: subprocess.CompletedProcess[str]) -> list[str]:
     return [line for line in done.stderr.splitlines() if line.startswith("import time:") and "|" in line]
 
 
+def test_version_is_printed_on_stdout() -> None:
+    _names, done = imported_by("--version")
+    assert done.returncode == 0 and done.stdout.startswith("convmem "), (done.stdout, done.stderr[-500:])
+
+
 def test_help_still_lists_every_command() -> None:
     _names, done = imported_by("--help")
     assert done.returncode == 0
