@@ -1,4 +1,4 @@
-"""The embedding model of long-term memory loads and works with the network unreachable.
+"""The sentence encoder of long-term memory loads and works with the network unreachable.
 
 The check runs in a fresh interpreter whose sockets refuse every connection
 and name lookup; where the kernel allows it (root, or user namespaces) it also
@@ -30,16 +30,16 @@ socket.create_connection = refuse
 socket.getaddrinfo = refuse
 
 import numpy as np
-from convmem.logstore.memories._semantic import default_embedder
+from convmem.logstore.memories.encoder import DIM, MODEL_DIR, default_encoder
 from convmem.logstore.memories.retrieval import MemoryDoc, Retriever
 
-e = default_embedder()
-import logging  # loading the model leaves the host's logging as it was (wordllama configures it on import)
-assert not logging.getLogger().handlers and logging.getLogger().level == logging.WARNING, logging.getLogger()
+e = default_encoder()
 v = e.embed(["metric units kilometres celsius", "distance miles temperature fahrenheit", "sourdough bread oven"])
-assert v.shape == (3, 256) and v.dtype == np.float32, (v.shape, v.dtype)
+assert v.shape == (3, DIM) and v.dtype == np.float32, (v.shape, v.dtype)
 assert np.allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5)
 assert v[0] @ v[1] > v[0] @ v[2], (v[0] @ v[1], v[0] @ v[2])
+for name in ("LICENSE", "NOTICE", "README.md", "tokenizer.json"):  # shipped with the model
+    assert (MODEL_DIR / name).is_file(), name
 
 import tempfile
 with tempfile.TemporaryDirectory() as d:

@@ -1,27 +1,15 @@
-"""The semantic half of memory retrieval: cosine similarity of static word embeddings.
+"""The semantic half of memory retrieval: cosine similarity of sentence vectors.
 
-The model is WordLlama's 256-dimension ``l2_supercat`` embedding table, which
-ships inside the ``wordllama`` wheel (MIT licence, weights included) with its
-tokenizer. Loading never touches the network: the package's own loader is
-asked for files it already holds, downloads disabled. (Version 0.4.0.post1
-looks for the tokenizer under ``tokenizer/`` while the wheel ships it under
-``tokenizers/``; the wheel's directory passed as the cache directory is
-where that second lookup finds it.) One model is loaded per process, on first
-use, and shared by every site's retriever.
-
-A text's vector is the mean of its tokens' vectors, normalised to unit
-length, so a dot product is the cosine similarity. Vectors of the memories sit
-in one float32 matrix, a row per memory; a query costs one tokenisation, one
-mean and one matrix-vector product.
+Vectors come from an :class:`Embedder`, by default the shipped sentence
+encoder (:mod:`.encoder`). They sit in one float32 matrix, a row per memory;
+a query costs one encode (or a cache hit, see :class:`.retrieval.Retriever`)
+and one matrix-vector product.
 """
 
 from __future__ import annotations
 
-import logging
-import threading
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -30,107 +18,32 @@ Vectors = npt.NDArray[np.float32]
 
 
 class Embedder(Protocol):
-    """Turns texts into unit-length float32 vectors, one row per text."""
+    """Turns texts into unit-length float32 vectors, one row per text.
+
+    ``model_id`` names the model in stored vectors: two embedders with the
+    same id must give the same vector for the same text.
+    """
 
     dim: int
+    model_id: str
 
     def embed(self, texts: Sequence[str]) -> Vectors: ...
 
     def embed_one(self, text: str) -> Vectors:
-        """The vector of one text (a query): what ``embed([text])[0]`` gives, up to float rounding."""
+        """The vector of one text: what ``embed([text])[0]`` gives, up to float rounding."""
         ...
-
-
-def _import_wordllama() -> Any:
-    """Import wordllama without the root-logger set-up its modules do on import.
-
-    wordllama 0.4 calls ``logging.basicConfig(level=INFO)`` when imported: in
-    an application that had not configured logging yet, every library's INFO
-    records (HTTP clients' request lines among them) would start going to
-    stderr. A library must not change its host's logging, so the root logger's
-    handlers and level are put back as they were.
-    """
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    try:
-        import wordllama
-    finally:
-        for handler in root.handlers[:]:
-            if handler not in handlers:
-                root.removeHandler(handler)
-        root.setLevel(level)
-    return wordllama
-
-
-class WordLlamaEmbedder:
-    """WordLlama's packaged 256-dimension model, loaded from the installed wheel only."""
-
-    dim = 256
-
-    def __init__(self) -> None:
-        wordllama = _import_wordllama()
-        shipped = Path(wordllama.__file__).parent
-        self._model: Any = wordllama.WordLlama.load(
-            config="l2_supercat", dim=self.dim, cache_dir=shipped, disable_download=True
-        )
-        # One model serves every site's retriever; the library does not promise thread safety.
-        self._lock = threading.Lock()
-
-    def embed_one(self, text: str) -> Vectors:
-        """One text's vector by a shorter path than :meth:`embed`, for queries.
-
-        The library's batch path pads, masks, clips and pools through a dozen
-        array operations, which cost more than the arithmetic for one short
-        text (0.3 against 0.1 ms on a busy machine). This sums the token
-        vectors and normalises: the same vector up to float rounding. Memories
-        are always embedded by :meth:`embed`, so a stored vector never depends
-        on which path made it.
-        """
-        model = self._model
-        with self._lock:
-            ids = model.tokenizer.encode(text, add_special_tokens=False).ids
-        if not ids:
-            return np.zeros(self.dim, dtype=np.float32)
-        table = model.embedding
-        picked = np.minimum(np.asarray(ids, dtype=np.intp), len(table) - 1)
-        vec: Vectors = np.add.reduce(table[picked], axis=0, dtype=np.float32)
-        norm = float(np.sqrt(vec @ vec))
-        out: Vectors = vec / max(norm, 1e-12)
-        return out
-
-    def embed(self, texts: Sequence[str]) -> Vectors:
-        if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        with self._lock:
-            vecs = np.asarray(self._model.embed(list(texts), norm=False), dtype=np.float32)
-        norms = np.linalg.norm(vecs, axis=1, keepdims=True)
-        np.maximum(norms, 1e-12, out=norms)
-        out: Vectors = vecs / norms
-        return out
-
-
-_default: WordLlamaEmbedder | None = None
-_default_lock = threading.Lock()
-
-
-def default_embedder() -> WordLlamaEmbedder:
-    """The process-wide model, loaded on first call (about a second) and reused after."""
-    global _default
-    with _default_lock:
-        if _default is None:
-            _default = WordLlamaEmbedder()
-        return _default
 
 
 class SemanticIndex:
     """Unit vectors addressed by integer keys, ranked by dot product with a query vector."""
 
-    def __init__(self, dim: int) -> None:
+    def __init__(self, dim: int, capacity: int = 64) -> None:
         self._dim = dim
-        self._m: Vectors = np.zeros((64, dim), dtype=np.float32)
-        self._used = np.zeros(64, dtype=bool)  # the row holds a memory
-        self._active = np.zeros(64, dtype=bool)  # ... and that memory is active
-        self._row_key = np.zeros(64, dtype=np.int64)
+        capacity = max(capacity, 16)
+        self._m: Vectors = np.zeros((capacity, dim), dtype=np.float32)
+        self._used = np.zeros(capacity, dtype=bool)  # the row holds a memory
+        self._active = np.zeros(capacity, dtype=bool)  # ... and that memory is active
+        self._row_key = np.zeros(capacity, dtype=np.int64)
         self._key_row: dict[int, int] = {}
         self._free: list[int] = []
         self._n = 0  # rows [0, _n) have been handed out at some point
@@ -206,7 +119,7 @@ class SemanticIndex:
 
     def _grow(self) -> int:
         if self._n == len(self._m):
-            cap = len(self._m) * 2
+            cap = len(self._m) + max(64, len(self._m) // 4)  # +25%: a 10,000-row index wastes little
             m = np.zeros((cap, self._dim), dtype=np.float32)
             m[: self._n] = self._m[: self._n]
             used = np.zeros(cap, dtype=bool)

@@ -7,26 +7,43 @@ never the source of truth. All of its state lives in process memory and is
 rebuilt at every open, so no file under ``index_dir`` ever holds a memory's
 text and erasure is complete as soon as :meth:`Retriever.erase` returns.
 
+The exception is a memory's vector: the store computes it once at write
+(:meth:`Retriever.vector_for`), keeps it in the memory's event (so erasing
+the events erases it) and hands it back with the doc at open; a doc whose
+stored vector is missing, stale or damaged is encoded again (see
+:mod:`.vectors`).
+
 Ranking is reciprocal rank fusion (k = 60) of a lexical ranking (BM25 from
 SQLite FTS5, see :mod:`._lexical`) and, when an embedding model is attached,
-a semantic one (cosine similarity, see :mod:`._semantic`). Filters (active
-only unless ``include_deleted``, category, tags) are applied before fusion.
+a semantic one (cosine similarity of sentence vectors, see :mod:`._semantic`
+and :mod:`.encoder`). Filters (active only unless ``include_deleted``,
+category, tags) are applied before fusion. Every hit carries its cosine
+similarity to the query (:attr:`Hit.similarity`), the readable score; a hit
+is :attr:`Hit.relevant` when that similarity reaches
+:attr:`Tuning.relevance` or the memory holds every word of the query, and
+the auto-surface shows relevant hits only.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
-from typing import Literal
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import numpy as np
 
 from .. import fileio
+from . import vectors
 from ._lexical import DEFAULT_WEIGHTS, LexicalIndex, query_terms
-from ._semantic import Embedder, SemanticIndex, default_embedder
+from ._semantic import Embedder, SemanticIndex, Vectors
 
 #: How many recent answers a retriever keeps (see ``Retriever._answers``).
 ANSWERS_KEPT = 64
+
+#: How many query vectors a retriever keeps, by query text (1.5 KiB each).
+QUERY_VECTORS_KEPT = 256
 
 #: The constant of reciprocal rank fusion: a hit at rank r (from 1) scores w / (RRF_K + r).
 RRF_K = 60
@@ -43,14 +60,26 @@ class MemoryDoc:
     details: str
     tags: tuple[str, ...]
     active: bool
+    #: The vector stored with the memory's events (see :mod:`.vectors`), if any; checked before use.
+    vector: Mapping[str, Any] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
 class Hit:
-    """One ranked memory: its id and fused score (higher is better; only the order is meaningful)."""
+    """One ranked memory.
+
+    ``score`` is the fused rank score (higher is better; only the order it
+    gives is meaningful). ``similarity`` is the cosine similarity of the
+    memory's vector to the query's, rounded to 3 places (None without a
+    model): about 0.6 and above means the same topic, below 0.3 unrelated.
+    ``relevant``: the similarity reaches the tuning's ``relevance`` or the
+    memory holds every word of the query.
+    """
 
     memory_id: str
     score: float
+    similarity: float | None = None
+    relevant: bool = True
 
 
 @dataclass(frozen=True)
@@ -69,24 +98,34 @@ class Tuning:
     ``depth`` is how many hits of each ranking enter the fusion (at least the
     search's ``limit``); 30 ranks the dev half as well as 100 did, on the
     labelled set alone and among 10,000 distractors, for less work (see the
-    README's long-term memory section).
+    README's long-term memory section). ``relevance`` is the cosine from which
+    a hit counts as relevant (:attr:`Hit.relevant`; the auto-surface shows
+    nothing else): the highest threshold that keeps the auto-surface's
+    recall@2 on the dev half within 0.01 of its recall without one.
+    ``python -m bench.ltm_eval.tune`` chose the gate, weights and threshold
+    for the shipped encoder on the dev half.
     """
 
     lexical: float = 1.0
     semantic: float = 1.0
     bm25: tuple[float, float, float, float] = DEFAULT_WEIGHTS
     min_similarity: float = 0.1
-    lexical_gate: float = 0.35
+    lexical_gate: float = 0.4
     depth: int = 30
+    relevance: float = 0.3
 
 
 def embedding_text(doc: MemoryDoc) -> str:
-    """The text of ``doc`` that its vector is computed from: its content words, stop words removed.
+    """The text of ``doc`` that its vector is computed from: its fields as sentences, then its tags.
 
-    Averaging token vectors lets frequent function words pull every text
-    towards the same point; dropping them (from queries too) measured better.
+    A sentence encoder reads word order and function words, so it is given
+    natural text (queries too, as typed): measured better than the content
+    words alone (bench/ltm_eval/models/README.md).
     """
-    return " ".join(query_terms(" ".join((doc.subject, doc.summary, doc.details, " ".join(doc.tags)))))
+    s = ". ".join(p.strip().rstrip(".") for p in (doc.subject, doc.summary, doc.details) if p.strip())
+    if doc.tags:
+        s += ". " + ", ".join(doc.tags)
+    return s
 
 
 @dataclass
@@ -104,14 +143,18 @@ _Default = Literal["default"]
 class Retriever:
     """Fused lexical (and semantic) ranking over one site's memories, held in memory.
 
-    Thread-safe: every public method holds one lock. ``index_dir`` is created
+    Thread-safe: every public method holds one lock, except that encoding a
+    new query or memory text runs outside it (the encoder releases the GIL,
+    so searches of other threads go on meanwhile). ``index_dir`` is created
     and owned by the retriever for derived files; this implementation keeps
     everything in memory and writes nothing there.
 
-    ``embedder`` is the model of the semantic ranking: by default the packaged
-    WordLlama model (:func:`._semantic.default_embedder`); ``None`` ranks by
+    ``embedder`` is the model of the semantic ranking: by default the shipped
+    sentence encoder (:func:`.encoder.default_encoder`); ``None`` ranks by
     BM25 alone. ``answers_kept`` is how many recent answers are kept for a
-    repeated search (0: none), until the memories next change.
+    repeated search (0: none), until the memories next change;
+    ``query_vectors_kept`` how many query vectors, by query text, until an
+    erasure.
     """
 
     def __init__(
@@ -121,11 +164,16 @@ class Retriever:
         tuning: Tuning | None = None,
         embedder: Embedder | _Default | None = "default",
         answers_kept: int = ANSWERS_KEPT,
+        query_vectors_kept: int = QUERY_VECTORS_KEPT,
     ) -> None:
         self.index_dir = index_dir
         fileio.makedirs(index_dir)
         self._tuning = tuning or Tuning()
-        self._embedder: Embedder | None = default_embedder() if embedder == "default" else embedder
+        if embedder == "default":
+            from .encoder import default_encoder
+
+            embedder = default_encoder()
+        self._embedder: Embedder | None = embedder
         if self._embedder is None and self._tuning.semantic > 0:
             self._tuning = replace(self._tuning, semantic=0.0)
         self._lock = threading.RLock()
@@ -136,12 +184,48 @@ class Retriever:
         self._inactive: set[int] = set()  # keys of soft-deleted memories
         self._next_key = 1
         self._closed = False
+        #: How many docs of the last load had no usable stored vector (encoded again).
+        self.recomputed = 0
         #: The last ``answers_kept`` answers of search, by their arguments, all dropped at every change of the
         #: memories: an agent often passes the same task hint on call after call. The answers are memory ids and
         #: scores; a key's query may hold a memory's text (memory_verify searches with it), and an erasure, like
         #: any change, empties the whole table. Process memory only, like everything here.
         self._answers_kept = answers_kept
         self._answers: OrderedDict[tuple[str, int, str | None, tuple[str, ...], bool], tuple[Hit, ...]] = OrderedDict()
+        #: Query vectors by query text: they do not depend on the memories, so only an erasure (whose memory's
+        #: text a verify query may have held) empties the table.
+        self._qvecs_kept = query_vectors_kept
+        self._qvecs: OrderedDict[str, Vectors] = OrderedDict()
+
+    # -- vectors -----------------------------------------------------------
+
+    def vector_for(self, doc: MemoryDoc) -> dict[str, Any] | None:
+        """The stored form of ``doc``'s vector (to keep with its events), None without a model.
+
+        Needs no lock and touches no state: a writer calls it before taking its own locks.
+        """
+        if self._embedder is None:
+            return None
+        text = embedding_text(doc)
+        return vectors.pack(self._embedder.embed_one(text), self._embedder.model_id, text)
+
+    def _vectors_of(self, docs: Sequence[MemoryDoc]) -> Vectors:
+        """The vectors of ``docs``: the stored ones that pass every check, the others encoded now."""
+        emb = self._embedder
+        assert emb is not None
+        out = np.zeros((len(docs), emb.dim), dtype=np.float32)
+        redo: list[int] = []
+        texts = [embedding_text(d) for d in docs]
+        for i, (d, text) in enumerate(zip(docs, texts, strict=True)):
+            vec = vectors.unpack(d.vector, emb.model_id, text, emb.dim)
+            if vec is None:
+                redo.append(i)
+            else:
+                out[i] = vec
+        if redo:
+            out[redo] = vectors.rounded(emb.embed([texts[i] for i in redo]))
+        self.recomputed = len(redo)
+        return out
 
     # -- state -------------------------------------------------------------
 
@@ -156,12 +240,13 @@ class Retriever:
             if d.memory_id in seen:
                 raise ValueError(f"load: memory id {d.memory_id!r} given twice")
             seen.add(d.memory_id)
+        vecs = self._vectors_of(docs) if self._embedder is not None else None
         with self._lock:
             self._check_open()
             self._answers.clear()
             self._lexical.close()
             self._lexical = LexicalIndex(self._tuning.bm25)
-            self._semantic = SemanticIndex(self._embedder.dim if self._embedder else 1)
+            self._semantic = SemanticIndex(self._embedder.dim if self._embedder else 1, capacity=len(docs) + 64)
             self._entries.clear()
             self._ids.clear()
             self._inactive.clear()
@@ -171,12 +256,12 @@ class Retriever:
                 entry = self._new_entry(d)
                 rows.append((entry.key, d.subject, d.summary, d.details, d.tags))
             self._lexical.put_many(rows)
-            if self._embedder is not None:
-                vecs = self._embedder.embed([embedding_text(d) for d in docs])
+            if vecs is not None:
                 self._semantic.put_many([r[0] for r in rows], vecs, [d.active for d in docs])
 
     def upsert(self, doc: MemoryDoc) -> None:
         """Add ``doc`` or replace the memory of the same id (a soft delete is ``active=False``)."""
+        vec = self._vectors_of([doc])[0] if self._embedder is not None else None
         with self._lock:
             self._check_open()
             self._answers.clear()
@@ -191,14 +276,15 @@ class Retriever:
                 else:
                     self._inactive.add(entry.key)
             self._lexical.put(entry.key, doc.subject, doc.summary, doc.details, doc.tags)
-            if self._embedder is not None:
-                self._semantic.put(entry.key, self._embedder.embed([embedding_text(doc)])[0], doc.active)
+            if vec is not None:
+                self._semantic.put(entry.key, vec, doc.active)
 
     def erase(self, memory_id: str) -> None:
-        """Forget ``memory_id`` entirely (no-op when unknown). Nothing of it was ever on disk."""
+        """Forget ``memory_id`` entirely (no-op when unknown). Nothing of it was ever on disk here."""
         with self._lock:
             self._check_open()
             self._answers.clear()
+            self._qvecs.clear()
             entry = self._entries.pop(memory_id, None)
             if entry is None:
                 return
@@ -228,6 +314,7 @@ class Retriever:
         ``category`` when given; only those carrying every tag in ``tags``
         (exact, case-sensitive match). A memory that neither ranking finds
         relevant is never returned, so the list may be shorter than ``limit``.
+        A query not seen lately is encoded before the lock is taken.
         """
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
@@ -238,20 +325,67 @@ class Retriever:
             if cached is not None:
                 self._answers.move_to_end(key)
                 return list(cached)
-            lex, sem = self._rankings(query, category, key[3], include_deleted, max(self._tuning.depth, limit))
+        qvec = self._query_vector(query)
+        with self._lock:
+            self._check_open()
+            lex, sem, sims, terms = self._rankings(query, qvec, category, key[3], include_deleted,
+                                                   max(self._tuning.depth, limit))
             t = self._tuning
             fused: dict[str, float] = {}
             for weight, ranking in ((t.lexical, lex), (t.semantic, sem)):
                 if weight > 0:
                     for rank, mid in enumerate(ranking, start=1):
                         fused[mid] = fused.get(mid, 0.0) + weight / (RRF_K + rank)
-            ordered = sorted(fused.items(), key=lambda kv: (-kv[1], kv[0]))
-            hits = tuple(Hit(mid, score) for mid, score in ordered[:limit])
+            ordered = sorted(fused.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]
+            hits = tuple(self._judged(ordered, sims, terms))
             if self._answers_kept > 0:
                 self._answers[key] = hits
                 if len(self._answers) > self._answers_kept:
                     self._answers.popitem(last=False)
         return list(hits)
+
+    def answers_at_once(self, query: str, limit: int) -> bool:
+        """True when a search of ``query`` would need no encoding (its answer or its vector is cached)."""
+        with self._lock:
+            if self._embedder is None or (query, limit, None, (), False) in self._answers:
+                return True
+            return self._query_text(query) in self._qvecs
+
+    def _query_text(self, query: str) -> str:
+        """What the encoder is given for ``query``: the query as typed (stripped), "" when it has no words."""
+        return query.strip() if query_terms(query) else ""
+
+    def _query_vector(self, query: str) -> Vectors | None:
+        """The vector of ``query`` (None without a model or words): from the table, else encoded unlocked."""
+        text = self._query_text(query)
+        if self._embedder is None or self._tuning.semantic <= 0 or not text:
+            return None
+        with self._lock:
+            vec = self._qvecs.get(text)
+            if vec is not None:
+                self._qvecs.move_to_end(text)
+                return vec
+        vec = self._embedder.embed_one(text)
+        if self._qvecs_kept > 0:
+            with self._lock:
+                self._qvecs[text] = vec
+                if len(self._qvecs) > self._qvecs_kept:
+                    self._qvecs.popitem(last=False)
+        return vec
+
+    def _judged(self, ordered: Sequence[tuple[str, float]], sims: Vectors | None,
+                terms: Sequence[str]) -> Iterable[Hit]:
+        """Hits of ``ordered`` (id, fused score) with their similarity and relevance."""
+        keys = [self._entries[mid].key for mid, _ in ordered]
+        if sims is None:
+            for mid, score in ordered:
+                yield Hit(mid, score, None, True)
+            return
+        near = self._semantic.similarity(sims, keys)
+        low = [k for k, sim in zip(keys, near, strict=True) if sim < self._tuning.relevance]
+        full = self._lexical.matching_all(terms, low) if low else set()
+        for (mid, score), k, sim in zip(ordered, keys, near, strict=True):
+            yield Hit(mid, score, round(sim, 3), sim >= self._tuning.relevance or k in full)
 
     def close(self) -> None:
         """Release the index; later calls raise ValueError. Idempotent."""
@@ -292,18 +426,18 @@ class Retriever:
 
         return keep
 
-    def _rankings(self, query: str, category: str | None, tags: tuple[str, ...], include_deleted: bool,
-                  depth: int) -> tuple[list[str], list[str]]:
-        """The lexical and semantic rankings of ``query`` (memory ids, best first, filtered, at most ``depth``).
+    def _rankings(self, query: str, qvec: Vectors | None, category: str | None, tags: tuple[str, ...],
+                  include_deleted: bool, depth: int) -> tuple[list[str], list[str], Vectors | None, list[str]]:
+        """The lexical and semantic rankings of ``query`` (memory ids, best first, filtered, at most ``depth``),
+        the similarities of every row to ``qvec`` and the query's terms.
 
-        Either is empty when its weight is 0; the semantic one when no model is attached.
+        Either ranking is empty when its weight is 0; the semantic one when there is no query vector.
         """
         keep = self._filter(category, tags, include_deleted)
         terms = query_terms(query)
         t = self._tuning
-        use_semantic = self._embedder is not None and t.semantic > 0 and bool(terms)
+        use_semantic = qvec is not None and t.semantic > 0 and bool(terms)
         gate = use_semantic and len(terms) > 1
-        qvec = self._embedder.embed_one(" ".join(terms)) if use_semantic and self._embedder is not None else None
         sims = self._semantic.scores(qvec) if qvec is not None else None  # one pass, shared by the gate and the ranking
         lex: list[str] = []
         if t.lexical > 0:
@@ -341,4 +475,4 @@ class Retriever:
                 want *= 4
             kept.sort(key=lambda c: (-c[0], c[1]))
             sem = [mid for _, mid in kept[:depth]]
-        return lex, sem
+        return lex, sem, sims, terms

@@ -52,6 +52,8 @@ class RetrieverLike(Protocol):
         include_deleted: bool = False,
     ) -> list[Any]: ...
     def close(self) -> None: ...
+    def vector_for(self, doc: Any) -> Any: ...
+    def answers_at_once(self, query: str, limit: int) -> bool: ...
 
 
 RetrieverFactory = Callable[[str], RetrieverLike]
@@ -63,18 +65,23 @@ def default_retriever(index_dir: str) -> RetrieverLike:
     return Retriever(index_dir)
 
 
-def to_doc(m: Memory) -> Any:
+def to_doc(m: Memory, vector: Any = None) -> Any:
+    """What the retriever needs of ``m``; ``vector`` is the one stored with its events, if any."""
+    return fields_doc(m.memory_id, m.fields, m.active, vector)
+
+
+def fields_doc(memory_id: str, f: Fields, active: bool, vector: Any = None) -> Any:
     from .retrieval import MemoryDoc
 
-    f = m.fields
     return MemoryDoc(
-        memory_id=m.memory_id,
+        memory_id=memory_id,
         category=f.category,
         subject=f.subject,
         summary=f.summary,
         details=f.details,
         tags=tuple(f.tags),
-        active=m.active,
+        active=active,
+        vector=vector,
     )
 
 
@@ -103,6 +110,8 @@ class SiteMemories:
         self._mutex = threading.RLock()
         self._lock_fd: int | None = None
         self.state: dict[str, Memory] = {}
+        #: The vector stored with each memory's latest create/update event (see .vectors), by id.
+        self._vecs: dict[str, Any] = {}
         self._end = 0
         self._next_seq = 0
         self._last_at = 0
@@ -151,6 +160,7 @@ class SiteMemories:
         self.log.close()
         had = bool(self.state)
         self.state = {}
+        self._vecs = {}
         self._end = self._next_seq = 0
         if had and self._retriever is not None:
             self._retriever.load([])
@@ -158,8 +168,25 @@ class SiteMemories:
     def _retriever_now(self) -> RetrieverLike:
         if self._retriever is None:
             self._retriever = self.config.retriever_factory(os.path.join(self.dir, SEARCH_DIR))
-            self._retriever.load([to_doc(m) for m in self.state.values()])
+            self._retriever.load(self._docs())
         return self._retriever
+
+    def _docs(self) -> list[Any]:
+        return [to_doc(m, self._vecs.get(k)) for k, m in self.state.items()]
+
+    def _note_vector(self, body: Mapping[str, Any]) -> None:
+        """Keep the vector of a create/update event (none for other events), drop an erased memory's."""
+        op, mid = body["op"], str(body["id"])
+        if op in ("create", "update"):
+            self._vecs[mid] = body.get("vec")
+        elif op == "erase":
+            self._vecs.pop(mid, None)
+
+    def _vector_of(self, memory_id: str, fields: Fields) -> Any:
+        """The stored form of a vector for ``fields``, computed outside the site's locks (None without a model)."""
+        with self._mutex:
+            retriever = self._retriever_now()
+        return retriever.vector_for(fields_doc(memory_id, fields, True))
 
     def _refresh(self, writable: bool) -> None:
         if not self.log.exists():
@@ -185,22 +212,25 @@ class SiteMemories:
         if full:
             times = access.read_access(self.dir)
             state: dict[str, Memory] = {}
+            self._vecs = {}
             for ev in result.events:
                 apply(state, ev.body)
+                self._note_vector(ev.body)
             self.state = {k: m.touched(max(times.get(k, 0), self._touched.get(k, 0))) for k, m in state.items()}
             self._last_at = max((ev.recorded_us for ev in result.events), default=0)
             if self._retriever is not None:
-                self._retriever.load([to_doc(m) for m in self.state.values()])
+                self._retriever.load(self._docs())
         else:
             for ev in result.events:
                 mid = apply(self.state, ev.body)
+                self._note_vector(ev.body)
                 self._last_at = max(self._last_at, ev.recorded_us)
                 if self._retriever is not None:
                     m = self.state.get(mid)
                     if m is None:
                         self._retriever.erase(mid)
                     else:
-                        self._retriever.upsert(to_doc(m))
+                        self._retriever.upsert(to_doc(m, self._vecs.get(mid)))
         self._end, self._next_seq = result.end, result.next_seq
 
     def _now(self) -> int:
@@ -213,15 +243,18 @@ class SiteMemories:
         return at
 
     def _write(self, body: dict[str, Any], at: int) -> Memory | None:
+        if "vec" in body and body["vec"] is None:
+            del body["vec"]  # no model: nothing to store
         self._end = self.log.append(self._end, self._next_seq, at, body)
         self._next_seq += 1
         mid = apply(self.state, body)
+        self._note_vector(body)
         m = self.state.get(mid)
         retriever = self._retriever_now()
         if m is None:
             retriever.erase(mid)
         else:
-            retriever.upsert(to_doc(m))
+            retriever.upsert(to_doc(m, self._vecs.get(mid)))
         return m
 
     # ------------------------------------------------------------ retention and erasure
@@ -277,6 +310,7 @@ class SiteMemories:
         retriever = self._retriever_now()
         for mid in ids:
             self.state.pop(mid, None)
+            self._vecs.pop(mid, None)
             self._touched.pop(mid, None)
             retriever.erase(mid)
         self._end, self._next_seq = rescan.end, rescan.next_seq
@@ -344,6 +378,7 @@ class SiteMemories:
         nonce = self.book.check(
             token, self.site, "create", tokens.digest("create", None, fields.to_json()), self._now()
         )
+        vec = self._vector_of("", fields)
         with self._locked(True):
             tokens.check_unused(self.dir, nonce, self._now())
             self._purge_locked()
@@ -356,7 +391,7 @@ class SiteMemories:
             while mid in self.state:  # pragma: no cover - 80 random bits
                 mid = new_memory_id(at)
             m = Memory(mid, fields, STATUS_ACTIVE, at, at, at, None, 1)
-            stored = self._write({"op": "create", "id": mid, "at": at, "record": record_body(m)}, at)
+            stored = self._write({"op": "create", "id": mid, "at": at, "record": record_body(m), "vec": vec}, at)
             assert stored is not None
             return stored
 
@@ -364,6 +399,7 @@ class SiteMemories:
         fields = parse_fields(raw, "memory.")
         what = tokens.digest("update", memory_id, fields.to_json())
         nonce = self.book.check(token, self.site, "update", what, self._now())
+        vec = self._vector_of(memory_id, fields)
         with self._locked(True):
             tokens.check_unused(self.dir, nonce, self._now())
             self._purge_locked()
@@ -384,7 +420,9 @@ class SiteMemories:
                 last_accessed_us=max(cur.last_accessed_us, at),
                 version=cur.version + 1,
             )
-            stored = self._write({"op": "update", "id": memory_id, "at": at, "record": record_body(m)}, at)
+            stored = self._write(
+                {"op": "update", "id": memory_id, "at": at, "record": record_body(m), "vec": vec}, at
+            )
             assert stored is not None
             return stored
 
@@ -443,6 +481,7 @@ class SiteMemories:
 
     def import_records(self, records: Sequence[Memory]) -> tuple[int, int]:
         """Add exported records as they were (ids, timestamps, versions); (added, already present)."""
+        vecs = {m.memory_id: self._vector_of(m.memory_id, m.fields) for m in records}
         with self._locked(True):
             added = present = 0
             for m in records:
@@ -460,7 +499,9 @@ class SiteMemories:
                     self._check_dedupe(m.fields, m.memory_id)
                 at = max(m.updated_us, self._last_at)
                 self._last_at = at
-                self._write({"op": "create", "id": m.memory_id, "at": at, "record": record_body(m)}, at)
+                body = {"op": "create", "id": m.memory_id, "at": at, "record": record_body(m),
+                        "vec": vecs[m.memory_id]}
+                self._write(body, at)
                 added += 1
             return added, present
 
@@ -482,16 +523,21 @@ class SiteMemories:
         tags: Sequence[str] = (),
         include_deleted: bool = False,
         touch: bool = True,
+        relevant_only: bool = False,
     ) -> list[tuple[Memory, float]]:
+        """Ranked memories, each with its readable score (the similarity, see ``retrieval.Hit``).
+
+        ``relevant_only`` (the auto-surface) leaves out hits below the relevance threshold.
+        """
         with self._locked(False):
-            out = self._search_locked(query, limit, category, tags, include_deleted)
+            out = self._search_locked(query, limit, category, tags, include_deleted, relevant_only)
             if touch and out:
                 fresh = self._touch([m for m, _ in out])
                 out = [(f, s) for f, (_, s) in zip(fresh, out, strict=True)]
             return out
 
     def _search_locked(self, query: str, limit: int, category: str | None, tags: Sequence[str],
-                       include_deleted: bool) -> list[tuple[Memory, float]]:
+                       include_deleted: bool, relevant_only: bool = False) -> list[tuple[Memory, float]]:
         """Ranked memories from the current state (the caller holds the lock and has refreshed)."""
         if not self.state:
             return []
@@ -500,6 +546,8 @@ class SiteMemories:
         )
         out: list[tuple[Memory, float]] = []
         for hit in hits:
+            if relevant_only and not hit.relevant:
+                continue
             m = self.state.get(hit.memory_id)
             if m is None or (not include_deleted and not m.active):
                 continue
@@ -507,7 +555,7 @@ class SiteMemories:
                 continue
             if tags and not set(tags) <= set(m.fields.tags):
                 continue
-            out.append((m, float(hit.score)))
+            out.append((m, float(hit.score if hit.similarity is None else hit.similarity)))
             if len(out) >= limit:
                 break
         return out
@@ -529,6 +577,8 @@ class SiteMemories:
             fd = self._lock_fd
             if self._closed or fd is None or self._retriever is None:
                 return None
+            if not self._retriever.answers_at_once(context, limit + 2):
+                return None  # a new hint must be encoded: a few milliseconds, in a worker thread
             if time.monotonic() - self._flushed_at >= access.FLUSH_INTERVAL_S:
                 return None  # the touch would write the access file: leave that to a worker thread
             if not fileio.try_lock(fd, False):
@@ -538,7 +588,7 @@ class SiteMemories:
                     return None
                 if not self._surely_nothing_due() and self._has_expired():  # in memory: O(1) unless the log grew
                     return None
-                picked = surface_pick(self._search_locked(context, limit + 2, None, (), False), limit)
+                picked = surface_pick(self._search_locked(context, limit + 2, None, (), False, True), limit)
             finally:
                 fileio.unlock(fd)
             return self._touch(picked, flush=False)

@@ -153,7 +153,7 @@ class LongTermMemory:
     def surface(self, site: str, context: str, limit: int = 2) -> list[Memory]:
         """The top ``limit`` active memories for a task hint (auto-surface); never hides one shown before."""
         s = self._read(site)
-        return s.touch(surface_pick(s.search(context, limit=limit + 2, touch=False), limit))
+        return s.touch(surface_pick(s.search(context, limit=limit + 2, touch=False, relevant_only=True), limit))
 
     def try_surface(self, site: str, context: str, limit: int = 2) -> list[Memory] | None:
         """:meth:`surface` if it can answer at once from what this process holds; None otherwise.

@@ -50,6 +50,8 @@ class Base:
     """Prefixes, the raw-query hook and caches; subclasses implement ``encode``."""
 
     dim: int
+    #: what the Retriever records with a stored vector; the kit's docs carry none, so it only has to exist
+    model_id = "bench-kit"
 
     def __init__(self, qprefix: str = "", dprefix: str = "", raw: bool = False, cache: bool = True) -> None:
         self.qprefix, self.dprefix, self.raw = qprefix, dprefix, raw
@@ -203,19 +205,20 @@ class TokenlearnStatic(Base):
 
 
 class WordLlama(Base):
-    """The project's own embedder (the baseline), wrapped so that raw/prefix handling is uniform."""
+    """The embedder convmem shipped before the sentence encoder (WordLlama 0.4, ``l2_supercat``, 256 dims), the
+    baseline: loaded from the installed wheel with downloads disabled, as convmem loaded it."""
 
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
-        from convmem.logstore.memories._semantic import WordLlamaEmbedder
+        import wordllama
 
-        self.m = WordLlamaEmbedder()
-        self.dim = self.m.dim
+        shipped = Path(wordllama.__file__).parent
+        self.m = wordllama.WordLlama.load(config="l2_supercat", dim=256, cache_dir=shipped, disable_download=True)
+        self.dim = 256
+        self.model_id = "wordllama-0.4-l2_supercat-256"
 
     def encode(self, texts: list[str], is_query: bool) -> np.ndarray:
-        if is_query and len(texts) == 1:
-            return self.m.embed_one(texts[0])[None, :]
-        return self.m.embed(texts)
+        return _norm(self.m.embed(list(texts), norm=False))
 
 
 class Concat(Base):
