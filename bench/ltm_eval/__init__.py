@@ -1,9 +1,11 @@
 """The labelled evaluation set of long-term-memory retrieval: memories, queries and their expected hits.
 
-``memories.txt`` and ``queries.txt`` are plain text (their headers give the
-format). Queries of kind ``para`` share no content word with their targets
-(``check.py`` verifies it); odd-numbered queries form the dev half used for
-tuning, even-numbered ones the test half.
+``memories.txt``, ``queries.txt`` and ``noanswer.txt`` are plain text (their
+headers give the format). Queries of kind ``para`` share no content word with
+their targets (``check.py`` verifies it); ``noanswer.txt`` holds hints for
+which no memory is relevant (kind ``near``: a neighbouring topic, ``far``:
+unrelated), for the abstention figures. Odd-numbered queries and hints form
+the dev half used for tuning, even-numbered ones the test half.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ HERE = Path(__file__).parent
 @dataclass(frozen=True)
 class Query:
     qid: str
-    kind: str  # "lex" or "para"
+    kind: str  # "lex" or "para"; "near" or "far" for a hint that no memory answers
     targets: tuple[str, ...]
     text: str
 
@@ -63,4 +65,16 @@ def queries() -> list[Query]:
         out.append(Query(qid, kind, t, text))
     if len({q.qid for q in out}) != len(out):
         raise ValueError("queries.txt: duplicate ids")
+    return out
+
+
+def no_answer() -> list[Query]:
+    """The hints for which no labelled memory is relevant (no targets)."""
+    out = []
+    for qid, kind, text in _rows("noanswer.txt", 3):
+        if kind not in ("near", "far") or not qid.startswith("n"):
+            raise ValueError(f"noanswer.txt: bad hint {qid}")
+        out.append(Query(qid, kind, (), text))
+    if len({q.qid for q in out}) != len(out):
+        raise ValueError("noanswer.txt: duplicate ids")
     return out

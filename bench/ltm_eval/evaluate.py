@@ -1,7 +1,7 @@
 """Recall of the long-term-memory retrieval on the labelled set, per ranking and per query group.
 
-``python -m bench.ltm_eval.evaluate`` prints the table; the benchmark's
-``memory`` workload reports the same figures. ``--at-scale 10000`` ranks the
+``python -m bench.ltm_eval.evaluate`` prints the table and the abstention
+figures; the benchmark's ``memory`` workload reports the same figures. ``--at-scale 10000`` ranks the
 labelled queries with the labelled memories among 10,000 synthetic ones
 instead; ``--depth`` and ``--common-share`` try other settings.
 """
@@ -13,9 +13,10 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import replace
 
+from convmem.logstore.memories._semantic import Embedder, Vectors
 from convmem.logstore.memories.retrieval import MemoryDoc, Retriever, Tuning
 
-from . import Query, memories, queries
+from . import Query, memories, no_answer, queries
 
 KS = (1, 2, 5)
 MODES = ("bm25", "embeddings", "fusion")
@@ -29,6 +30,58 @@ def mode_tuning(mode: str, base: Tuning | None = None) -> Tuning:
     if mode == "embeddings":
         return replace(t, lexical=0.0, semantic=1.0)
     return t
+
+
+class Memo:
+    """An embedder that remembers every text's vector: tuning runs encode each text once."""
+
+    def __init__(self, inner: Embedder) -> None:
+        self.inner = inner
+        self.dim = inner.dim
+        self.model_id = inner.model_id
+        self._seen: dict[str, Vectors] = {}
+
+    def embed_one(self, text: str) -> Vectors:
+        v = self._seen.get(text)
+        if v is None:
+            v = self._seen[text] = self.inner.embed_one(text)
+        return v
+
+    def embed(self, texts: Sequence[str]) -> Vectors:
+        import numpy as np
+
+        return np.stack([self.embed_one(t) for t in texts]) if texts else self.inner.embed(texts)
+
+
+_memo: list[Memo] = []
+
+
+def shared_embedder() -> Memo:
+    """One remembering wrapper of the shipped encoder for the whole run."""
+    if not _memo:
+        from convmem.logstore.memories.encoder import default_encoder
+
+        _memo.append(Memo(default_encoder()))
+    return _memo[0]
+
+
+def surfaced(r: Retriever, text: str, k: int = 2) -> list[str]:
+    """What the auto-surface shows for ``text``: the relevant hits among the top ``k`` + 2, at most ``k``."""
+    return [h.memory_id for h in r.search(text, limit=k + 2) if h.relevant][:k]
+
+
+def surface_recall(r: Retriever, qs: Sequence[Query], k: int = 2) -> float:
+    """:func:`recall` of what the auto-surface shows (relevant hits only)."""
+    if not qs:
+        return float("nan")
+    return sum(len(set(surfaced(r, q.text, k)) & set(q.targets)) / min(len(q.targets), k) for q in qs) / len(qs)
+
+
+def abstention(r: Retriever, hints: Sequence[Query], k: int = 2) -> float:
+    """The share of ``hints`` (no memory relevant) for which the auto-surface shows nothing."""
+    if not hints:
+        return float("nan")
+    return sum(not surfaced(r, h.text, k) for h in hints) / len(hints)
 
 
 def recall(r: Retriever, qs: Sequence[Query], k: int) -> float:
@@ -58,7 +111,7 @@ def evaluate(base: Tuning | None = None, docs: Sequence[MemoryDoc] | None = None
     out: dict[str, dict[str, dict[int, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="ltm-eval-") as tmp:
         for mode in MODES:
-            r = Retriever(tmp, tuning=mode_tuning(mode, base))
+            r = Retriever(tmp, tuning=mode_tuning(mode, base), embedder=shared_embedder())
             r.load(docs)
             out[mode] = {g: {k: recall(r, gq, k) for k in KS} for g, gq in groups(qs).items()}
             r.close()
@@ -75,9 +128,30 @@ def at_scale(distractors: Sequence[MemoryDoc], base: Tuning | None = None,
     docs = [replace(d, memory_id="distractor_" + d.memory_id) for d in distractors] + memories()
     halves = {"dev": [q for q in qs if q.dev], "test": [q for q in qs if not q.dev], "all": qs}
     with tempfile.TemporaryDirectory(prefix="ltm-eval-") as tmp:
-        r = Retriever(tmp, tuning=base)
+        r = Retriever(tmp, tuning=base, embedder=shared_embedder())
         r.load(docs)
         out = {h: {k: recall(r, part, k) for k in KS} for h, part in halves.items()}
+        r.close()
+    return out
+
+
+def abstention_figures(base: Tuning | None = None) -> dict[str, dict[str, float]]:
+    """``{half: {figure: value}}`` for halves dev, test, all: abstention on the no-answer hints (all, near,
+    far) and the auto-surface's recall@2 on the answerable queries, under ``base``."""
+    qs, hints = queries(), no_answer()
+    out: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="ltm-eval-") as tmp:
+        r = Retriever(tmp, tuning=base, embedder=shared_embedder())
+        r.load(memories())
+        for half, keep in (("dev", lambda q: q.dev), ("test", lambda q: not q.dev), ("all", lambda q: True)):
+            h = [x for x in hints if keep(x)]
+            out[half] = {
+                "abstention": abstention(r, h),
+                "abstention_near": abstention(r, [x for x in h if x.kind == "near"]),
+                "abstention_far": abstention(r, [x for x in h if x.kind == "far"]),
+                "surface_recall2": surface_recall(r, [q for q in qs if keep(q)]),
+                "recall2": recall(r, [q for q in qs if keep(q)], 2),
+            }
         r.close()
     return out
 
@@ -130,6 +204,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, part in (("dev", [q for q in qs if q.dev]), ("test", [q for q in qs if not q.dev]), ("all", qs)):
         print(f"== {name} ({len(part)} queries)")
         print(table(evaluate(base, qs=part)))
+    print("== abstention (no-answer hints that surface nothing) and the auto-surface's recall@2")
+    for half, figs in abstention_figures(base).items():
+        print(f"{half:<5} " + " ".join(f"{k} {v:.3f}" for k, v in figs.items()))
     return 0
 
 
