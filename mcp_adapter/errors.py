@@ -68,6 +68,8 @@ _ADVICE: dict[str, str] = {
     "MemoryStoreFull": "Delete memories that no longer matter first (soft-deleted ones count until they are erased; "
     "force: true erases at once).",
     "NotFound": "Check the id (memory_search finds memories by content); an erased memory is gone for good.",
+    "LooksLikeSecret": "Memories must never hold credentials: remove the secret from the named field (say where it "
+    "is kept instead, e.g. 'in the team vault') and verify again; retrying unchanged fails again.",
 }
 
 

@@ -10,7 +10,15 @@ data. Entry point: :class:`LongTermMemory`.
 from __future__ import annotations
 
 from . import limits
-from .errors import DuplicateMemory, InvalidMemory, MemoryStoreFull, NotFound, VerifyRequired, VersionConflict
+from .errors import (
+    DuplicateMemory,
+    InvalidMemory,
+    LooksLikeSecret,
+    MemoryStoreFull,
+    NotFound,
+    VerifyRequired,
+    VersionConflict,
+)
 from .record import WRITABLE_FIELDS, Fields, Memory, is_memory_id, new_memory_id, parse_fields
 from .store import LongTermMemory
 
@@ -20,6 +28,7 @@ __all__ = [
     "Fields",
     "InvalidMemory",
     "LongTermMemory",
+    "LooksLikeSecret",
     "Memory",
     "MemoryStoreFull",
     "NotFound",

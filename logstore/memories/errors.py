@@ -89,3 +89,22 @@ class NotFound(StoreError):
 
     def details(self) -> dict[str, object]:
         return {"memory_id": self.memory_id}
+
+
+class LooksLikeSecret(StoreError):
+    """A field of a write looks like a credential; nothing was written.
+
+    ``field`` names the field (``memory.details``, ``candidate.tags[1]``),
+    ``kind`` the credential found (``private_key``, ``aws_access_key``,
+    ``bearer_token``, ``password_assignment``, ... see :mod:`.credentials`).
+    """
+
+    code = "LooksLikeSecret"
+
+    def __init__(self, field: str, kind: str) -> None:
+        self.field = field
+        self.kind = kind
+        super().__init__(f"`{field}` looks like it holds a credential ({kind}); memories must never hold secrets")
+
+    def details(self) -> dict[str, object]:
+        return {"field": self.field, "kind": self.kind}

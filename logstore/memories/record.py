@@ -1,7 +1,9 @@
 """A long-term memory record: its writable fields, their rules, and the stored record.
 
 Validation happens in :func:`parse_fields`, before anything is written; the
-first broken rule raises :class:`InvalidMemory` naming the field. Lengths are
+first broken rule raises :class:`InvalidMemory` naming the field, and a field
+that looks like a credential raises :class:`.errors.LooksLikeSecret` (see
+:mod:`.credentials`). Lengths are
 counted in Unicode code points, as JSON Schema's ``maxLength`` counts them.
 """
 
@@ -15,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..timefmt import format_us
-from . import limits
+from . import credentials, limits
 from .errors import InvalidMemory
 
 STATUS_ACTIVE = "active"
@@ -172,7 +174,19 @@ def parse_fields(raw: object, prefix: str = "") -> Fields:
     dedupe = raw.get("dedupe_key")
     if dedupe is not None:
         dedupe = _bounded(dedupe, prefix + "dedupe_key", 1, limits.DEDUPE_KEY_MAX)
-    return Fields(category, subject, summary, details, tags, uris, dedupe)
+    out = Fields(category, subject, summary, details, tags, uris, dedupe)
+    credentials.check(_texts(out, prefix))
+    return out
+
+
+def _texts(f: Fields, prefix: str) -> list[tuple[str, str]]:
+    """Every text of ``f`` with the name of its field, for the credential check."""
+    named = [(prefix + n, getattr(f, n)) for n in ("category", "subject", "summary", "details")]
+    named += [(f"{prefix}tags[{i}]", t) for i, t in enumerate(f.tags)]
+    named += [(f"{prefix}source_uris[{i}]", u) for i, u in enumerate(f.source_uris)]
+    if f.dedupe_key is not None:
+        named.append((prefix + "dedupe_key", f.dedupe_key))
+    return named
 
 
 def fields_from_stored(raw: Mapping[str, Any]) -> Fields:
