@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import time
@@ -284,18 +285,29 @@ def test_force_delete_erases_every_byte(tmp_path: Path) -> None:
         store.search(SITE, "xylophone")  # reads, access times
         store.site(SITE).flush_access()
         assert files_holding(tmp_path, _needles(secret))  # the content is on disk before
+        # ... and so are its vectors (one per create/update event): the base64 text, and its first 48 bytes
+        # decoded, in case any file held them raw.
+        log = os.path.join(memories_dir(str(tmp_path), SITE), LOG_NAME)
+        vecs = [e.body["vec"]["f16"] for e in eventlog.salvage(log)[0] if e.memory_id == victim.memory_id]
+        assert len(vecs) == 2
+        vec_needles = [v.encode() for v in vecs] + [base64.b64decode(v)[:48] for v in vecs]
+        assert files_holding(tmp_path, vec_needles)
         assert delete(store, victim.memory_id, force=True) is None
         # No file under the data directory holds any of it, at the moment the call returned.
         assert files_holding(tmp_path, _needles(secret)) == []
+        assert files_holding(tmp_path, vec_needles) == []
         with pytest.raises(NotFound):
             store.get(SITE, victim.memory_id)
-        assert store.search(SITE, "xylophone marmalade aardvark", include_deleted=True) == []
+        found = store.search(SITE, "xylophone marmalade aardvark", include_deleted=True)
+        assert victim.memory_id not in [m.memory_id for m, _ in found]
         assert [m.memory_id for m in store.all(SITE)] == [m.memory_id for m in keep]
     with LongTermMemory(tmp_path) as store:  # every other memory survives, with its history
         assert [m.memory_id for m in store.all(SITE)] == [m.memory_id for m in keep]
         events = eventlog.salvage(os.path.join(memories_dir(str(tmp_path), SITE), LOG_NAME))[0]
         assert [e.op for e in events] == ["create"] * 3 + ["erase"]
+        assert all("vec" in e.body for e in events[:3])  # the others keep theirs
     assert files_holding(tmp_path, _needles(secret)) == []
+    assert files_holding(tmp_path, vec_needles) == []
 
 
 def test_retention_erases_soft_deleted_after_the_window(tmp_path: Path) -> None:

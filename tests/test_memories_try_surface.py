@@ -40,6 +40,10 @@ def test_answers_like_surface_and_touches(tmp_path: Path) -> None:
         assert got is not None and _ids(got) == _ids(expected) and len(got) >= 1
         assert got[0].last_accessed_us >= expected[0].last_accessed_us
         assert store.get(SITE, got[0].memory_id).last_accessed_us >= got[0].last_accessed_us
+        # A hint never seen needs the encoder (milliseconds): declined here, for a worker thread; once it has been
+        # encoded there, the same hint is answered at once.
+        assert store.try_surface(SITE, "how do deploys go out") is None
+        store.surface(SITE, "how do deploys go out")
         deploys = store.try_surface(SITE, "how do deploys go out")
         assert deploys is not None and 1 <= len(deploys) <= 2
         assert {m.memory_id for m in deploys} <= {m.memory_id for m in made}

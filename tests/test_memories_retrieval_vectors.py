@@ -1,0 +1,169 @@
+"""Stored vectors: written once with the memory's event, trusted only after every check, recomputed otherwise.
+
+Also the per-site table of query vectors and the relevance flag the auto-surface relies on. Everything runs
+the shipped encoder on real files.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from memories_support import SITE, create, fields, update
+
+from convmem.logstore.memories import LongTermMemory, eventlog
+from convmem.logstore.memories import vectors as V
+from convmem.logstore.memories.encoder import DIM, MODEL_ID, Encoder, default_encoder
+from convmem.logstore.memories.retrieval import MemoryDoc, Retriever, Tuning, embedding_text
+from convmem.logstore.memories.site import LOG_NAME, memories_dir
+
+
+class Counting:
+    """The shipped encoder, counting the texts it is asked to encode."""
+
+    def __init__(self, inner: Encoder) -> None:
+        self.inner = inner
+        self.dim = inner.dim
+        self.model_id = inner.model_id
+        self.texts: list[str] = []
+
+    def embed_one(self, text: str) -> Any:
+        self.texts.append(text)
+        return self.inner.embed_one(text)
+
+    def embed(self, texts: Sequence[str]) -> Any:
+        self.texts.extend(texts)
+        return self.inner.embed(texts)
+
+
+def _log(root: Path) -> str:
+    return os.path.join(memories_dir(str(root), SITE), LOG_NAME)
+
+
+def _events(root: Path) -> list[eventlog.Event]:
+    return eventlog.salvage(_log(root))[0]
+
+
+def _retriever_of(store: LongTermMemory) -> Retriever:
+    r = store.site(SITE)._retriever
+    assert isinstance(r, Retriever)
+    return r
+
+
+def test_pack_unpack_round_trip_and_every_rejection() -> None:
+    enc = default_encoder()
+    text = "Measurement units. The user prefers metric units"
+    vec = enc.embed_one(text)
+    stored = V.pack(vec, MODEL_ID, text)
+    back = V.unpack(stored, MODEL_ID, text, DIM)
+    assert back is not None and np.array_equal(back, V.rounded(vec))
+    assert float(back @ vec) > 0.9999
+    raw = base64.b64decode(stored["f16"])
+    bad_norm = base64.b64encode((np.frombuffer(raw, "<f2") * np.float16(2)).astype("<f2").tobytes()).decode()
+    nan = base64.b64encode(np.full(DIM, np.nan, dtype="<f2").tobytes()).decode()
+    for broken in (
+        None,
+        "not a mapping",
+        {**stored, "model": "another-model"},  # stale: another model
+        V.pack(vec, MODEL_ID, text + " edited"),  # stale: made from another text
+        {**stored, "f16": stored["f16"][:-4]},  # short
+        {**stored, "f16": "!" * len(stored["f16"])},  # not base64
+        {**stored, "f16": bad_norm},  # not a unit vector
+        {**stored, "f16": nan},  # not finite
+    ):
+        assert V.unpack(broken, MODEL_ID, text, DIM) is None, broken
+
+
+def test_create_and_update_store_the_vector_once(tmp_path: Path) -> None:
+    counting = Counting(default_encoder())
+    with LongTermMemory(tmp_path, retriever_factory=lambda d: Retriever(d, embedder=counting)) as store:
+        m = create(store, fields(1))
+        update(store, m.memory_id, fields(1, summary="the user now likes capybara facts"))
+        events = _events(tmp_path)
+        assert [e.op for e in events] == ["create", "update"]
+        for ev in events:
+            rec = ev.body["record"]
+            doc = MemoryDoc(rec["id"], rec["category"], rec["subject"], rec["summary"], rec["details"],
+                            tuple(rec["tags"]), True)
+            assert V.unpack(ev.body["vec"], MODEL_ID, embedding_text(doc), DIM) is not None
+        writes = len(counting.texts)
+    # A new process (a new store) opens the site from the stored vectors: no memory text is encoded.
+    counting.texts.clear()
+    with LongTermMemory(tmp_path, retriever_factory=lambda d: Retriever(d, embedder=counting)) as store:
+        hits = store.search(SITE, "capybara facts", limit=1)
+        assert [m.memory_id for m, _ in hits] == [m.memory_id]
+        assert _retriever_of(store).recomputed == 0
+        assert counting.texts == ["capybara facts"]  # the query only
+    assert writes >= 2
+
+
+def test_damaged_or_missing_vectors_are_recomputed_not_trusted(tmp_path: Path) -> None:
+    with LongTermMemory(tmp_path) as store:
+        a = create(store, fields(1, summary="the user keeps bees on the balcony"))
+        b = create(store, fields(2, summary="the production database is PostgreSQL"))
+        c = create(store, fields(3, summary="sourdough bread is baked on Sundays"))
+    events = _events(tmp_path)
+    bodies = [dict(e.body) for e in events]
+    # a: the vector of another memory (a plausible unit vector, wrong text digest); b: no vector at all;
+    # c: its vector scaled (fails the unit-length check).
+    bodies[0]["vec"] = dict(bodies[1]["vec"])
+    del bodies[1]["vec"]
+    raw = np.frombuffer(base64.b64decode(bodies[2]["vec"]["f16"]), "<f2") * np.float16(0.5)
+    bodies[2]["vec"] = {**bodies[2]["vec"], "f16": base64.b64encode(raw.astype("<f2").tobytes()).decode()}
+    eventlog.rewrite_file(_log(tmp_path), [(e.recorded_us, body) for e, body in zip(events, bodies, strict=True)])
+    with LongTermMemory(tmp_path) as store:
+        top = {q: store.search(SITE, q, limit=1)[0][0].memory_id
+               for q in ("honey and beekeeping", "which SQL server runs in prod", "baking bread at the weekend")}
+        assert _retriever_of(store).recomputed == 3
+        assert top == {"honey and beekeeping": a.memory_id, "which SQL server runs in prod": b.memory_id,
+                       "baking bread at the weekend": c.memory_id}
+
+
+def test_query_vectors_are_cached_per_site_and_bounded(tmp_path: Path) -> None:
+    counting = Counting(default_encoder())
+    r = Retriever(str(tmp_path / "idx"), embedder=counting, answers_kept=0, query_vectors_kept=2)
+    r.load([MemoryDoc("m1", "pref", "Units", "Prefers kilometres and Celsius", "", (), True)])
+    counting.texts.clear()
+    for q in ("how far is it in miles", "how far is it in miles", "oven temperature"):
+        r.search(q, limit=1)
+    assert counting.texts == ["how far is it in miles", "oven temperature"]
+    assert r.answers_at_once("how far is it in miles", 1)
+    r.search("a third hint", limit=1)  # the table holds two: the oldest goes
+    assert not r.answers_at_once("how far is it in miles", 1)
+    r.erase("m1")  # an erasure empties the table (a verify query may have held the memory's text)
+    assert not r.answers_at_once("oven temperature", 1)
+    r.close()
+
+
+def test_hits_carry_a_readable_similarity_and_unrelated_hints_surface_nothing(tmp_path: Path) -> None:
+    with LongTermMemory(tmp_path) as store:
+        units = create(store, fields(1, subject="Measurement units",
+                                     summary="The user prefers metric units: kilometres, kilograms and Celsius."))
+        create(store, fields(2, subject="Deploy schedule", summary="Deploys go out on Tuesdays and Thursdays."))
+        create(store, fields(3, subject="Fiscal year", summary="The company's fiscal year starts in April."))
+        hits = store.search(SITE, "should distances be given in miles", limit=3)
+        assert hits[0][0].memory_id == units.memory_id
+        scores = [s for _, s in hits]
+        assert all(-1.0 <= s <= 1.0 for s in scores) and scores[0] == max(scores)
+        assert [m.memory_id for m in store.surface(SITE, "should distances be given in miles")][:1] == [
+            units.memory_id]
+        assert store.surface(SITE, "who painted the ceiling of the Sistine Chapel") == []
+        # memory_search still ranks whatever is near at all, and its scores say how weak that is.
+        weak = store.search(SITE, "what will the temperature be in Oslo tomorrow", limit=3)
+        assert store.surface(SITE, "what will the temperature be in Oslo tomorrow") == []
+        assert all(s < Tuning().relevance for _, s in weak)
+
+
+@pytest.mark.parametrize("n", [3])
+def test_import_stores_vectors_too(tmp_path: Path, n: int) -> None:
+    with LongTermMemory(tmp_path / "a") as src:
+        made = [create(src, fields(i)) for i in range(n)]
+    with LongTermMemory(tmp_path / "b") as dst:
+        assert dst.site(SITE).import_records(made) == (n, 0)
+    root = tmp_path / "b"
+    assert all("vec" in e.body for e in eventlog.salvage(os.path.join(memories_dir(str(root), SITE), LOG_NAME))[0])
