@@ -167,3 +167,18 @@ def test_import_stores_vectors_too(tmp_path: Path, n: int) -> None:
         assert dst.site(SITE).import_records(made) == (n, 0)
     root = tmp_path / "b"
     assert all("vec" in e.body for e in eventlog.salvage(os.path.join(memories_dir(str(root), SITE), LOG_NAME))[0])
+
+
+def test_site_indexes_are_released_least_recently_used_first(tmp_path: Path) -> None:
+    sites = [f"lru-site-{i:02d}" for i in range(3)]
+    with LongTermMemory(tmp_path, index_budget=4) as store:
+        for s in sites:
+            for i in range(2):
+                create(store, fields(i, summary=f"the {s} user likes quokka{i} facts"), site=s)
+            store.search(s, "quokka facts", limit=1)
+        held = {s: store.site(sites[-1]) is not None and store._sites[s].indexed() for s in sites}
+        assert held == {sites[0]: 0, sites[1]: 2, sites[2]: 2}  # 6 > 4: the least recent site's index went
+        hits = store.search(sites[0], "quokka facts", limit=2)  # rebuilt on use, from the stored vectors
+        assert len(hits) == 2 and store._sites[sites[0]].indexed() == 2
+        store.search(sites[0], "quokka facts", limit=2)  # the next call brings the total back under the budget
+        assert [store._sites[s].indexed() for s in sites] == [2, 0, 2]

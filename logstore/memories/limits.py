@@ -21,3 +21,6 @@ DEFAULT_RETENTION_SECONDS = 30 * 24 * 3600
 SEARCH_LIMIT_MAX = 20
 #: Length bounds of a memory_context hint and of a search query.
 CONTEXT_MAX = 1000
+#: Memories held in search indexes over all sites of a process, by default (about 4 MiB per 1,000): past it,
+#: the least recently used sites' indexes are released (LongTermMemory's ``index_budget``).
+INDEX_BUDGET = 50_000

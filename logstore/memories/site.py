@@ -625,6 +625,17 @@ class SiteMemories:
                 self._touched.clear()
             self._flushed_at = time.monotonic()
 
+    def indexed(self) -> int:
+        """How many memories this site's search index holds now (0 when it is not built)."""
+        return len(self.state) if self._retriever is not None else 0
+
+    def drop_index(self) -> None:
+        """Release the search index; the next search rebuilds it from the log's stored vectors."""
+        with self._mutex:
+            if self._retriever is not None:
+                self._retriever.close()
+                self._retriever = None
+
     def close(self) -> None:
         with self._mutex:
             if self._closed:

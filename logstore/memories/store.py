@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -13,7 +14,7 @@ from ..errors import Unavailable
 from ..ids import SiteName
 from ..timefmt import now_us
 from . import tokens
-from .limits import DEFAULT_RETENTION_SECONDS
+from .limits import DEFAULT_RETENTION_SECONDS, INDEX_BUDGET
 from .record import Memory, check_memory_id
 from .site import MEMORIES_DIR, Config, RetrieverFactory, SiteMemories, default_retriever, surface_pick
 
@@ -26,7 +27,10 @@ class LongTermMemory:
     Safe for many threads and for several processes sharing the directory.
     ``retention_seconds`` is how long a soft-deleted memory is kept before it
     is erased; ``clock`` (microseconds since the epoch) exists so tests can
-    move time forward without waiting.
+    move time forward without waiting. ``index_budget`` bounds the memories
+    held in search indexes over all sites: past it the indexes of the least
+    recently used sites are released (and rebuilt from their stored vectors,
+    without the model, when next searched).
     """
 
     def __init__(
@@ -37,6 +41,7 @@ class LongTermMemory:
         lock_timeout: float = 5.0,
         clock: Callable[[], int] = now_us,
         retriever_factory: RetrieverFactory | None = None,
+        index_budget: int = INDEX_BUDGET,
     ) -> None:
         self.root = os.path.abspath(os.fspath(data_dir))
         if retention_seconds < 0:
@@ -54,6 +59,9 @@ class LongTermMemory:
             retriever_factory=retriever_factory or default_retriever,
         )
         self._sites: dict[str, SiteMemories] = {}
+        #: Sites by last use, least recent first: whose search index to release when over ``index_budget``.
+        self._recent: OrderedDict[str, None] = OrderedDict()
+        self._index_budget = index_budget
         self._lock = threading.Lock()
         self._closed = False
         self._stop = threading.Event()
@@ -99,7 +107,29 @@ class LongTermMemory:
             if s is None:
                 s = SiteMemories(self.root, site, self._book, self._config)
                 self._sites[site] = s
-            return s
+            self._recent[site] = None
+            self._recent.move_to_end(site)
+            victims = self._over_budget(site)
+        for v in victims:
+            v.drop_index()
+        return s
+
+    def _over_budget(self, current: str) -> list[SiteMemories]:
+        """The least recently used sites whose indexes must go for the rest to fit ``index_budget`` (lock held).
+
+        The site in use is never released; its own index may be built after this check, so the total can
+        exceed the budget by one site's index until the next call.
+        """
+        total = sum(s.indexed() for s in self._sites.values())
+        out = []
+        for name in self._recent:
+            if total <= self._index_budget:
+                break
+            s = self._sites[name]
+            if name != current and s.indexed():
+                total -= s.indexed()
+                out.append(s)
+        return out
 
     # Convenience wrappers, one per tool.
 
