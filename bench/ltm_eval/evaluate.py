@@ -41,16 +41,26 @@ class Memo:
         self.model_id = inner.model_id
         self._seen: dict[str, Vectors] = {}
 
-    def embed_one(self, text: str) -> Vectors:
+    def _get(self, text: str) -> Vectors:
         v = self._seen.get(text)
         if v is None:
             v = self._seen[text] = self.inner.embed_one(text)
         return v
 
+    def embed_one(self, text: str) -> Vectors:
+        return self._get(text)
+
     def embed(self, texts: Sequence[str]) -> Vectors:
         import numpy as np
 
-        return np.stack([self.embed_one(t) for t in texts]) if texts else self.inner.embed(texts)
+        return np.stack([self._get(t) for t in texts]) if texts else self.inner.embed(texts)
+
+
+class DocsOnly(Memo):
+    """Remembers memory texts (``embed``) but encodes every query (``embed_one``) anew: for timing searches."""
+
+    def embed_one(self, text: str) -> Vectors:
+        return self.inner.embed_one(text)
 
 
 _memo: list[Memo] = []
@@ -63,6 +73,14 @@ def shared_embedder() -> Memo:
 
         _memo.append(Memo(default_encoder()))
     return _memo[0]
+
+
+def docs_only() -> DocsOnly:
+    """A :class:`DocsOnly` sharing :func:`shared_embedder`'s remembered memory vectors."""
+    m = shared_embedder()
+    d = DocsOnly(m.inner)
+    d._seen = m._seen
+    return d
 
 
 def surfaced(r: Retriever, text: str, k: int = 2) -> list[str]:
