@@ -109,8 +109,11 @@ _RECORD: JsonSchema = {
             "type": "integer",
         },
         "score": {
-            "description": "Relevance to the query (search and verify only; higher is better, only the order "
-            "is meaningful); null for memories listed because of memory_id or dedupe_key.",
+            "description": "Search and verify only: the cosine similarity of the memory to the query, -1 to 1 "
+            "(about 0.6 and above: the same topic; below 0.3: weak, likely unrelated unless it holds the query's "
+            "words; memory_context surfaces nothing below 0.3). Hits are ordered by a fusion with keyword "
+            "matching, so a lower score can rank higher. Null for memories listed because of memory_id or "
+            "dedupe_key.",
             "type": ["number", "null"],
         },
     },

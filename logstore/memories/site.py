@@ -365,7 +365,7 @@ class SiteMemories:
                 for hit in self._retriever_now().search(query[:4000], limit=limit + len(seen)):
                     found = self.state.get(hit.memory_id)
                     if found is not None and found.active and hit.memory_id not in seen:
-                        related.append((found, float(hit.score)))
+                        related.append((found, float(hit.score if hit.similarity is None else hit.similarity)))
                         seen.add(hit.memory_id)
                     if len(related) >= limit + (1 if target is not None else 0):
                         break
