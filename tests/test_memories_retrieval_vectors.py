@@ -55,6 +55,12 @@ def _retriever_of(store: LongTermMemory) -> Retriever:
     return r
 
 
+def _retriever_of_site(store: LongTermMemory, site: str) -> Retriever:
+    r = store._sites[site]._retriever
+    assert isinstance(r, Retriever)
+    return r
+
+
 def test_pack_unpack_round_trip_and_every_rejection() -> None:
     enc = default_encoder()
     text = "Measurement units. The user prefers metric units"
@@ -180,5 +186,6 @@ def test_site_indexes_are_released_least_recently_used_first(tmp_path: Path) -> 
         assert held == {sites[0]: 0, sites[1]: 2, sites[2]: 2}  # 6 > 4: the least recent site's index went
         hits = store.search(sites[0], "quokka facts", limit=2)  # rebuilt on use, from the stored vectors
         assert len(hits) == 2 and store._sites[sites[0]].indexed() == 2
+        assert _retriever_of_site(store, sites[0]).recomputed == 0  # the vectors were read back from the log
         store.search(sites[0], "quokka facts", limit=2)  # the next call brings the total back under the budget
         assert [store._sites[s].indexed() for s in sites] == [2, 0, 2]

@@ -39,8 +39,11 @@ class SemanticIndex:
 
     def __init__(self, dim: int, capacity: int = 64) -> None:
         self._dim = dim
+        self._alloc(capacity)
+
+    def _alloc(self, capacity: int) -> None:
         capacity = max(capacity, 16)
-        self._m: Vectors = np.zeros((capacity, dim), dtype=np.float32)
+        self._m: Vectors = np.zeros((capacity, self._dim), dtype=np.float32)
         self._used = np.zeros(capacity, dtype=bool)  # the row holds a memory
         self._active = np.zeros(capacity, dtype=bool)  # ... and that memory is active
         self._row_key = np.zeros(capacity, dtype=np.int64)
@@ -49,8 +52,24 @@ class SemanticIndex:
         self._n = 0  # rows [0, _n) have been handed out at some point
 
     def put_many(self, keys: Sequence[int], vecs: Vectors, active: Sequence[bool]) -> None:
+        """Add rows; into an empty index whose matrix ``vecs`` already is (see :meth:`matrix_for`), no copy."""
+        if vecs is self._m and self._n == 0:
+            n = len(keys)
+            self._used[:n] = True
+            self._active[:n] = np.asarray(active, dtype=bool)
+            self._row_key[:n] = np.asarray(keys, dtype=np.int64)
+            self._key_row = {k: i for i, k in enumerate(keys)}
+            self._n = n
+            return
         for key, vec, a in zip(keys, vecs, active, strict=True):
             self.put(key, vec, a)
+
+    def matrix_for(self, n: int) -> Vectors:
+        """The empty index's own matrix, at least ``n`` rows, for a caller to fill before :meth:`put_many`."""
+        assert self._n == 0
+        if len(self._m) < n:
+            self._alloc(n)
+        return self._m
 
     def put(self, key: int, vec: Vectors, active: bool) -> None:
         row = self._key_row.get(key)

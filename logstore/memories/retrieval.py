@@ -32,8 +32,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-import numpy as np
-
 from .. import fileio
 from . import vectors
 from ._lexical import DEFAULT_WEIGHTS, LexicalIndex, query_terms
@@ -209,19 +207,13 @@ class Retriever:
         text = embedding_text(doc)
         return vectors.pack(self._embedder.embed_one(text), self._embedder.model_id, text)
 
-    def _vectors_of(self, docs: Sequence[MemoryDoc]) -> Vectors:
-        """The vectors of ``docs``: the stored ones that pass every check, the others encoded now."""
+    def _vectors_of(self, docs: Sequence[MemoryDoc], out: Vectors | None = None) -> Vectors:
+        """The vectors of ``docs`` (into ``out``'s first rows when given): the stored ones that pass every
+        check, the others encoded now."""
         emb = self._embedder
         assert emb is not None
-        out = np.zeros((len(docs), emb.dim), dtype=np.float32)
-        redo: list[int] = []
         texts = [embedding_text(d) for d in docs]
-        for i, (d, text) in enumerate(zip(docs, texts, strict=True)):
-            vec = vectors.unpack(d.vector, emb.model_id, text, emb.dim)
-            if vec is None:
-                redo.append(i)
-            else:
-                out[i] = vec
+        out, redo = vectors.unpack_many([d.vector for d in docs], texts, emb.model_id, emb.dim, out)
         if redo:
             out[redo] = vectors.rounded(emb.embed([texts[i] for i in redo]))
         self.recomputed = len(redo)
@@ -240,13 +232,15 @@ class Retriever:
             if d.memory_id in seen:
                 raise ValueError(f"load: memory id {d.memory_id!r} given twice")
             seen.add(d.memory_id)
-        vecs = self._vectors_of(docs) if self._embedder is not None else None
+        # The new semantic index is filled outside the lock, its matrix written in place (no second copy).
+        semantic = SemanticIndex(self._embedder.dim if self._embedder else 1, capacity=len(docs) + 64)
+        vecs = self._vectors_of(docs, semantic.matrix_for(len(docs))) if self._embedder is not None else None
         with self._lock:
             self._check_open()
             self._answers.clear()
             self._lexical.close()
             self._lexical = LexicalIndex(self._tuning.bm25)
-            self._semantic = SemanticIndex(self._embedder.dim if self._embedder else 1, capacity=len(docs) + 64)
+            self._semantic = semantic
             self._entries.clear()
             self._ids.clear()
             self._inactive.clear()

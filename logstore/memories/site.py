@@ -110,8 +110,10 @@ class SiteMemories:
         self._mutex = threading.RLock()
         self._lock_fd: int | None = None
         self.state: dict[str, Memory] = {}
-        #: The vector stored with each memory's latest create/update event (see .vectors), by id.
-        self._vecs: dict[str, Any] = {}
+        #: The vector stored with each memory's latest create/update event (see .vectors), by id, kept only
+        #: while no retriever holds them (from a full read of the log until the index is built); None when
+        #: not kept: building an index then reads them from the log again.
+        self._vecs: dict[str, Any] | None = {}
         self._end = 0
         self._next_seq = 0
         self._last_at = 0
@@ -172,15 +174,23 @@ class SiteMemories:
         return self._retriever
 
     def _docs(self) -> list[Any]:
-        return [to_doc(m, self._vecs.get(k)) for k, m in self.state.items()]
+        """Every memory with its stored vector, for a retriever's load; the vectors are not kept after."""
+        vecs = self._vecs if self._vecs is not None else self._scan_vectors()
+        self._vecs = None
+        return [to_doc(m, vecs.get(k)) for k, m in self.state.items()]
+
+    def _scan_vectors(self) -> dict[str, Any]:
+        """The stored vectors of the log as this process last read it (an index is rebuilt after a release)."""
+        vecs: dict[str, Any] = {}
+        if self.log.fd is not None and self._end > layout_header_size():
+            for ev in self.log.scan(layout_header_size(), 0).events[: self._next_seq]:
+                _note_vector(vecs, ev.body)
+        return vecs
 
     def _note_vector(self, body: Mapping[str, Any]) -> None:
-        """Keep the vector of a create/update event (none for other events), drop an erased memory's."""
-        op, mid = body["op"], str(body["id"])
-        if op in ("create", "update"):
-            self._vecs[mid] = body.get("vec")
-        elif op == "erase":
-            self._vecs.pop(mid, None)
+        """Keep an event's vector while no retriever holds the vectors (see ``_vecs``)."""
+        if self._vecs is not None:
+            _note_vector(self._vecs, body)
 
     def _vector_of(self, memory_id: str, fields: Fields) -> Any:
         """The stored form of a vector for ``fields``, computed outside the site's locks (None without a model)."""
@@ -219,7 +229,7 @@ class SiteMemories:
             self.state = {k: m.touched(max(times.get(k, 0), self._touched.get(k, 0))) for k, m in state.items()}
             self._last_at = max((ev.recorded_us for ev in result.events), default=0)
             if self._retriever is not None:
-                self._retriever.load(self._docs())
+                self._retriever.load(self._docs())  # else kept in _vecs until the index is built
         else:
             for ev in result.events:
                 mid = apply(self.state, ev.body)
@@ -230,7 +240,7 @@ class SiteMemories:
                     if m is None:
                         self._retriever.erase(mid)
                     else:
-                        self._retriever.upsert(to_doc(m, self._vecs.get(mid)))
+                        self._retriever.upsert(to_doc(m, ev.body.get("vec")))
         self._end, self._next_seq = result.end, result.next_seq
 
     def _now(self) -> int:
@@ -254,7 +264,7 @@ class SiteMemories:
         if m is None:
             retriever.erase(mid)
         else:
-            retriever.upsert(to_doc(m, self._vecs.get(mid)))
+            retriever.upsert(to_doc(m, body.get("vec")))
         return m
 
     # ------------------------------------------------------------ retention and erasure
@@ -310,7 +320,8 @@ class SiteMemories:
         retriever = self._retriever_now()
         for mid in ids:
             self.state.pop(mid, None)
-            self._vecs.pop(mid, None)
+            if self._vecs is not None:
+                self._vecs.pop(mid, None)
             self._touched.pop(mid, None)
             retriever.erase(mid)
         self._end, self._next_seq = rescan.end, rescan.next_seq
@@ -683,6 +694,15 @@ def _process_alive(pid: int) -> bool:
     except PermissionError:
         return True  # it exists, under another user
     return True
+
+
+def _note_vector(vecs: dict[str, Any], body: Mapping[str, Any]) -> None:
+    """Record in ``vecs`` the vector of a create/update event (none for other events); drop an erased memory's."""
+    op, mid = body["op"], str(body["id"])
+    if op in ("create", "update"):
+        vecs[mid] = body.get("vec")
+    elif op == "erase":
+        vecs.pop(mid, None)
 
 
 def layout_header_size() -> int:
