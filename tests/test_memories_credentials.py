@@ -101,3 +101,12 @@ def test_ordinary_memory_with_hashes_and_ids_is_stored(tmp_path: Path) -> None:
         raw = fields(3, details=" ".join(ORDINARY[:5]), tags=["3f786850e387550fdab836ed7e6dc881de23001b"])
         m = create(store, raw)
         assert m.fields.details == raw["details"]
+
+
+def test_the_tool_error_names_the_field_and_kind() -> None:
+    from convmem.mcp_adapter.errors import from_store_error
+
+    failure = from_store_error(LooksLikeSecret("memory.details", "private_key"))
+    assert failure.code == "LooksLikeSecret" and not failure.retryable
+    assert failure.details == {"field": "memory.details", "kind": "private_key"}
+    assert "memory.details" in failure.message and "private_key" in failure.message
