@@ -58,17 +58,21 @@ class Server:
     """A ``convmem serve`` child process on 127.0.0.1 with a free port."""
 
     def __init__(self, data_dir: str, noop_payload: str | None = None, python_args: Sequence[str] = (),
-                 extra_args: Sequence[str] = ()) -> None:
+                 extra_args: Sequence[str] = (), bare: bool = False) -> None:
         """``noop_payload``: serve the bench's extra ``bench_noop`` tool, answering that file's result.
 
         ``python_args`` go to the interpreter before the server's module (a profiler's ``-m pyinstrument ...``);
-        ``extra_args`` are more ``convmem serve`` options.
+        ``extra_args`` are more ``convmem serve`` options. ``bare``: the bare ASGI app of
+        :mod:`bench.noopserver` instead of convmem (the floor; ``data_dir`` only holds its log).
         """
         os.makedirs(data_dir, exist_ok=True)
-        add_site(data_dir)
+        if not bare:
+            add_site(data_dir)
         self.log = open(os.path.join(os.path.dirname(data_dir), "server.log"), "a")
         args = ("serve", "--data-dir", data_dir, "--host", "127.0.0.1", "--port", "0", *extra_args)
-        if noop_payload:
+        if bare:
+            cmd = [sys.executable, "-m", "bench.noopserver", "--bare"]
+        elif noop_payload:
             cmd = [sys.executable, *python_args, "-m", "bench.noopserver", noop_payload, *args]
         elif python_args:
             cmd = [sys.executable, *python_args, "-m", "convmem.mcp_adapter.cli", *args]

@@ -32,6 +32,7 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 try:  # the C parser of uvicorn[standard]; h11 where it does not install
+    import httptools
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 except ImportError:  # pragma: no cover - httptools is a dependency where it installs
     HttpToolsProtocol = None  # type: ignore[assignment,misc]
@@ -175,12 +176,18 @@ def guarded_httptools_protocol(
             super().on_message_begin()
 
         def on_url(self, url: bytes) -> None:
-            self._head_bytes += len(url)
+            self._count_head(len(url))
             super().on_url(url)
 
         def on_header(self, name: bytes, value: bytes) -> None:
-            self._head_bytes += len(name) + len(value) + 4
+            self._count_head(len(name) + len(value) + 4)
             super().on_header(name, value)
+
+        def _count_head(self, size: int) -> None:
+            """Count head bytes the parser handed over; past the limit, make it fail (uvicorn answers 400)."""
+            self._head_bytes += size
+            if self._head_bytes > max_head_bytes:
+                raise httptools.HttpParserError("request head too large")
 
         def on_headers_complete(self) -> None:
             self._in_head = False
