@@ -119,6 +119,42 @@ def guarded_h11_protocol(
     return GuardedH11Protocol
 
 
+class HeadHolder:
+    """The transport as one response sees it: the status line and headers go out with the first body bytes.
+
+    uvicorn writes a response's head as soon as the app starts the response,
+    and its body when it comes: two writes, and on loopback two wake-ups of a
+    client that reads the head and then waits for the body. Here the head
+    waits (it is never a ``100 Continue``, which must go out at once) and
+    leaves in one vectored write with the body, or when the connection
+    closes. A HEAD response, which writes no body, is not held.
+    """
+
+    __slots__ = ("held", "transport")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        self.held: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        if self.held is not None:
+            held, self.held = self.held, None
+            self.transport.writelines([held, data])
+        elif data.startswith(b"HTTP/1.1 ") and not data.startswith(b"HTTP/1.1 1"):
+            self.held = data
+        else:
+            self.transport.write(data)
+
+    def close(self) -> None:
+        if self.held is not None:
+            held, self.held = self.held, None
+            self.transport.write(held)
+        self.transport.close()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.transport, name)
+
+
 def guarded_httptools_protocol(
     header_timeout: float = DEFAULT_HEADER_TIMEOUT,
     max_per_address: int = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
@@ -195,6 +231,9 @@ def guarded_httptools_protocol(
             self._heads_done += 1
             self._disarm_header_timer()
             super().on_headers_complete()
+            cycle = self.cycle
+            if cycle is not None and self.scope.get("method") != "HEAD":
+                cycle.transport = HeadHolder(self.transport)  # type: ignore[assignment]
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
