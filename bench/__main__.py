@@ -68,6 +68,8 @@ RATIO_SOURCE = {
     "recall_growth_100k_vs_1k": "reads", "replay_vs_sqlite": "reads", "writers16_vs_sqlite": "concurrency",
     "same_conversation4_vs_1": "concurrency", "list_growth_100k_vs_1k": "list", "open_100k_ms": "open",
     "mcp_recall_vs_noop_tool": "mcp", "replay_rss_vs_payload": "rss",
+    "mcp_ping_vs_bare_app": "mcp", "mcp_recall50_minus_ping_ms": "mcp", "mcp_append1_minus_engine_ms": "mcp",
+    "mcp_recall_calls_per_s_8": "mcp",
 }
 assert set(RATIO_SOURCE) == set(report.RATIO_KEYS)
 

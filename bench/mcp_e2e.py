@@ -11,6 +11,16 @@ is the store's share. The calls are raw JSON-RPC POSTs over one kept-alive
 connection (``http.client``), the client parsing nothing, the two tools
 taking turns call by call. ``ping`` (the protocol's own no-op) and
 ``append_memory`` of 10 items are timed alongside for context.
+
+The MCP layer's own cost (issue 25) is measured in the same turns against
+two floors: a bare ASGI app under the same uvicorn answering the same POST
+with a fixed body (:mod:`bench.noopserver`, ``--bare``), and the engine's own
+append of one item (``MemoryStore.append`` in this process, same disk). The
+figures: ``ping`` over the bare app, ``recall_memory`` of 50 items minus
+``ping``, ``append_memory`` of one item minus the engine's append (medians;
+pairs of one turn resampled together), and ``recall_memory`` calls per
+second from 8 clients (threads, one kept-alive connection each) on the one
+server process.
 """
 
 from __future__ import annotations
@@ -18,9 +28,13 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import threading
+import time
 import urllib.parse
 from collections.abc import Callable
 from typing import Any
+
+from convmem.logstore import open_store
 
 from . import mcpserver
 from .context import Ctx
@@ -28,6 +42,9 @@ from .util import CONVMEM, Row, interleaved_ops, payloads
 
 CONV = "mcp-bench-conv-1"
 RECALL = 50
+#: Concurrent clients of the throughput figure.
+CLIENTS = 8
+ENGINE_SITE = "bench-engine-site"
 
 
 def steps(ctx: Ctx) -> int:
@@ -60,6 +77,41 @@ class RawClient:
         self.conn.close()
 
 
+def throughput(url: str, clients: int, calls: int, arguments: dict[str, Any]) -> tuple[float, list[float]]:
+    """``recall_memory`` calls per second from ``clients`` threads making ``calls`` calls each; and every latency."""
+    conns = [RawClient(url) for _ in range(clients)]
+    for c in conns:
+        c.tool("recall_memory", arguments)  # connected and warm
+    latencies: list[list[float]] = [[] for _ in conns]
+    failures: list[BaseException] = []
+    start = threading.Barrier(clients + 1)
+
+    def work(i: int) -> None:
+        c, out = conns[i], latencies[i]
+        start.wait()
+        try:
+            for _ in range(calls):
+                t0 = time.perf_counter()
+                c.tool("recall_memory", arguments)
+                out.append(time.perf_counter() - t0)
+        except BaseException as exc:  # reported below, after every thread has ended
+            failures.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - t0
+    for c in conns:
+        c.close()
+    if failures:
+        raise RuntimeError(f"a concurrent client failed: {failures[0]!r}")
+    return clients * calls / seconds, [x for out in latencies for x in out]
+
+
 def run(ctx: Ctx) -> list[Row]:
     why = mcpserver.available()
     if why:
@@ -68,8 +120,11 @@ def run(ctx: Ctx) -> list[Row]:
     ctx.progress.step(label)
     payload_file = os.path.join(ctx.workdir, "mcp-noop-result.json")
     server = mcpserver.Server(f"{ctx.workdir}/mcp-data", noop_payload=payload_file)
+    bare = mcpserver.Server(f"{ctx.workdir}/mcp-bare/data", bare=True)
+    engine = open_store(f"{ctx.workdir}/mcp-engine")
     try:
         c = RawClient(server.url)
+        floor = RawClient(bare.url)
         items = payloads(10, ctx.sizes.item_bytes)
         for _ in range(100):  # a 1,000-item conversation to recall from
             c.tool("append_memory", {"conversation_id": CONV, "items": items})
@@ -81,23 +136,37 @@ def run(ctx: Ctx) -> list[Row]:
         sizes = {"recall_memory": len(body), "bench_noop": len(noop_body)}
         if abs(len(body) - len(noop_body)) > 0.01 * len(body):
             raise RuntimeError(f"the no-op's response is not the recall's size: {sizes}")
+        one = payloads(1, ctx.sizes.item_bytes)
         fns: dict[str, Callable[[], object]] = {
             "recall_memory": lambda: c.tool("recall_memory", recall_args),
             "bench_noop": lambda: c.tool("bench_noop", recall_args),
             "ping": lambda: c.post("ping"),
             "append_memory": lambda: c.tool("append_memory", {"conversation_id": CONV + "-a", "items": items}),
+            "append_memory_1": lambda: c.tool("append_memory", {"conversation_id": CONV + "-b", "items": one}),
+            "bare_app": lambda: floor.post("ping"),
+            "engine_append_1": lambda: engine.append(ENGINE_SITE, CONV + "-e", one),
         }
         samples = interleaved_ops(ctx.sizes.ops, fns, progress=ctx.progress, label="mcp")
         c.close()
+        floor.close()
+        rate, concurrent = throughput(server.url, CLIENTS, max(ctx.sizes.ops // 2, 10), recall_args)
     finally:
         server.stop()
+        bare.stop()
+        engine.close()
     rows = []
     for name, what in (("recall_memory", f"recall_memory, last {RECALL} of 1,000 items"),
                        ("bench_noop", "bench_noop: the same result, no store"),
                        ("ping", "ping (protocol no-op)"),
-                       ("append_memory", "append_memory, 10 items")):
+                       ("append_memory", "append_memory, 10 items"),
+                       ("append_memory_1", "append_memory, 1 item"),
+                       ("bare_app", "bare ASGI app, same uvicorn, fixed body (floor)"),
+                       ("engine_append_1", "engine append of 1 item, no MCP (floor)")):
         rows.append(Row("mcp", f"MCP raw HTTP JSON-RPC: {what}", "ms/call", higher_better=False, per_op=True,
                         samples={CONVMEM: samples[name]},
                         extra={"tool": name, "response_bytes": sizes.get(name)}))
+    rows.append(Row("mcp", f"MCP recall_memory of {RECALL}, {CLIENTS} concurrent clients, one server process",
+                    "calls/s", samples={CONVMEM: [rate]}, latencies={CONVMEM: concurrent},
+                    extra={"tool": "recall_memory_concurrent", "clients": CLIENTS, "calls_per_s": rate}))
     ctx.progress.step("MCP", advance=1)
     return rows

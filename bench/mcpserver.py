@@ -9,7 +9,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,13 +57,27 @@ def add_site(data_dir: str) -> None:
 class Server:
     """A ``convmem serve`` child process on 127.0.0.1 with a free port."""
 
-    def __init__(self, data_dir: str, noop_payload: str | None = None) -> None:
-        """``noop_payload``: serve the bench's extra ``bench_noop`` tool, answering that file's result."""
+    def __init__(self, data_dir: str, noop_payload: str | None = None, python_args: Sequence[str] = (),
+                 extra_args: Sequence[str] = (), bare: bool = False) -> None:
+        """``noop_payload``: serve the bench's extra ``bench_noop`` tool, answering that file's result.
+
+        ``python_args`` go to the interpreter before the server's module (a profiler's ``-m pyinstrument ...``);
+        ``extra_args`` are more ``convmem serve`` options. ``bare``: the bare ASGI app of
+        :mod:`bench.noopserver` instead of convmem (the floor; ``data_dir`` only holds its log).
+        """
         os.makedirs(data_dir, exist_ok=True)
-        add_site(data_dir)
+        if not bare:
+            add_site(data_dir)
         self.log = open(os.path.join(os.path.dirname(data_dir), "server.log"), "a")
-        args = ("serve", "--data-dir", data_dir, "--host", "127.0.0.1", "--port", "0")
-        cmd = [sys.executable, "-m", "bench.noopserver", noop_payload, *args] if noop_payload else _cmd(*args)
+        args = ("serve", "--data-dir", data_dir, "--host", "127.0.0.1", "--port", "0", *extra_args)
+        if bare:
+            cmd = [sys.executable, "-m", "bench.noopserver", "--bare"]
+        elif noop_payload:
+            cmd = [sys.executable, *python_args, "-m", "bench.noopserver", noop_payload, *args]
+        elif python_args:
+            cmd = [sys.executable, *python_args, "-m", "convmem.mcp_adapter.cli", *args]
+        else:
+            cmd = _cmd(*args)
         self.proc = subprocess.Popen(
             cmd,
             stdout=subprocess.PIPE, stderr=self.log, text=True, env=_env(),

@@ -5,7 +5,17 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .util import CONVMEM, FLOOR, LMDB, SQLITE, SQLITE_GROUP, Row, median_ci, percentile_ratio_ci
+from .util import (
+    CONVMEM,
+    FLOOR,
+    LMDB,
+    SQLITE,
+    SQLITE_GROUP,
+    Row,
+    median_ci,
+    paired_median_diff_ci,
+    percentile_ratio_ci,
+)
 
 #: Every headline ratio, in the order the JSON and the printout give them. Each ``_vs_`` is
 #: convmem's speed over the other's (above 1: convmem faster), p50 unless the name says otherwise.
@@ -14,6 +24,7 @@ RATIO_KEYS = (
     "append10_p99_over_p50", "new_conversation_vs_append", "recall_vs_sqlite", "recall_wide_vs_sqlite",
     "recall_growth_100k_vs_1k", "replay_vs_sqlite", "writers16_vs_sqlite", "same_conversation4_vs_1",
     "list_growth_100k_vs_1k", "open_100k_ms", "mcp_recall_vs_noop_tool", "replay_rss_vs_payload",
+    "mcp_ping_vs_bare_app", "mcp_recall50_minus_ping_ms", "mcp_append1_minus_engine_ms", "mcp_recall_calls_per_s_8",
 )
 
 #: The long-term memory workload's headline figures (``--only memory``), kept apart from ``ratios``.
@@ -151,12 +162,35 @@ def ratios(rows: list[Row]) -> tuple[dict[str, Interval | None], dict[str, str]]
     recall_mcp, noop = _find(rows, "mcp", tool="recall_memory"), _find(rows, "mcp", tool="bench_noop")
     if _conv(recall_mcp) and _conv(noop):
         out["mcp_recall_vs_noop_tool"] = percentile_ratio_ci(_conv(noop), _conv(recall_mcp))
+    _mcp_layer(rows, out)
     rss = _find(rows, "rss")
     if rss and "rss_vs_payload" in rss.extra:
         lo, hi = rss.extra["rss_vs_payload_ci"]
         out["replay_rss_vs_payload"] = (rss.extra["rss_vs_payload"], lo, hi)
         where["rss"] = f"{rss.extra['items']:,} items of 256 KiB"
     return out, where
+
+
+def _mcp_layer(rows: list[Row], out: dict[str, Interval | None]) -> None:
+    """Issue 25's figures: the MCP layer against the bare app, ``ping`` and the engine, all from one run."""
+    ping, bare = _conv(_find(rows, "mcp", tool="ping")), _conv(_find(rows, "mcp", tool="bare_app"))
+    recall = _conv(_find(rows, "mcp", tool="recall_memory"))
+    append1 = _conv(_find(rows, "mcp", tool="append_memory_1"))
+    engine = _conv(_find(rows, "mcp", tool="engine_append_1"))
+    if ping and bare:
+        out["mcp_ping_vs_bare_app"] = percentile_ratio_ci(ping, bare)
+    if recall and ping and len(recall) == len(ping):
+        out["mcp_recall50_minus_ping_ms"] = _ms(paired_median_diff_ci(recall, ping))
+    if append1 and engine and len(append1) == len(engine):
+        out["mcp_append1_minus_engine_ms"] = _ms(paired_median_diff_ci(append1, engine))
+    rate = _find(rows, "mcp", tool="recall_memory_concurrent")
+    if rate and rate.samples.get(CONVMEM):
+        value = rate.samples[CONVMEM][0]
+        out["mcp_recall_calls_per_s_8"] = (value, value, value)
+
+
+def _ms(v: Interval) -> Interval:
+    return (v[0] * 1000, v[1] * 1000, v[2] * 1000)
 
 
 def memory_figures(rows: list[Row]) -> dict[str, float | None]:
@@ -196,6 +230,10 @@ TARGETS = [
     ("open_100k_ms", "<", 20.0, "cold open of a 100,000-item conversation under 20 ms"),
     ("mcp_recall_vs_noop_tool", ">=", 0.8, "recall_memory at least 0.8x a no-op tool returning the same bytes"),
     ("replay_rss_vs_payload", "<=", 3.0, "replay: peak RSS above the idle server at most 3x the payload"),
+    ("mcp_ping_vs_bare_app", "<=", 1.5, "MCP ping p50 at most 1.5x a bare ASGI app under the same uvicorn"),
+    ("mcp_recall50_minus_ping_ms", "<=", 0.5, "MCP recall_memory of 50 items at most 0.5 ms above ping (p50)"),
+    ("mcp_append1_minus_engine_ms", "<=", 1.0, "MCP append_memory of 1 item at most 1 ms above the engine's (p50)"),
+    ("mcp_recall_calls_per_s_8", ">=", 1000.0, "one server: at least 1,000 recall_memory calls/s from 8 clients"),
 ]
 
 MEMORY_TARGETS = [  # issue 21

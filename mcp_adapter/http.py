@@ -47,7 +47,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from convmem.logstore import MAX_BATCH_BYTES
 
-from . import metrics
+from . import exchange, metrics
 from .auth import Authenticator
 from .errors import ToolFailure, unauthenticated
 from .requestlog import RequestLog
@@ -290,6 +290,7 @@ def build_app(
             Route(metrics.METRICS_PATH, metrics.endpoint(metrics_token), methods=["GET"]),  # ops
         ],
     )
+    exchange.install(server.session_manager)  # perf: well-formed POSTs served in place (see .exchange)
     app.add_middleware(ResultSplice)  # innermost: writes read results into the SDK's response (see .wire)
     app.add_middleware(RequestAdmission, authenticator=backend.authenticator, body_timeout=body_timeout)
     app.add_middleware(NoEventStream)

@@ -17,7 +17,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from convmem.logstore import MemoryStore, SiteQuota, StoreError, open_store
 
 from . import __version__, metrics, requestlog, tls
 from .auth import Authenticator
-from .connguard import guarded_h11_protocol
+from .connguard import guarded_protocol
 from .credentials import CredentialError, CredentialFile, generate_password
 from .http import HEALTH_PATH, MCP_PATH, build_app, is_loopback
 from .server import Backend, build_server
@@ -232,13 +232,24 @@ def throttle_settings(args: argparse.Namespace) -> ThrottleSettings:
 def connection_limits(args: argparse.Namespace) -> dict[str, Any]:
     """uvicorn settings bounding connections: concurrency cap, keep-alive, header deadline, per-address cap.
 
-    Request heads stay limited to h11's default of 16 KiB.
+    Request heads stay limited to 16 KiB (h11's default, enforced for httptools by the guard).
     """
     return {
         "limit_concurrency": args.limit_concurrency,
         "timeout_keep_alive": 5,
-        "http": guarded_h11_protocol(args.header_timeout, args.max_connections_per_address),
+        "http": guarded_protocol(args.header_timeout, args.max_connections_per_address),
     }
+
+
+def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
+    """Run ``main`` to completion on uvloop's event loop where it is installed, else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency where it installs
+        asyncio.run(main)
+        return
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main)
 
 
 def _quiet_signals() -> None:
@@ -337,7 +348,7 @@ def serve_http(args: argparse.Namespace) -> int:
     print(_banner(args, port, demo, site_count, choice), flush=True)
     _quiet_signals()
     try:
-        asyncio.run(_serve_uvicorn(server, sock, backend, on_sighup))
+        run_event_loop(_serve_uvicorn(server, sock, backend, on_sighup))
     finally:
         sock.close()
         backend.close_memories()

@@ -1,0 +1,206 @@
+"""``POST /mcp`` answered in the request's own task: the SDK's protocol kernel without its per-request plumbing.
+
+In stateless JSON mode the SDK serves each POST by building a transport with
+two memory-stream pairs, starting a server task in its task group, a
+message-router task and a dispatcher task group, and passing the request and
+its response through those streams (about nine event-loop turns and three
+tasks for a ``ping``). None of that carries anything for a stateless JSON
+exchange: one request in, one response out, no back-channel.
+
+:class:`SingleExchange` keeps every protocol decision with the SDK and only
+drops the plumbing:
+
+* The request is checked exactly as the SDK's transport checks it (Host and
+  Origin via its :class:`TransportSecurityMiddleware`, ``Accept``,
+  ``Content-Type``, JSON parse, JSON-RPC validation with its own adapter).
+  Anything that is not a well-formed JSON-RPC *request* on the handshake-era
+  path (an error of any kind, a notification, a response, a 2026 protocol
+  version, a GET or DELETE) is handed to the SDK's own handler with the body
+  replayed, so every error and every 202 is the SDK's.
+* A well-formed request is served by the SDK's kernel,
+  :func:`mcp.server.runner.serve_one` over a born-ready
+  ``Connection.from_envelope`` (what the SDK's stateless path builds), with
+  the dispatch context its dispatcher would give: streamable HTTP, no
+  back-channel, the Starlette request as ``request_context``. The result or
+  the error is written as the SDK's transport writes it
+  (``JSONRPCResponse``/``JSONRPCError``, ``model_dump_json(by_alias=True,
+  exclude_unset=True)``, ``Content-Type: application/json``), handler
+  exceptions mapped by the SDK's own ladder.
+
+``tests/test_mcp_exchange.py`` sends the same requests through both paths and
+checks the responses are byte for byte the same.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+import pydantic_core
+from mcp.server.connection import Connection
+from mcp.server.runner import serve_one
+from mcp.server.streamable_http import CONTENT_TYPE_JSON, check_accept_headers
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.transport_security import RequestBodyLimitMiddleware, TransportSecurityMiddleware
+from mcp.shared.dispatcher import CallOptions
+from mcp.shared.exceptions import NoBackChannelError
+from mcp.shared.jsonrpc_dispatcher import handler_exception_to_error_data
+from mcp.shared.message import ServerMessageMetadata
+from mcp.shared.transport_context import TransportContext
+from mcp_types import (
+    DEFAULT_NEGOTIATED_VERSION,
+    ErrorData,
+    JSONRPCError,
+    JSONRPCRequest,
+    JSONRPCResponse,
+    RequestId,
+    jsonrpc_message_adapter,
+)
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+# The dispatcher logs unmapped handler exceptions under its own name; so do we.
+_dispatch_logger = logging.getLogger("mcp.shared.jsonrpc_dispatcher")
+
+_PROTOCOL_HEADER = b"mcp-protocol-version"
+_TRANSPORT = TransportContext(kind="streamable-http", can_send_request=False)
+_JSON_HEADERS = [(b"content-type", CONTENT_TYPE_JSON.encode())]
+
+
+class _DispatchContext:
+    """The dispatch context of one stateless JSON exchange: no back-channel, notifications dropped.
+
+    What the SDK's dispatcher hands a handler on this path: its notifications
+    and progress reports are routed to the request's stream and dropped there
+    (a JSON body carries only the response), and a server-initiated request
+    raises :class:`NoBackChannelError`.
+    """
+
+    __slots__ = ("cancel_requested", "message_metadata", "request_id")
+
+    transport = _TRANSPORT
+    can_send_request = False
+
+    def __init__(self, request_id: RequestId, metadata: ServerMessageMetadata) -> None:
+        self.request_id = request_id
+        self.message_metadata = metadata
+        self.cancel_requested = anyio.Event()
+
+    async def notify(self, method: str, params: Mapping[str, Any] | None, opts: CallOptions | None = None) -> None:
+        _dispatch_logger.debug("dropped %s: a JSON response carries only the result", method)
+
+    async def send_raw_request(
+        self, method: str, params: Mapping[str, Any] | None, opts: CallOptions | None = None
+    ) -> dict[str, Any]:
+        raise NoBackChannelError(method)
+
+    async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
+        return None
+
+
+def _body_of(message: Message) -> bytes | None:
+    """The whole body when ``message`` holds all of it (as :class:`RequestAdmission` replays it), else None."""
+    if message["type"] != "http.request" or message.get("more_body", False):
+        return None
+    body = message.get("body", b"")
+    return bytes(body)
+
+
+class SingleExchange:
+    """The session manager's request handler, with well-formed stateless JSON requests served in place."""
+
+    def __init__(self, manager: StreamableHTTPSessionManager) -> None:
+        if not (manager.stateless and manager.json_response):
+            raise ValueError("the single-exchange path serves stateless JSON-response mode only")
+        self.manager = manager
+        # The SDK's handler, for everything this path does not answer itself.
+        self.fallback: ASGIApp = manager._handle_request
+        self.security = TransportSecurityMiddleware(manager.security_settings)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["method"] != "POST" or self.manager._task_group is None:
+            await self.fallback(scope, receive, send)
+            return
+        version: str | None = None
+        for key, value in scope["headers"]:
+            if key == _PROTOCOL_HEADER:
+                version = value.decode("latin-1")
+                break
+        if version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS:
+            await self.fallback(scope, receive, send)  # the 2026 protocol's own entry
+            return
+        first = await receive()
+        body = _body_of(first)
+        request = Request(scope, receive)
+        message = None if body is None else await self._request_of(request, body)
+        if message is None:
+            await self.fallback(scope, _replaying(first, receive), send)
+            return
+        await self._serve(request, message, version, send)
+
+    async def _request_of(self, request: Request, body: bytes) -> JSONRPCRequest | None:
+        """The JSON-RPC request, when the SDK's transport would dispatch it; None to let the SDK answer."""
+        if await self.security.validate_request(request, is_post=True) is not None:
+            return None
+        has_json, _ = check_accept_headers(request)
+        if not has_json or not _json_content_type(request):
+            return None
+        try:
+            message = jsonrpc_message_adapter.validate_python(pydantic_core.from_json(body), by_name=False)
+        except (ValueError, ValidationError):
+            return None
+        return message if isinstance(message, JSONRPCRequest) else None
+
+    async def _serve(self, request: Request, message: JSONRPCRequest, version: str | None, send: Send) -> None:
+        """Run the SDK's kernel for ``message`` and write its response as the SDK's transport does."""
+        metadata = ServerMessageMetadata(request_context=request, can_send_request=False)
+        dctx = _DispatchContext(message.id, metadata)
+        connection = Connection.from_envelope(version or DEFAULT_NEGOTIATED_VERSION, None, None)
+        reply: JSONRPCResponse | JSONRPCError
+        try:
+            result = await serve_one(
+                self.manager.app,
+                dctx,
+                message.method,
+                message.params,
+                connection=connection,
+                lifespan_state=self.manager._lifespan_state,
+            )
+            reply = JSONRPCResponse(jsonrpc="2.0", id=message.id, result=result)
+        except Exception as exc:
+            error = handler_exception_to_error_data(exc)
+            if error is None:
+                _dispatch_logger.exception("handler for %r raised", message.method)
+                error = ErrorData(code=0, message=str(exc))  # the dispatcher's catch-all, pinned for v1 compat
+            reply = JSONRPCError(jsonrpc="2.0", id=message.id, error=error)
+        body = reply.model_dump_json(by_alias=True, exclude_unset=True).encode()
+        headers = [*_JSON_HEADERS, (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+def _json_content_type(request: Request) -> bool:
+    """The transport's own Content-Type rule: ``application/json`` among the first parameter's parts."""
+    content_type = request.headers.get("content-type", "")
+    return any(part.strip() == CONTENT_TYPE_JSON for part in content_type.split(";")[0].split(","))
+
+
+def _replaying(first: Message, receive: Receive) -> Receive:
+    """``receive`` with ``first`` given back once more before anything else."""
+    pending: list[Message] = [first]
+
+    async def replay() -> Message:
+        if pending:
+            return pending.pop()
+        return await receive()
+
+    return replay
+
+
+def install(manager: StreamableHTTPSessionManager) -> None:
+    """Serve ``manager``'s stateless JSON POSTs through :class:`SingleExchange` (inside its body-size limit)."""
+    manager.asgi_app = RequestBodyLimitMiddleware(SingleExchange(manager), manager.max_request_body_size)

@@ -1,0 +1,208 @@
+"""The single-exchange path (``mcp_adapter.exchange``) answers exactly as the SDK's own stateless path.
+
+Two copies of the real application, each over its own data directory with
+the same site, take the same requests: one serves ``POST /mcp`` through
+:class:`~convmem.mcp_adapter.exchange.SingleExchange`, the other through the
+SDK's handler (what ``exchange.install`` replaces). Status, headers and body
+must be the same byte for byte, request ids aside (random per request): for
+protocol requests, tool results and tool errors (served in place), and for
+every request the path hands to the SDK (malformed, notifications, batches,
+wrong headers, the 2026 protocol).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp.server.transport_security import RequestBodyLimitMiddleware
+from starlette.types import ASGIApp, Message
+
+from convmem.logstore import open_store
+from convmem.mcp_adapter import exchange
+from convmem.mcp_adapter.auth import Authenticator
+from convmem.mcp_adapter.credentials import CredentialFile
+from convmem.mcp_adapter.http import build_app
+from convmem.mcp_adapter.server import Backend, build_server
+
+SITE, PASSWORD = "exchange-site", "exchange-password-0123"
+AUTH = ("Basic " + base64.b64encode(f"{SITE}:{PASSWORD}".encode()).decode()).encode()
+HEADERS = {
+    "host": "127.0.0.1:8765",
+    "content-type": "application/json",
+    "accept": "application/json, text/event-stream",
+    "mcp-protocol-version": "2025-06-18",
+    "authorization": AUTH.decode(),
+}
+_RID = re.compile(rb"[0-9a-f]{16}")
+_TIME = re.compile(rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
+
+
+CLIENT = {"capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+
+
+def rpc(method: str, params: Any = None, id: Any = 1) -> bytes:
+    msg: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+    if id is not None:
+        msg["id"] = id
+    if params is not None:
+        msg["params"] = params
+    return json.dumps(msg).encode()
+
+
+def call(tool: str, arguments: Any) -> bytes:
+    return rpc("tools/call", {"name": tool, "arguments": arguments})
+
+
+#: (name, body, header changes): header value None removes the header.
+CASES: list[tuple[str, bytes, dict[str, str | None]]] = [
+    ("ping", rpc("ping"), {}),
+    ("ping, string id, empty params", rpc("ping", {}, id="abc"), {}),
+    ("ping, progress token", rpc("ping", {"_meta": {"progressToken": 7}}), {}),
+    ("ping without a protocol header", rpc("ping"), {"mcp-protocol-version": None}),
+    ("ping, older protocol", rpc("ping"), {"mcp-protocol-version": "2025-03-26"}),
+    ("ping, params not an object", rpc("ping", [1]), {}),
+    (
+        "initialize",
+        rpc("initialize", {"protocolVersion": "2025-06-18", **CLIENT}),
+        {},
+    ),
+    (
+        "initialize, unknown version",
+        rpc("initialize", {"protocolVersion": "1999-01-01", **CLIENT}),
+        {},
+    ),
+    ("initialize, bad params", rpc("initialize", {"protocolVersion": 5}), {}),
+    ("tools/list", rpc("tools/list"), {}),
+    ("method not found", rpc("no/such/method"), {}),
+    ("tools/call without a name", rpc("tools/call", {"arguments": {}}), {}),
+    ("unknown tool", call("no_such_tool", {}), {}),
+    ("append", call("append_memory", {"conversation_id": "exchange-conv-1", "items": [{"k": "é\u2028"}]}), {}),
+    ("recall", call("recall_memory", {"conversation_id": "exchange-conv-1", "count": 5}), {}),
+    ("replay", call("replay_memory", {"conversation_id": "exchange-conv-1", "limit": 5}), {}),
+    ("list", call("list_conversations", {}), {}),
+    ("invalid arguments", call("append_memory", {"conversation_id": "x", "items": []}), {}),
+    ("arguments not an object", call("recall_memory", [1, 2]), {}),
+    ("memory tool", call("memory_search", {"query": "anything"}), {}),
+    ("no credentials", call("list_conversations", {}), {"authorization": None}),
+    ("wrong password", call("list_conversations", {}), {"authorization": "Basic eDp5"}),
+    ("notification", rpc("notifications/initialized", id=None), {}),
+    ("response message", json.dumps({"jsonrpc": "2.0", "id": 3, "result": {}}).encode(), {}),
+    ("batch", b"[" + rpc("ping") + b"]", {}),
+    ("parse error", b'{"jsonrpc": "2.0", "id": 1, "method": "ping"', {}),
+    ("not JSON-RPC", b'{"hello": 1}', {}),
+    ("wrong Accept", rpc("ping"), {"accept": "text/html"}),
+    ("Accept wildcard", rpc("ping"), {"accept": "*/*"}),
+    ("wrong Content-Type", rpc("ping"), {"content-type": "text/plain"}),
+    ("Content-Type with charset", rpc("ping"), {"content-type": "application/json; charset=utf-8"}),
+    ("bad Host", rpc("ping"), {"host": "attacker.example"}),
+    ("bad Origin", rpc("ping"), {"origin": "http://attacker.example"}),
+    ("2026 protocol", rpc("ping"), {"mcp-protocol-version": "2026-07-28"}),
+    ("unknown protocol header", rpc("ping"), {"mcp-protocol-version": "bogus"}),
+]
+
+
+def _scope(body: bytes, changes: dict[str, str | None]) -> dict[str, Any]:
+    headers = {**HEADERS, **changes, "content-length": str(len(body))}
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/mcp",
+        "raw_path": b"/mcp",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(k.encode(), v.encode()) for k, v in headers.items() if v is not None],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8765),
+        "state": {},
+    }
+
+
+async def _request(app: ASGIApp, body: bytes, changes: dict[str, str | None]) -> tuple[int, list[Any], bytes]:
+    sent: list[Message] = []
+    delivered = False
+
+    async def receive() -> Message:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await anyio.sleep_forever()
+        raise AssertionError  # pragma: no cover
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    await app(_scope(body, changes), receive, send)
+    start = sent[0]
+    headers = [(k, _RID.sub(b"RID", v)) for k, v in start["headers"]]
+    payload = b"".join(m.get("body", b"") for m in sent[1:])
+    return start["status"], headers, _TIME.sub(b"TIME", _RID.sub(b"RID", payload))
+
+
+@contextlib.asynccontextmanager
+async def _app(data: Path, single_exchange: bool) -> AsyncIterator[ASGIApp]:
+    CredentialFile(data).add(SITE, PASSWORD)
+    store = open_store(str(data))
+    backend = Backend(store=store, data_dir=str(data), authenticator=Authenticator(CredentialFile(data)))
+    server = build_server(backend)
+    app = build_app(server, backend, host="127.0.0.1")
+    if not single_exchange:  # what exchange.install replaced: the SDK's own handler
+        manager = server.session_manager
+        manager.asgi_app = RequestBodyLimitMiddleware(manager._handle_request, manager.max_request_body_size)
+    try:
+        async with app.router.lifespan_context(app):
+            yield app
+    finally:
+        backend.close_memories()
+        store.close()
+
+
+@pytest.mark.anyio
+async def test_every_request_is_answered_as_the_sdk_answers_it(tmp_path: Path) -> None:
+    async with _app(tmp_path / "fast", True) as fast, _app(tmp_path / "sdk", False) as sdk:
+        for name, body, changes in CASES:
+            ours = await _request(fast, body, changes)
+            theirs = await _request(sdk, body, changes)
+            assert ours == theirs, name
+
+
+@pytest.mark.anyio
+async def test_the_fast_path_serves_well_formed_requests_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    handed_over: list[str] = []
+    async with _app(tmp_path / "fast", True) as fast:
+        single = next(m for m in _walk(fast) if isinstance(m, exchange.SingleExchange))
+        sdk_handler = single.fallback
+
+        async def watching(scope: Any, receive: Any, send: Any) -> None:
+            handed_over.append(scope["path"])
+            await sdk_handler(scope, receive, send)
+
+        monkeypatch.setattr(single, "fallback", watching)
+        status, _, body = await _request(fast, call("list_conversations", {}), {})
+        assert status == 200 and b'"conversations"' in body and not handed_over
+        status, _, _ = await _request(fast, rpc("notifications/initialized", id=None), {})
+        assert status == 202 and handed_over == ["/mcp"]
+
+
+def _walk(app: Any) -> list[Any]:
+    """The single-exchange handler inside the app (found through the MCP route's session manager)."""
+    for route in app.routes:
+        manager = getattr(getattr(route, "app", None), "session_manager", None) or getattr(
+            getattr(route, "endpoint", None), "session_manager", None
+        )
+        if manager is not None:
+            return [manager.asgi_app.app]
+    return []
