@@ -12,20 +12,23 @@ from .errors import (
     ConversationFull,
     Corrupted,
     EmptyBatch,
+    IdempotencyConflict,
     InvalidConversationId,
     InvalidCursor,
+    InvalidIdempotencyKey,
     InvalidPayload,
     Io,
     ItemsLost,
     Loss,
     PayloadTooLarge,
     QuotaExceeded,
+    SeqConflict,
     StoreError,
     Timeout,
     Unavailable,
 )
 from .filestore import FileStore, open_store
-from .ids import ConversationId, SiteName
+from .ids import ConversationId, SiteName, check_idempotency_key
 from .limits import (
     MAX_BATCH_BYTES,
     MAX_BATCH_ITEMS,
@@ -65,9 +68,11 @@ __all__ = [
     "ConversationSummary",
     "Corrupted",
     "EmptyBatch",
+    "IdempotencyConflict",
     "FileStore",
     "InvalidConversationId",
     "InvalidCursor",
+    "InvalidIdempotencyKey",
     "InvalidPayload",
     "Io",
     "ItemsLost",
@@ -81,6 +86,7 @@ __all__ = [
     "Range",
     "RawMemoryItem",
     "ReadSelector",
+    "SeqConflict",
     "SeqRange",
     "SiteName",
     "SiteQuota",
@@ -90,5 +96,6 @@ __all__ = [
     "Unavailable",
     "Usage",
     "open_store",
+    "check_idempotency_key",
     "site_usage",
 ]

@@ -19,7 +19,7 @@ from . import convpool, fileio, layout, observe
 from .codec import encode_batch
 from .conversation import Conversation, Options, Tip
 from .errors import Io, StoreError, Timeout, Unavailable
-from .ids import ConversationId, SiteName
+from .ids import ConversationId, SiteName, check_expected_next_seq, check_idempotency_key
 from .manifest import SiteManifest
 from .model import (
     ConversationListing,
@@ -310,8 +310,18 @@ class FileStore(MemoryStore):
 
     # ---------------------------------------------------------------- API
 
-    def append(self, site: str, conversation_id: str, payloads: Sequence[Mapping[str, Any]]) -> SeqRange:
+    def append(
+        self,
+        site: str,
+        conversation_id: str,
+        payloads: Sequence[Mapping[str, Any]],
+        *,
+        idempotency_key: str | None = None,
+        expected_next_seq: int | None = None,
+    ) -> SeqRange:
         self._check_open()
+        if idempotency_key is not None or expected_next_seq is not None:
+            return self._append_checked(site, conversation_id, payloads, idempotency_key, expected_next_seq)
         # The table's keys are validated names: a key equal to these proves them well-formed
         # (as in _read), so an append to an open conversation skips the two pattern matches.
         if type(site) is not str or type(conversation_id) is not str or (site, conversation_id) not in self._convs:
@@ -336,9 +346,55 @@ class FileStore(MemoryStore):
         observe.emit("append_bytes", len(body))
         return SeqRange(first, last)
 
+    def _append_checked(
+        self,
+        site: str,
+        conversation_id: str,
+        payloads: Sequence[Mapping[str, Any]],
+        key: str | None,
+        expect: int | None,
+    ) -> SeqRange:
+        """:meth:`append` with an idempotency key or an expected next seq (see :meth:`MemoryStore.append`)."""
+        site = SiteName(site)
+        conversation_id = ConversationId(conversation_id)
+        if key is not None:
+            key = check_idempotency_key(key)
+        if expect is not None:
+            check_expected_next_seq(expect)
+        body, count = encode_batch(payloads)
+        started = time.monotonic()
+        deadline = started + self.options.lock_timeout
+        try:
+            conv = self._acquire(site, conversation_id, deadline, started)
+            try:
+                if self._usage is None:
+                    first, last, stamp = conv.append(body, count, deadline, started, key, expect)
+                else:
+                    first, last = self._append_within_quota(
+                        self._usage, site, conv, body, count, deadline, started, key, expect
+                    )
+                    stamp = 1
+            finally:
+                conv.mutex.release()
+        except StoreError:
+            raise
+        except OSError as exc:
+            raise _io(exc, "append failed") from exc
+        if stamp:
+            observe.emit("append_bytes", len(body))
+        return SeqRange(first, last)
+
     @staticmethod
     def _append_within_quota(
-        usage: UsageTracker, site: str, conv: Conversation, body: bytes, count: int, deadline: float, started: float
+        usage: UsageTracker,
+        site: str,
+        conv: Conversation,
+        body: bytes,
+        count: int,
+        deadline: float,
+        started: float,
+        key: str | None = None,
+        expect: int | None = None,
     ) -> tuple[int, int]:
         """Append after charging the site's quota (caller holds ``conv.mutex``); refunded if nothing is written.
 
@@ -349,10 +405,13 @@ class FileStore(MemoryStore):
         new = not conv.holds_segments() and not os.path.isdir(conv.path)
         cost = usage.charge(site, len(body), new)
         try:
-            first, last, _stamp = conv.append(body, count, deadline, started)
+            first, last, stamp = conv.append(body, count, deadline, started, key, expect)
         except BaseException:
             usage.refund(site, cost, new)
             raise
+        if not stamp:
+            usage.refund(site, cost, new)  # answered from its idempotency key: nothing was written
+            return first, last
         if (first == 0) != new:
             usage.adjust_conversations(site, 1 if first == 0 else -1)
         return first, last

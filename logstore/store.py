@@ -29,13 +29,31 @@ class MemoryStore(abc.ABC):
     """
 
     @abc.abstractmethod
-    def append(self, site: str, conversation_id: str, payloads: Sequence[Mapping[str, Any]]) -> SeqRange:
+    def append(
+        self,
+        site: str,
+        conversation_id: str,
+        payloads: Sequence[Mapping[str, Any]],
+        *,
+        idempotency_key: str | None = None,
+        expected_next_seq: int | None = None,
+    ) -> SeqRange:
         """Append ``payloads`` as one atomic batch; return the seqs it occupies.
 
         Returns only once the batch is durable. Raises ``EmptyBatch``,
         ``BatchTooLarge``, ``PayloadTooLarge``, ``InvalidPayload`` or
         ``ConversationFull`` (nothing written), ``Timeout`` (lock wait; nothing
         written), ``Io`` (not acknowledged), ``Corrupted``.
+
+        ``idempotency_key`` (1-128 of ``[A-Za-z0-9_-]``, else
+        ``InvalidIdempotencyKey``) is made durable with the batch. When a
+        retained batch of the conversation carries it (the last 10,000
+        batches or 24 hours, whichever is more), nothing is written: the
+        same items return that batch's range, other items raise
+        ``IdempotencyConflict`` naming it. ``expected_next_seq``: unless the
+        batch would start at that seq, nothing is written and
+        ``SeqConflict`` carries the actual next seq (a keyed retry of a
+        committed batch is answered from its key first).
         """
 
     @abc.abstractmethod
