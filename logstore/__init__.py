@@ -68,8 +68,8 @@ __all__ = [
     "ConversationSummary",
     "Corrupted",
     "EmptyBatch",
-    "IdempotencyConflict",
     "FileStore",
+    "IdempotencyConflict",
     "InvalidConversationId",
     "InvalidCursor",
     "InvalidIdempotencyKey",
@@ -95,7 +95,7 @@ __all__ = [
     "Timeout",
     "Unavailable",
     "Usage",
-    "open_store",
     "check_idempotency_key",
+    "open_store",
     "site_usage",
 ]

@@ -298,7 +298,8 @@ class IdempotencyConflict(StoreError):
         self.first_seq = first_seq
         self.last_seq = last_seq
         super().__init__(
-            f"idempotency key {key!r} was used for a different batch, at seqs {first_seq}..{last_seq}; nothing was written"
+            f"idempotency key {key!r} was used for a different batch, at seqs {first_seq}..{last_seq}; "
+            "nothing was written"
         )
 
     def details(self) -> dict[str, object]:
