@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 
 import anyio
@@ -204,7 +205,15 @@ async def _execute(backend: Backend, site: str, args: ToolArgs) -> dict[str, Any
     """Run one validated call against the store; the structured result (reads: already encoded)."""
     store = backend.store
     if isinstance(args, AppendArgs):
-        seqs = await backend.run(store.append, site, args.conversation_id, args.items)
+        if args.idempotency_key is None and args.expected_next_seq is None:
+            seqs = await backend.run(store.append, site, args.conversation_id, args.items)
+        else:
+            seqs = await backend.run(
+                partial(store.append, idempotency_key=args.idempotency_key, expected_next_seq=args.expected_next_seq),
+                site,
+                args.conversation_id,
+                args.items,
+            )
         return {"first_seq": seqs.first, "last_seq": seqs.last}
     if isinstance(args, RecallArgs):
         return await _read(backend, site, args.conversation_id, Tail(args.count))
