@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from . import convpool, fileio, layout, observe
+from . import convpool, fileio, follow, layout, observe
 from .codec import encode_batch
 from .conversation import Conversation, Options, Tip
 from .errors import Io, StoreError, Timeout, Unavailable
@@ -418,6 +418,13 @@ class FileStore(MemoryStore):
 
     def read(self, site: str, conversation_id: str, selector: ReadSelector) -> list[MemoryItem]:
         return self._read(site, conversation_id, selector, Conversation.read)
+
+    def wait_for_items(self, site: str, conversation_id: str, seq: int, timeout: float) -> bool:
+        # Woken by inotify for appends of any process, and by this process's writer (logstore.follow).
+        site, conversation_id = SiteName(site), ConversationId(conversation_id)
+        path = layout.conversation_dir(self.root, site, conversation_id)
+        probe = Range(seq, 1)
+        return follow.wait_until(path, self.root, lambda: bool(self.read_raw(site, conversation_id, probe)), timeout)
 
     def read_raw(self, site: str, conversation_id: str, selector: ReadSelector) -> list[RawMemoryItem]:
         # The payloads are the bytes of the verified records: nothing is decoded or re-encoded.

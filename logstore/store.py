@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from .model import ConversationListing, ListSelector, MemoryItem, RawMemoryItem, ReadSelector, SeqRange
+from .model import ConversationListing, ListSelector, MemoryItem, Range, RawMemoryItem, ReadSelector, SeqRange
 
 _encoder = msgspec.json.Encoder()
 
@@ -88,6 +88,16 @@ class MemoryStore(abc.ABC):
         or less; its answers and errors are those of :meth:`read_raw`.
         """
         return None
+
+    def wait_for_items(self, site: str, conversation_id: str, seq: int, timeout: float) -> bool:
+        """Wait until the conversation holds seq ``seq`` (an item arrived), at most ``timeout`` seconds.
+
+        True when it holds it. For following a conversation (``wait_ms`` of
+        replay_memory): implementations wake for appends by any writer of the
+        same data, without polling. This default does not wait: it says
+        whether the item is there now.
+        """
+        return bool(self.read_raw(site, conversation_id, Range(seq, 1)))
 
     @abc.abstractmethod
     def list_conversations(self, site: str, selector: ListSelector) -> ConversationListing:

@@ -31,7 +31,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 
-from . import background, convpool, fileio, frame, idempotency, index, layout
+from . import background, convpool, fileio, follow, frame, idempotency, index, layout
 from .convstate import Options, Tip
 from .errors import ConversationFull, IdempotencyConflict, Io, SeqConflict, Timeout
 from .frame import KIND_BATCH, KIND_KEYED, KIND_SEAL, SEGMENT_HEADER_SIZE
@@ -218,6 +218,7 @@ class Writer(Recovery):
             queue.popleft()
         self._last_batches = written
         self._cond.notify_all()
+        follow.changed(self.path)  # this process's followers (others learn of the write by inotify)
 
     def _append_group(self, group: list[_Batch], deadline: float, started: float) -> int:
         """Append a prefix of ``group`` (at least one batch), each its own record, in one sync; how many.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anyio
 import pytest
 from mcp import Client
 from mcp_helpers import error_of
@@ -54,5 +55,42 @@ async def test_idempotent_and_optimistic_appends(tmp_path: Path) -> None:
             plain = await client.call_tool("append_memory", {"conversation_id": CONV, "items": [{"d": 1}]})
             assert plain.structured_content == {"first_seq": 3, "last_seq": 3}
         assert len(store.read("mcp-site", CONV, Range(0, 10))) == 4
+    finally:
+        store.close()
+
+
+async def test_replay_wait_ms_returns_the_item_that_arrives(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    backend = Backend(store=store, data_dir=str(tmp_path), fixed_site="mcp-site")
+    server = build_server(backend)
+    try:
+        store.append("mcp-site", CONV, [{"n": 0}])
+        async with Client(server) as client:
+            async with anyio.create_task_group() as tg:
+
+                async def later() -> None:
+                    await anyio.sleep(0.3)
+                    await client.call_tool("append_memory", {"conversation_id": CONV, "items": [{"n": 1}]})
+
+                tg.start_soon(later)
+                got = await client.call_tool(
+                    "replay_memory", {"conversation_id": CONV, "offset": 1, "limit": 10, "wait_ms": 30000}
+                )
+            assert [i["payload"] for i in got.structured_content["items"]] == [{"n": 1}]
+            # Not at the end: answered at once, as without wait_ms.
+            page = await client.call_tool(
+                "replay_memory", {"conversation_id": CONV, "offset": 0, "limit": 10, "wait_ms": 30000}
+            )
+            assert len(page.structured_content["items"]) == 2
+            # Over the bound of waiting calls: answered at once with the empty page.
+            backend.followers.max_per_site = 0
+            empty = await client.call_tool(
+                "replay_memory", {"conversation_id": CONV, "offset": 2, "limit": 10, "wait_ms": 30000}
+            )
+            assert empty.structured_content == {"items": []}
+            bad = await client.call_tool(
+                "replay_memory", {"conversation_id": CONV, "offset": 2, "limit": 10, "wait_ms": 30001}
+            )
+            assert error_of(bad)["code"] == "InvalidArguments"
     finally:
         store.close()
