@@ -17,6 +17,7 @@ import pytest
 
 from convmem.logstore import IdempotencyConflict, InvalidIdempotencyKey, Range, SeqConflict
 from convmem.logstore.postgres import PgStore
+from convmem.logstore.postgres._schema import ddl_before_keys
 from tests.pg_support import drop_schema, new_schema
 
 SITE = "site-0001"
@@ -92,12 +93,41 @@ def test_two_servers_racing_the_same_keys(pg: tuple[str, str]) -> None:
 
 
 def test_a_schema_made_before_keys_gets_them(pg: tuple[str, str]) -> None:
-    with PgStore(pg[0], schema=pg[1], pool_max=2) as store:
-        store.append(SITE, CONV, [{"old": 1}])
     with psycopg.connect(pg[0], autocommit=True) as conn:
-        conn.execute(f'DROP FUNCTION "{pg[1]}".append_batch_checked')
-        conn.execute(f'DROP TABLE "{pg[1]}".append_keys')
+        conn.execute(f'DROP SCHEMA IF EXISTS "{pg[1]}" CASCADE')
+        conn.execute(ddl_before_keys(pg[1]))  # a schema as convmem made it before issue 23
+        conn.execute(
+            f'SELECT * FROM "{pg[1]}".append_batch(%s, %s, %s::bytea[], 100000, 1000)', (SITE, CONV, [b'{"old":1}'])
+        )
     with PgStore(pg[0], schema=pg[1], pool_max=2) as store:
         r = store.append(SITE, CONV, [{"new": 1}], idempotency_key="k")
         assert store.append(SITE, CONV, [{"new": 1}], idempotency_key="k") == r
         assert r.first == 1
+
+
+def _append_later(dsn: str, schema: str, delay: float) -> None:
+    import time
+
+    time.sleep(delay)
+    with PgStore(dsn, schema=schema, pool_max=2) as store:
+        store.append(SITE, CONV, [{"from": "another server"}])
+
+
+def test_a_wait_wakes_for_an_append_through_another_server(pg: tuple[str, str]) -> None:
+    with PgStore(pg[0], schema=pg[1], pool_max=2) as store:
+        store.append(SITE, CONV, [{"n": 0}])
+        assert not store.wait_for_items(SITE, CONV, 1, 0.3)
+        ctx = multiprocessing.get_context("spawn")
+        p = ctx.Process(target=_append_later, args=(pg[0], pg[1], 1.0))
+        p.start()
+        try:
+            # Well within the backstop's first re-check would not prove the notification; the
+            # listener's wake-up is what returns here (the backstop alone would also, later).
+            assert store.wait_for_items(SITE, CONV, 1, 60.0)
+        finally:
+            p.join(60)
+        assert p.exitcode == 0
+        assert store.read(SITE, CONV, Range(1, 1))[0].payload == {"from": "another server"}
+        with psycopg.connect(pg[0], autocommit=True) as conn:
+            left = conn.execute(f'SELECT count(*) FROM "{pg[1]}".followers').fetchone()
+        assert left is not None and left[0] == 0  # the registration is gone with the wait

@@ -154,6 +154,29 @@ CREATE TABLE IF NOT EXISTS {schema}.append_keys (
 
 CREATE INDEX IF NOT EXISTS append_keys_by_seq ON {schema}.append_keys (site, conversation_id, first_seq);
 
+-- Servers waiting for a conversation to grow (replay_memory's wait_ms); see _follow.py.
+CREATE TABLE IF NOT EXISTS {schema}.followers (
+    site            text COLLATE "C" NOT NULL,
+    conversation_id text COLLATE "C" NOT NULL,
+    token           text COLLATE "C" NOT NULL,
+    expires_at      bigint NOT NULL,
+    PRIMARY KEY (site, conversation_id, token)
+);
+
+-- The plain append, as before, plus the notification of followers (when there are any).
+CREATE OR REPLACE FUNCTION {schema}.append_batch(
+    p_site text, p_conversation_id text, p_payloads bytea[], p_max_items bigint, p_lock_timeout_ms integer)
+RETURNS TABLE (first_seq bigint, last_seq bigint, stamp bigint)
+LANGUAGE plpgsql
+SET search_path = {schema}, pg_catalog
+AS $fn$
+BEGIN
+    RETURN QUERY SELECT c.first_seq, c.last_seq, c.stamp
+      FROM append_batch_checked(p_site, p_conversation_id, p_payloads, p_max_items, p_lock_timeout_ms,
+                                NULL::text, NULL::bytea, NULL::bigint) AS c;
+END
+$fn$;
+
 CREATE OR REPLACE FUNCTION {schema}.append_batch_checked(
     p_site text, p_conversation_id text, p_payloads bytea[], p_max_items bigint, p_lock_timeout_ms integer,
     p_key text, p_digest bytea, p_expected bigint)
@@ -233,6 +256,10 @@ BEGIN
                AND k.first_seq < v_floor AND k.recorded_at < v_stamp - 86400000000;
         END IF;
     END IF;
+    IF EXISTS (SELECT 1 FROM followers f
+                WHERE f.site = p_site AND f.conversation_id = p_conversation_id AND f.expires_at > v_stamp) THEN
+        PERFORM pg_notify('convmem_follow', current_schema() || '/' || p_site || '/' || p_conversation_id);
+    END IF;
     RETURN QUERY SELECT v_next, v_next + n - 1, v_stamp, false;
 END
 $fn$;
@@ -251,6 +278,12 @@ def _keys_text() -> str:
         .replace("{key_conflict}", SQLSTATE_KEY_CONFLICT)
         .replace("{seq_conflict}", SQLSTATE_SEQ_CONFLICT)
     )
+
+
+def ddl_before_keys(schema: str) -> sql.Composed:
+    """The DDL as it was before the key table and followers (for tests of the start-up upgrade)."""
+    text = _DDL.replace("{full}", SQLSTATE_FULL).replace("{version}", str(SCHEMA_VERSION))
+    return sql.SQL(text).format(schema=sql.Identifier(schema))
 
 
 def keys_ddl(schema: str) -> sql.Composed:

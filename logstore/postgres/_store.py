@@ -54,6 +54,7 @@ from ..model import (
 from ..store import MemoryStore
 from ..timefmt import format_us, parse_rfc3339
 from ._errors import translate
+from ._follow import Listener
 from ._schema import SCHEMA_VERSION, SQLSTATE_FULL, SQLSTATE_KEY_CONFLICT, SQLSTATE_SEQ_CONFLICT, ddl, keys_ddl
 
 logger = logging.getLogger("logstore.postgres")
@@ -129,6 +130,7 @@ class PgStore(MemoryStore):
         except psycopg.Error as exc:
             raise Unavailable(f"cannot use PostgreSQL at {_redact(dsn)}: {_one_line(exc)}") from exc
         self._pool.open(wait=False)
+        self._listener = Listener(dsn, schema, kwargs)
 
     # ------------------------------------------------------------ plumbing
 
@@ -180,8 +182,9 @@ class PgStore(MemoryStore):
 
     def _add_keys(self, conn: psycopg.Connection[Any]) -> None:
         """Add the key table and the checked append to a schema made before them (additive; see _schema)."""
-        fn = sql.SQL("{}.append_batch_checked").format(sql.Identifier(self.schema)).as_string(conn)
-        row = conn.execute("SELECT to_regproc(%s) IS NOT NULL", (fn,)).fetchone()
+        # The followers table is the last object of the additions: with it, all of them are there.
+        table = sql.SQL("{}.followers").format(sql.Identifier(self.schema)).as_string(conn)
+        row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()
         if row and row[0]:
             return
         with conn.transaction():
@@ -283,6 +286,16 @@ class PgStore(MemoryStore):
             raise TypeError(f"selector must be Tail or Range, not {type(selector).__name__}")
         return _items(site, conversation_id, rows)
 
+    def wait_for_items(self, site: str, conversation_id: str, seq: int, timeout: float) -> bool:
+        # Woken by NOTIFY from the append of any server on the database (see _follow.py).
+        self._check_open()
+        site = SiteName(site)
+        conversation_id = ConversationId(conversation_id)
+        probe = Range(seq, 1)
+        return self._listener.wait(
+            self._conn, site, conversation_id, lambda: bool(self.read_raw(site, conversation_id, probe)), timeout
+        )
+
     def list_conversations(self, site: str, selector: ListSelector) -> ConversationListing:
         self._check_open()
         site = SiteName(site)
@@ -318,6 +331,7 @@ class PgStore(MemoryStore):
             if self._closed:
                 return
             self._closed = True
+        self._listener.close()
         self._pool.close()
 
     # --------------------------------------------------------- operations
