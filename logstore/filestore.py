@@ -320,13 +320,15 @@ class FileStore(MemoryStore):
         expected_next_seq: int | None = None,
     ) -> SeqRange:
         self._check_open()
-        if idempotency_key is not None or expected_next_seq is not None:
-            return self._append_checked(site, conversation_id, payloads, idempotency_key, expected_next_seq)
         # The table's keys are validated names: a key equal to these proves them well-formed
         # (as in _read), so an append to an open conversation skips the two pattern matches.
         if type(site) is not str or type(conversation_id) is not str or (site, conversation_id) not in self._convs:
             site = SiteName(site)
             conversation_id = ConversationId(conversation_id)
+        if idempotency_key is not None:
+            check_idempotency_key(idempotency_key)
+        if expected_next_seq is not None:
+            check_expected_next_seq(expected_next_seq)
         body, count = encode_batch(payloads)
         started = time.monotonic()
         deadline = started + self.options.lock_timeout
@@ -334,53 +336,20 @@ class FileStore(MemoryStore):
             conv = self._acquire(site, conversation_id, deadline, started)
             try:
                 if self._usage is None:
-                    first, last, _stamp = conv.append(body, count, deadline, started)
-                else:
-                    first, last = self._append_within_quota(self._usage, site, conv, body, count, deadline, started)
-            finally:
-                conv.mutex.release()
-        except StoreError:
-            raise
-        except OSError as exc:
-            raise _io(exc, "append failed") from exc
-        observe.emit("append_bytes", len(body))
-        return SeqRange(first, last)
-
-    def _append_checked(
-        self,
-        site: str,
-        conversation_id: str,
-        payloads: Sequence[Mapping[str, Any]],
-        key: str | None,
-        expect: int | None,
-    ) -> SeqRange:
-        """:meth:`append` with an idempotency key or an expected next seq (see :meth:`MemoryStore.append`)."""
-        site = SiteName(site)
-        conversation_id = ConversationId(conversation_id)
-        if key is not None:
-            key = check_idempotency_key(key)
-        if expect is not None:
-            check_expected_next_seq(expect)
-        body, count = encode_batch(payloads)
-        started = time.monotonic()
-        deadline = started + self.options.lock_timeout
-        try:
-            conv = self._acquire(site, conversation_id, deadline, started)
-            try:
-                if self._usage is None:
-                    first, last, stamp = conv.append(body, count, deadline, started, key, expect)
-                else:
-                    first, last = self._append_within_quota(
-                        self._usage, site, conv, body, count, deadline, started, key, expect
+                    first, last, stamp = conv.append(
+                        body, count, deadline, started, idempotency_key, expected_next_seq
                     )
-                    stamp = 1
+                else:
+                    first, last, stamp = self._append_within_quota(
+                        self._usage, site, conv, body, count, deadline, started, idempotency_key, expected_next_seq
+                    )
             finally:
                 conv.mutex.release()
         except StoreError:
             raise
         except OSError as exc:
             raise _io(exc, "append failed") from exc
-        if stamp:
+        if stamp:  # 0: answered from its idempotency key, nothing written
             observe.emit("append_bytes", len(body))
         return SeqRange(first, last)
 
@@ -395,7 +364,7 @@ class FileStore(MemoryStore):
         started: float,
         key: str | None = None,
         expect: int | None = None,
-    ) -> tuple[int, int]:
+    ) -> tuple[int, int, int]:
         """Append after charging the site's quota (caller holds ``conv.mutex``); refunded if nothing is written.
 
         Whether the conversation is new is judged before the write (from the
@@ -411,10 +380,10 @@ class FileStore(MemoryStore):
             raise
         if not stamp:
             usage.refund(site, cost, new)  # answered from its idempotency key: nothing was written
-            return first, last
+            return first, last, stamp
         if (first == 0) != new:
             usage.adjust_conversations(site, 1 if first == 0 else -1)
-        return first, last
+        return first, last, stamp
 
     def read(self, site: str, conversation_id: str, selector: ReadSelector) -> list[MemoryItem]:
         return self._read(site, conversation_id, selector, Conversation.read)

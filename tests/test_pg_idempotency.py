@@ -17,7 +17,6 @@ import pytest
 
 from convmem.logstore import IdempotencyConflict, InvalidIdempotencyKey, Range, SeqConflict
 from convmem.logstore.postgres import PgStore
-from convmem.logstore.postgres._schema import ddl_before_keys
 from tests.pg_support import drop_schema, new_schema
 
 SITE = "site-0001"
@@ -93,12 +92,12 @@ def test_two_servers_racing_the_same_keys(pg: tuple[str, str]) -> None:
 
 
 def test_a_schema_made_before_keys_gets_them(pg: tuple[str, str]) -> None:
+    with PgStore(pg[0], schema=pg[1], pool_max=2) as store:
+        store.append(SITE, CONV, [{"old": 1}])
     with psycopg.connect(pg[0], autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{pg[1]}" CASCADE')
-        conn.execute(ddl_before_keys(pg[1]))  # a schema as convmem made it before issue 23
-        conn.execute(
-            f'SELECT * FROM "{pg[1]}".append_batch(%s, %s, %s::bytea[], 100000, 1000)', (SITE, CONV, [b'{"old":1}'])
-        )
+        # What a schema made before issue 23 lacks (its append_batch is replaced on start-up).
+        conn.execute(f'DROP FUNCTION "{pg[1]}".append_batch_checked')
+        conn.execute(f'DROP TABLE "{pg[1]}".append_keys, "{pg[1]}".followers')
     with PgStore(pg[0], schema=pg[1], pool_max=2) as store:
         r = store.append(SITE, CONV, [{"new": 1}], idempotency_key="k")
         assert store.append(SITE, CONV, [{"new": 1}], idempotency_key="k") == r

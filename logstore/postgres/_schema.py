@@ -80,52 +80,7 @@ CREATE TABLE IF NOT EXISTS {schema}.settings (
     value text NOT NULL
 );
 
-CREATE OR REPLACE FUNCTION {schema}.append_batch(
-    p_site text, p_conversation_id text, p_payloads bytea[], p_max_items bigint, p_lock_timeout_ms integer)
-RETURNS TABLE (first_seq bigint, last_seq bigint, stamp bigint)
-LANGUAGE plpgsql
-SET search_path = {schema}, pg_catalog
-AS $fn$
-DECLARE
-    n       bigint := cardinality(p_payloads);
-    v_next  bigint;
-    v_last  bigint;
-    v_stamp bigint;
-BEGIN
-    -- How long to wait for the conversation row held by another appender (then SQLSTATE 55P03).
-    PERFORM set_config('lock_timeout', p_lock_timeout_ms::text, true);
-    SELECT c.next_seq, c.last_appended_at INTO v_next, v_last
-      FROM conversations c
-     WHERE c.site = p_site AND c.conversation_id = p_conversation_id
-       FOR UPDATE;
-    IF NOT FOUND THEN
-        -- A first append: create the row (a concurrent creator makes this a no-op), then lock it.
-        INSERT INTO conversations (site, conversation_id, next_seq, created_at, last_appended_at)
-        VALUES (p_site, p_conversation_id, 0, 0, 0)
-        ON CONFLICT (site, conversation_id) DO NOTHING;
-        SELECT c.next_seq, c.last_appended_at INTO v_next, v_last
-          FROM conversations c
-         WHERE c.site = p_site AND c.conversation_id = p_conversation_id
-           FOR UPDATE;
-    END IF;
-    IF v_next + n > p_max_items THEN
-        RAISE EXCEPTION USING ERRCODE = '{full}',
-            MESSAGE = 'the batch would take the conversation past its item limit',
-            DETAIL = (v_next + n)::text;
-    END IF;
-    -- Read the clock only now, after any wait for the row lock, and never go below the previous batch.
-    v_stamp := greatest(v_last, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint);
-    UPDATE conversations c
-       SET next_seq = v_next + n,
-           last_appended_at = v_stamp,
-           created_at = CASE WHEN v_next = 0 THEN v_stamp ELSE c.created_at END
-     WHERE c.site = p_site AND c.conversation_id = p_conversation_id;
-    INSERT INTO items (site, conversation_id, seq, recorded_at, payload)
-    SELECT p_site, p_conversation_id, v_next + u.o - 1, v_stamp, u.x
-      FROM unnest(p_payloads) WITH ORDINALITY AS u(x, o);
-    RETURN QUERY SELECT v_next, v_next + n - 1, v_stamp;
-END
-$fn$;
+-- The append functions are in _DDL_KEYS (appended to this text by ddl()).
 
 INSERT INTO {schema}.meta (key, value) VALUES ('schema_version', '{version}')
 ON CONFLICT (key) DO NOTHING;
@@ -278,12 +233,6 @@ def _keys_text() -> str:
         .replace("{key_conflict}", SQLSTATE_KEY_CONFLICT)
         .replace("{seq_conflict}", SQLSTATE_SEQ_CONFLICT)
     )
-
-
-def ddl_before_keys(schema: str) -> sql.Composed:
-    """The DDL as it was before the key table and followers (for tests of the start-up upgrade)."""
-    text = _DDL.replace("{full}", SQLSTATE_FULL).replace("{version}", str(SCHEMA_VERSION))
-    return sql.SQL(text).format(schema=sql.Identifier(schema))
 
 
 def keys_ddl(schema: str) -> sql.Composed:
