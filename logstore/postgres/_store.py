@@ -296,6 +296,17 @@ class PgStore(MemoryStore):
             self._conn, site, conversation_id, lambda: bool(self.read_raw(site, conversation_id, probe)), timeout
         )
 
+    def forget_conversation(self, site: str, conversation_id: str) -> int:
+        """Delete one conversation's items, keys and listing row in one transaction; how many items it held."""
+        self._check_open()
+        site = SiteName(site)
+        conversation_id = ConversationId(conversation_id)
+        with self._conn(writing=True) as conn, conn.transaction():
+            row = conn.execute(self._sql.lock_conversation, (site, conversation_id)).fetchone()
+            for statement in self._sql.forget:
+                conn.execute(statement, (site, conversation_id))
+        return int(row[0]) if row else 0
+
     def list_conversations(self, site: str, selector: ListSelector) -> ConversationListing:
         self._check_open()
         site = SiteName(site)
@@ -458,6 +469,10 @@ class _Statements:
             "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (site, conversation_id) DO UPDATE "
             "SET next_seq = excluded.next_seq, last_appended_at = greatest(c.last_appended_at, %s)"
         )
+        self.forget = [
+            q(f"DELETE FROM {{s}}.{table} WHERE site = %s AND conversation_id = %s")
+            for table in ("items", "append_keys", "followers", "conversations")
+        ]
         self.restore_item = q(
             "INSERT INTO {s}.items (site, conversation_id, seq, recorded_at, payload) VALUES (%s, %s, %s, %s, %s)"
         )
