@@ -88,3 +88,38 @@ def test_forget_on_postgresql(pg: tuple[str, str]) -> None:
         assert store.append(SITE, GONE, [{"fresh": 1}], idempotency_key="k").first == 0
     finally:
         store.close()
+
+
+def test_forget_killed_part_way_and_run_again_finishes(tmp_path: Path) -> None:
+    import random
+    import subprocess
+    import time
+
+    from tests.mcp_helpers import convmem_cmd, subprocess_env
+
+    rng = random.Random()
+    for round_ in range(3):
+        root = tmp_path / f"r{round_}"
+        with FileStore(root, segment_bytes=1024, index_interval=128) as store:
+            for n in range(60):
+                store.append(SITE, GONE, [{"secret": SECRET, "n": n, "pad": "y" * 80}])
+            store.append(SITE, KEPT, [{"mine": True}])
+        proc = subprocess.Popen(
+            convmem_cmd("forget", SITE, GONE, "--data-dir", str(root)),
+            env=subprocess_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(rng.uniform(0.0, 0.6))
+        proc.kill()
+        proc.wait(30)
+        with FileStore(root) as store:  # whatever is left reads as a prefix, never with a hole
+            left = store.read(SITE, GONE, Range(0, 1000))
+            assert [i.seq for i in left] == list(range(len(left)))
+        assert run_convmem("forget", SITE, GONE, "--data-dir", str(root)).returncode == 0
+        assert _files_holding(root, SECRET.encode()) == []
+        report = maintenance.check(str(root))
+        assert not report.problems, [p.detail for p in report.problems]
+        with FileStore(root) as store:
+            listed = [s.conversation_id for s in store.list_conversations(SITE, ListSelector()).summaries]
+            assert listed == [KEPT]
