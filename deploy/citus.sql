@@ -95,10 +95,51 @@ SELECT create_reference_table('convmem.site_credentials');
 SELECT create_reference_table('convmem.settings');
 SELECT create_reference_table('convmem.meta');
 
--- The append: same body as logstore/postgres/_schema.py, with every name qualified.
+-- Idempotency keys, followers and the appends: same DDL and bodies as logstore/postgres/_schema.py
+-- (_DDL_KEYS), with every name qualified. The plain append delegates to the checked one; both run
+-- on the node holding the site's shards (distributed below), and the tables are co-located.
+-- Following (replay_memory's wait_ms) relies on NOTIFY, which a worker sends to its own node:
+-- servers LISTENing on the coordinator do not hear it, so on Citus a waiting call sees a new item
+-- at its next re-check (every 5 seconds, logstore/postgres/_follow.py) rather than at once.
+CREATE TABLE IF NOT EXISTS convmem.append_keys (
+    site            text COLLATE "C" NOT NULL,
+    conversation_id text COLLATE "C" NOT NULL,
+    key             text COLLATE "C" NOT NULL,
+    first_seq       bigint NOT NULL,
+    last_seq        bigint NOT NULL,
+    digest          bytea NOT NULL,
+    recorded_at     bigint NOT NULL,
+    PRIMARY KEY (site, conversation_id, key)
+);
+
+CREATE INDEX IF NOT EXISTS append_keys_by_seq ON convmem.append_keys (site, conversation_id, first_seq);
+
+-- Servers waiting for a conversation to grow (replay_memory's wait_ms); see _follow.py.
+CREATE TABLE IF NOT EXISTS convmem.followers (
+    site            text COLLATE "C" NOT NULL,
+    conversation_id text COLLATE "C" NOT NULL,
+    token           text COLLATE "C" NOT NULL,
+    expires_at      bigint NOT NULL,
+    PRIMARY KEY (site, conversation_id, token)
+);
+
+-- The plain append, as before, plus the notification of followers (when there are any).
 CREATE OR REPLACE FUNCTION convmem.append_batch(
     p_site text, p_conversation_id text, p_payloads bytea[], p_max_items bigint, p_lock_timeout_ms integer)
 RETURNS TABLE (first_seq bigint, last_seq bigint, stamp bigint)
+LANGUAGE plpgsql
+AS $fn$
+BEGIN
+    RETURN QUERY SELECT c.first_seq, c.last_seq, c.stamp
+      FROM convmem.append_batch_checked(p_site, p_conversation_id, p_payloads, p_max_items, p_lock_timeout_ms,
+                                NULL::text, NULL::bytea, NULL::bigint) AS c;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION convmem.append_batch_checked(
+    p_site text, p_conversation_id text, p_payloads bytea[], p_max_items bigint, p_lock_timeout_ms integer,
+    p_key text, p_digest bytea, p_expected bigint)
+RETURNS TABLE (first_seq bigint, last_seq bigint, stamp bigint, replayed boolean)
 LANGUAGE plpgsql
 AS $fn$
 DECLARE
@@ -106,6 +147,10 @@ DECLARE
     v_next  bigint;
     v_last  bigint;
     v_stamp bigint;
+    v_first bigint;
+    v_end   bigint;
+    v_dig   bytea;
+    v_floor bigint;
 BEGIN
     PERFORM pg_catalog.set_config('lock_timeout', p_lock_timeout_ms::text, true);
     SELECT c.next_seq, c.last_appended_at INTO v_next, v_last
@@ -121,6 +166,25 @@ BEGIN
          WHERE c.site = p_site AND c.conversation_id = p_conversation_id
            FOR UPDATE;
     END IF;
+    IF p_key IS NOT NULL THEN
+        SELECT k.first_seq, k.last_seq, k.digest INTO v_first, v_end, v_dig
+          FROM convmem.append_keys k
+         WHERE k.site = p_site AND k.conversation_id = p_conversation_id AND k.key = p_key;
+        IF FOUND THEN
+            IF v_dig = p_digest THEN
+                RETURN QUERY SELECT v_first, v_end, 0::bigint, true;
+                RETURN;
+            END IF;
+            RAISE EXCEPTION USING ERRCODE = 'CM002',
+                MESSAGE = 'the idempotency key was used for other items',
+                DETAIL = v_first::text || ',' || v_end::text;
+        END IF;
+    END IF;
+    IF p_expected IS NOT NULL AND p_expected <> v_next THEN
+        RAISE EXCEPTION USING ERRCODE = 'CM003',
+            MESSAGE = 'the conversation''s next seq is not the expected one',
+            DETAIL = v_next::text;
+    END IF;
     IF v_next + n > p_max_items THEN
         RAISE EXCEPTION USING ERRCODE = 'CM001',
             MESSAGE = 'the batch would take the conversation past its item limit',
@@ -135,15 +199,41 @@ BEGIN
     INSERT INTO convmem.items (site, conversation_id, seq, recorded_at, payload)
     SELECT p_site, p_conversation_id, v_next + u.o - 1, v_stamp, u.x
       FROM unnest(p_payloads) WITH ORDINALITY AS u(x, o);
-    RETURN QUERY SELECT v_next, v_next + n - 1, v_stamp;
+    IF p_key IS NOT NULL THEN
+        INSERT INTO convmem.append_keys (site, conversation_id, key, first_seq, last_seq, digest, recorded_at)
+        VALUES (p_site, p_conversation_id, p_key, v_next, v_next + n - 1, p_digest, v_stamp);
+    END IF;
+    IF (v_next + n) / 512 <> v_next / 512 THEN
+        SELECT k.first_seq INTO v_floor
+          FROM convmem.append_keys k
+         WHERE k.site = p_site AND k.conversation_id = p_conversation_id
+         ORDER BY k.first_seq DESC OFFSET 9999 LIMIT 1;
+        IF FOUND THEN
+            DELETE FROM convmem.append_keys k
+             WHERE k.site = p_site AND k.conversation_id = p_conversation_id
+               AND k.first_seq < v_floor AND k.recorded_at < v_stamp - 86400000000;
+        END IF;
+    END IF;
+    IF EXISTS (SELECT 1 FROM convmem.followers f
+                WHERE f.site = p_site AND f.conversation_id = p_conversation_id AND f.expires_at > v_stamp) THEN
+        PERFORM pg_catalog.pg_notify('convmem_follow', pg_catalog.current_schema() || '/' || p_site || '/' || p_conversation_id);
+    END IF;
+    RETURN QUERY SELECT v_next, v_next + n - 1, v_stamp, false;
 END
 $fn$;
+
+SELECT create_distributed_table('convmem.append_keys', 'site', colocate_with => 'convmem.conversations');
+SELECT create_distributed_table('convmem.followers', 'site', colocate_with => 'convmem.conversations');
 
 -- Route each call to the node holding p_site's shards. force_delegation is left
 -- at its default: the server calls the function as a single autocommit statement,
 -- outside any explicit transaction, which is where Citus delegates calls.
 SELECT create_distributed_function(
     'convmem.append_batch(text, text, bytea[], bigint, integer)',
+    distribution_arg_name := 'p_site',
+    colocate_with := 'convmem.conversations');
+SELECT create_distributed_function(
+    'convmem.append_batch_checked(text, text, bytea[], bigint, integer, text, bytea, bigint)',
     distribution_arg_name := 'p_site',
     colocate_with := 'convmem.conversations');
 

@@ -12,20 +12,23 @@ from .errors import (
     ConversationFull,
     Corrupted,
     EmptyBatch,
+    IdempotencyConflict,
     InvalidConversationId,
     InvalidCursor,
+    InvalidIdempotencyKey,
     InvalidPayload,
     Io,
     ItemsLost,
     Loss,
     PayloadTooLarge,
     QuotaExceeded,
+    SeqConflict,
     StoreError,
     Timeout,
     Unavailable,
 )
 from .filestore import FileStore, open_store
-from .ids import ConversationId, SiteName
+from .ids import ConversationId, SiteName, check_idempotency_key
 from .limits import (
     MAX_BATCH_BYTES,
     MAX_BATCH_ITEMS,
@@ -66,8 +69,10 @@ __all__ = [
     "Corrupted",
     "EmptyBatch",
     "FileStore",
+    "IdempotencyConflict",
     "InvalidConversationId",
     "InvalidCursor",
+    "InvalidIdempotencyKey",
     "InvalidPayload",
     "Io",
     "ItemsLost",
@@ -81,6 +86,7 @@ __all__ = [
     "Range",
     "RawMemoryItem",
     "ReadSelector",
+    "SeqConflict",
     "SeqRange",
     "SiteName",
     "SiteQuota",
@@ -89,6 +95,7 @@ __all__ = [
     "Timeout",
     "Unavailable",
     "Usage",
+    "check_idempotency_key",
     "open_store",
     "site_usage",
 ]

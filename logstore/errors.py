@@ -273,3 +273,52 @@ class QuotaExceeded(StoreError):
 
     def details(self) -> dict[str, object]:
         return {"limit": self.limit, "actual": self.actual, "unit": self.unit}
+
+
+class InvalidIdempotencyKey(StoreError):
+    """An idempotency key is not 1-128 characters from ``[A-Za-z0-9_-]``."""
+
+    code = "InvalidIdempotencyKey"
+
+    def __init__(self, why: str) -> None:
+        super().__init__(f"idempotency_key {why}; use 1-128 characters from [A-Za-z0-9_-]")
+
+
+class IdempotencyConflict(StoreError):
+    """The idempotency key was already used for a batch with other items.
+
+    Permanent. ``first_seq``/``last_seq`` are the range the key's original
+    batch occupies; nothing was written.
+    """
+
+    code = "IdempotencyConflict"
+
+    def __init__(self, key: str, first_seq: int, last_seq: int) -> None:
+        self.key = key
+        self.first_seq = first_seq
+        self.last_seq = last_seq
+        super().__init__(
+            f"idempotency key {key!r} was used for a different batch, at seqs {first_seq}..{last_seq}; "
+            "nothing was written"
+        )
+
+    def details(self) -> dict[str, object]:
+        return {"first_seq": self.first_seq, "last_seq": self.last_seq}
+
+
+class SeqConflict(StoreError):
+    """``expected_next_seq`` differed from the conversation's next seq; nothing was written.
+
+    Permanent for this request: read what was appended since, then decide.
+    ``actual_next_seq`` is the seq the next item would have had.
+    """
+
+    code = "SeqConflict"
+
+    def __init__(self, expected: int, actual: int) -> None:
+        self.expected = expected
+        self.actual_next_seq = actual
+        super().__init__(f"expected the conversation's next seq to be {expected}, it is {actual}; nothing was written")
+
+    def details(self) -> dict[str, object]:
+        return {"expected_next_seq": self.expected, "actual_next_seq": self.actual_next_seq}

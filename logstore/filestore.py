@@ -15,11 +15,11 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from . import convpool, fileio, layout, observe
+from . import convpool, fileio, follow, layout, observe
 from .codec import encode_batch
 from .conversation import Conversation, Options, Tip
 from .errors import Io, StoreError, Timeout, Unavailable
-from .ids import ConversationId, SiteName
+from .ids import ConversationId, SiteName, check_expected_next_seq, check_idempotency_key
 from .manifest import SiteManifest
 from .model import (
     ConversationListing,
@@ -310,13 +310,25 @@ class FileStore(MemoryStore):
 
     # ---------------------------------------------------------------- API
 
-    def append(self, site: str, conversation_id: str, payloads: Sequence[Mapping[str, Any]]) -> SeqRange:
+    def append(
+        self,
+        site: str,
+        conversation_id: str,
+        payloads: Sequence[Mapping[str, Any]],
+        *,
+        idempotency_key: str | None = None,
+        expected_next_seq: int | None = None,
+    ) -> SeqRange:
         self._check_open()
         # The table's keys are validated names: a key equal to these proves them well-formed
         # (as in _read), so an append to an open conversation skips the two pattern matches.
         if type(site) is not str or type(conversation_id) is not str or (site, conversation_id) not in self._convs:
             site = SiteName(site)
             conversation_id = ConversationId(conversation_id)
+        if idempotency_key is not None:
+            check_idempotency_key(idempotency_key)
+        if expected_next_seq is not None:
+            check_expected_next_seq(expected_next_seq)
         body, count = encode_batch(payloads)
         started = time.monotonic()
         deadline = started + self.options.lock_timeout
@@ -324,22 +336,35 @@ class FileStore(MemoryStore):
             conv = self._acquire(site, conversation_id, deadline, started)
             try:
                 if self._usage is None:
-                    first, last, _stamp = conv.append(body, count, deadline, started)
+                    first, last, stamp = conv.append(
+                        body, count, deadline, started, idempotency_key, expected_next_seq
+                    )
                 else:
-                    first, last = self._append_within_quota(self._usage, site, conv, body, count, deadline, started)
+                    first, last, stamp = self._append_within_quota(
+                        self._usage, site, conv, body, count, deadline, started, idempotency_key, expected_next_seq
+                    )
             finally:
                 conv.mutex.release()
         except StoreError:
             raise
         except OSError as exc:
             raise _io(exc, "append failed") from exc
-        observe.emit("append_bytes", len(body))
+        if stamp:  # 0: answered from its idempotency key, nothing written
+            observe.emit("append_bytes", len(body))
         return SeqRange(first, last)
 
     @staticmethod
     def _append_within_quota(
-        usage: UsageTracker, site: str, conv: Conversation, body: bytes, count: int, deadline: float, started: float
-    ) -> tuple[int, int]:
+        usage: UsageTracker,
+        site: str,
+        conv: Conversation,
+        body: bytes,
+        count: int,
+        deadline: float,
+        started: float,
+        key: str | None = None,
+        expect: int | None = None,
+    ) -> tuple[int, int, int]:
         """Append after charging the site's quota (caller holds ``conv.mutex``); refunded if nothing is written.
 
         Whether the conversation is new is judged before the write (from the
@@ -349,16 +374,26 @@ class FileStore(MemoryStore):
         new = not conv.holds_segments() and not os.path.isdir(conv.path)
         cost = usage.charge(site, len(body), new)
         try:
-            first, last, _stamp = conv.append(body, count, deadline, started)
+            first, last, stamp = conv.append(body, count, deadline, started, key, expect)
         except BaseException:
             usage.refund(site, cost, new)
             raise
+        if not stamp:
+            usage.refund(site, cost, new)  # answered from its idempotency key: nothing was written
+            return first, last, stamp
         if (first == 0) != new:
             usage.adjust_conversations(site, 1 if first == 0 else -1)
-        return first, last
+        return first, last, stamp
 
     def read(self, site: str, conversation_id: str, selector: ReadSelector) -> list[MemoryItem]:
         return self._read(site, conversation_id, selector, Conversation.read)
+
+    def wait_for_items(self, site: str, conversation_id: str, seq: int, timeout: float) -> bool:
+        # Woken by inotify for appends of any process, and by this process's writer (logstore.follow).
+        site, conversation_id = SiteName(site), ConversationId(conversation_id)
+        path = layout.conversation_dir(self.root, site, conversation_id)
+        probe = Range(seq, 1)
+        return follow.wait_until(path, self.root, lambda: bool(self.read_raw(site, conversation_id, probe)), timeout)
 
     def read_raw(self, site: str, conversation_id: str, selector: ReadSelector) -> list[RawMemoryItem]:
         # The payloads are the bytes of the verified records: nothing is decoded or re-encoded.

@@ -16,10 +16,11 @@ Record (32-byte header, body, 16-byte trailer)::
     0   8  u64    checksum: xxh3_64 of bytes 8..32+body_len, seed = salt
     8   4  u32    body_len
     12  2  u16    count (items in the batch, seqs a loss record stands for; 0 for a seal)
-    14  2  u16    kind (1 batch, 2 seal, 3 loss)
+    14  2  u16    kind (1 batch, 2 seal, 3 loss, 4 keyed batch)
     16  8  u64    first_seq
     24  8  i64    recorded_at, microseconds since the Unix epoch, UTC
-    32  n  body   a batch: the items as one compact JSON array; a seal: empty
+    32  n  body   a batch: the items as one compact JSON array; a seal: empty;
+                  a keyed batch: u8 key length k, k bytes of idempotency key, the JSON array
     32+n 8 u64    checksum again
     40+n 4 u32    body_len again
     44+n 4 bytes  b"CVMT"
@@ -33,6 +34,7 @@ and later damaged (trailer intact at the end of the file) from a torn write.
 from __future__ import annotations
 
 import os
+import re
 import struct
 from typing import NamedTuple
 
@@ -58,6 +60,14 @@ KIND_SEAL = 2
 #: keeps the damaged record's seq range and says those items were lost.
 KIND_LOSS = 3
 
+#: A batch record carrying its append's idempotency key (FORMAT.md 3, "Keyed batch"):
+#: its body is ``u8 k | k bytes of key | the items' JSON array``.
+KIND_KEYED = 4
+#: The kinds whose records hold items (a batch, with or without its key).
+ITEM_KINDS = (KIND_BATCH, KIND_KEYED)
+#: The longest idempotency key (bytes of ``[A-Za-z0-9_-]``).
+MAX_KEY_LEN = 128
+
 #: A loss record stands for at most this many seqs (the u16 count field).
 MAX_LOSS_COUNT = 65535
 #: Largest body of a loss record (a small JSON object describing the loss).
@@ -67,8 +77,13 @@ MAX_LOSS_BODY = 4096
 #: (at most MAX_BATCH_BYTES in all) joined by MAX_BATCH_ITEMS - 1 commas inside two
 #: brackets (FORMAT.md, section 3: 1,048,827).
 MAX_BODY = MAX_BATCH_BYTES + (MAX_BATCH_ITEMS - 1) + 2
+#: Largest body of a keyed batch record: its key's length byte and key, then a batch body.
+MAX_KEYED_BODY = MAX_BODY + 1 + MAX_KEY_LEN
+#: Smallest body of a keyed batch record: a one-byte key and ``[]``'s two bytes.
+MIN_KEYED_BODY = 1 + 1 + 2
 
 _xxh3 = xxhash.xxh3_64_intdigest
+_KEY_BYTES = re.compile(rb"[A-Za-z0-9_-]+")
 #: The record checksum function (public for the scan loop in segment.py).
 xxh3_64 = _xxh3
 
@@ -148,7 +163,37 @@ def plausible(h: RecordHeader) -> bool:
         return h.count == 0 and h.body_len == 0
     if h.kind == KIND_LOSS:
         return 1 <= h.count <= MAX_LOSS_COUNT and 2 <= h.body_len <= MAX_LOSS_BODY
+    if h.kind == KIND_KEYED:
+        return 1 <= h.count <= MAX_BATCH_ITEMS and MIN_KEYED_BODY <= h.body_len <= MAX_KEYED_BODY
     return False
+
+
+def keyed_body(key: bytes, items: bytes) -> bytes:
+    """The body of a keyed batch record: the key's length, the key, the items' JSON array."""
+    return bytes((len(key),)) + key + items
+
+
+def items_body(kind: int, body: bytes | memoryview) -> bytes | memoryview:
+    """The items' JSON array of a batch record's body (a keyed batch's without its key).
+
+    A keyed body whose length byte points past its end yields an empty
+    slice, which every batch check then reports as a bad body.
+    """
+    if kind != KIND_KEYED:
+        return body
+    k = body[0] if len(body) else 0
+    return body[1 + k :] if 1 <= k <= MAX_KEY_LEN and 1 + k < len(body) else body[:0]
+
+
+def record_key(kind: int, body: bytes | memoryview) -> str | None:
+    """The idempotency key a batch record carries, or None (a plain batch, or a malformed key)."""
+    if kind != KIND_KEYED or not len(body):
+        return None
+    k = body[0]
+    if not 1 <= k <= MAX_KEY_LEN or 1 + k >= len(body):
+        return None
+    raw = bytes(body[1 : 1 + k])
+    return raw.decode("ascii") if _KEY_BYTES.fullmatch(raw) else None
 
 
 def checksum_ok(data: bytes | memoryview, pos: int, h: RecordHeader, salt: int) -> bool:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import InvalidConversationId
+from .errors import InvalidConversationId, InvalidIdempotencyKey
 from .limits import MAX_ID_LENGTH, MIN_ID_LENGTH
 
 _CHARSET = re.compile(r"[A-Za-z0-9_-]*")
@@ -69,3 +69,27 @@ class SiteName(str):
         if type(value) is cls:
             return value
         return super().__new__(cls, _check(value, "site name", MIN_SITE_NAME_LENGTH))
+
+
+#: The longest idempotency key (the spec's extension: 1-128 characters of ``[A-Za-z0-9_-]``).
+MAX_IDEMPOTENCY_KEY_LENGTH = 128
+
+
+def check_idempotency_key(value: object) -> str:
+    """``value`` when it is a valid idempotency key; raises InvalidIdempotencyKey (or TypeError) otherwise."""
+    if not isinstance(value, str):
+        raise TypeError(f"idempotency_key must be a str, not {type(value).__name__}")
+    if not value:
+        raise InvalidIdempotencyKey("is empty")
+    if len(value) > MAX_IDEMPOTENCY_KEY_LENGTH:
+        raise InvalidIdempotencyKey(f"is {len(value)} characters long")
+    if _CHARSET.fullmatch(value) is None or not value.isascii():
+        raise InvalidIdempotencyKey("contains characters outside [A-Za-z0-9_-]")
+    return value
+
+
+def check_expected_next_seq(value: object) -> int:
+    """``value`` when it is a valid ``expected_next_seq`` (a non-negative int); raises ValueError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"expected_next_seq must be a non-negative int, got {value!r}")
+    return value

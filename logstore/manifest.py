@@ -825,7 +825,7 @@ def _ends_at(conv_dir: str, next_seq: int, last_us: int) -> bool:
         data = os.pread(fd, size - start, start)
         h = frame.decode_record_header(data)
         return (
-            h.kind == frame.KIND_BATCH
+            h.kind in frame.ITEM_KINDS
             and h.end_seq == next_seq
             and h.recorded_at_us == last_us
             and frame.plausible(h)

@@ -26,6 +26,7 @@ from .convstate import ReadOnlyFile, Tip
 from .errors import Corrupted, ItemsLost, Loss, Timeout
 from .frame import (
     KIND_BATCH,
+    KIND_KEYED,
     KIND_LOSS,
     KIND_SEAL,
     MAX_BODY,
@@ -34,6 +35,7 @@ from .frame import (
     SEGMENT_HEADER_SIZE,
     TRAILER_SIZE,
     RecordHeader,
+    items_body,
     xxh3_64,
 )
 from .limits import MAX_BATCH_ITEMS
@@ -484,6 +486,9 @@ class Reader(Recovery):
                     if kind == KIND_LOSS:
                         lost.append(_loss(path, roff, first, count, body))
                     else:
+                        if kind == KIND_KEYED:
+                            # The items without the key; the header keeps the record's own length.
+                            body = items_body(kind, body)  # type: ignore[assignment]
                         lo = start - first if start > first else 0
                         hi = stop - first if stop < seq else count
                         if raw or lo or hi < count:

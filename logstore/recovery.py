@@ -17,7 +17,7 @@ import os
 from . import fileio, frame, index
 from .convstate import ConversationState, ReadOnlyFile
 from .errors import Corrupted
-from .frame import KIND_BATCH, KIND_SEAL, SEGMENT_HEADER_SIZE
+from .frame import ITEM_KINDS, KIND_SEAL, SEGMENT_HEADER_SIZE
 from .segment import BadRecord, Fault, Gap, classify_tail, data_end, find_next_record, iter_records, walk
 
 
@@ -158,7 +158,7 @@ class Recovery(ConversationState):
                         self._sealed_active = True
                     else:
                         if (
-                            h.kind == KIND_BATCH
+                            h.kind in ITEM_KINDS
                             and off - last_indexed >= self.options.index_interval
                             and off > SEGMENT_HEADER_SIZE
                         ):
@@ -331,7 +331,7 @@ class Recovery(ConversationState):
                 damaged = True
                 continue
             off, h, _ = rec
-            if h.kind == KIND_BATCH and off - last >= interval and off > SEGMENT_HEADER_SIZE:
+            if h.kind in ITEM_KINDS and off - last >= interval and off > SEGMENT_HEADER_SIZE:
                 if idx.seqs and h.first_seq <= idx.seqs[-1]:
                     damaged = True  # out of order: only damaged data can say so; never index it
                     continue

@@ -103,6 +103,8 @@ def iter_records(
             ok = 1 <= count <= max_count and 2 <= body_len <= max_body
         elif kind == frame.KIND_SEAL:
             ok = count == 0 and body_len == 0
+        elif kind == frame.KIND_KEYED:
+            ok = 1 <= count <= max_count and frame.MIN_KEYED_BODY <= body_len <= frame.MAX_KEYED_BODY
         else:
             ok = kind == frame.KIND_LOSS and count >= 1 and 2 <= body_len <= frame.MAX_LOSS_BODY
         if not ok:
@@ -126,10 +128,11 @@ def iter_records(
 
 
 # Where a record header may start: the u16 count and u16 kind fields (bytes
-# 12..16 of a record) of a batch (count 1..250), a seal (count 0) or a loss
-# record (any count). Matched with a lookahead so candidates may overlap.
+# 12..16 of a record) of a batch or keyed batch (count 1..250), a seal (count 0)
+# or a loss record (any count). Matched with a lookahead so candidates may overlap.
 _CANDIDATE = re.compile(
-    rb"(?=[\x01-\xfa]\x00\x01\x00|\x00\x00\x02\x00|[^\x00]\x00\x03\x00|[\x00-\xff][^\x00]\x03\x00)", re.DOTALL
+    rb"(?=[\x01-\xfa]\x00[\x01\x04]\x00|\x00\x00\x02\x00|[^\x00]\x00\x03\x00|[\x00-\xff][^\x00]\x03\x00)",
+    re.DOTALL,
 )
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from .model import ConversationListing, ListSelector, MemoryItem, RawMemoryItem, ReadSelector, SeqRange
+from .model import ConversationListing, ListSelector, MemoryItem, Range, RawMemoryItem, ReadSelector, SeqRange
 
 _encoder = msgspec.json.Encoder()
 
@@ -29,13 +29,31 @@ class MemoryStore(abc.ABC):
     """
 
     @abc.abstractmethod
-    def append(self, site: str, conversation_id: str, payloads: Sequence[Mapping[str, Any]]) -> SeqRange:
+    def append(
+        self,
+        site: str,
+        conversation_id: str,
+        payloads: Sequence[Mapping[str, Any]],
+        *,
+        idempotency_key: str | None = None,
+        expected_next_seq: int | None = None,
+    ) -> SeqRange:
         """Append ``payloads`` as one atomic batch; return the seqs it occupies.
 
         Returns only once the batch is durable. Raises ``EmptyBatch``,
         ``BatchTooLarge``, ``PayloadTooLarge``, ``InvalidPayload`` or
         ``ConversationFull`` (nothing written), ``Timeout`` (lock wait; nothing
         written), ``Io`` (not acknowledged), ``Corrupted``.
+
+        ``idempotency_key`` (1-128 of ``[A-Za-z0-9_-]``, else
+        ``InvalidIdempotencyKey``) is made durable with the batch. When a
+        retained batch of the conversation carries it (the last 10,000
+        batches or 24 hours, whichever is more), nothing is written: the
+        same items return that batch's range, other items raise
+        ``IdempotencyConflict`` naming it. ``expected_next_seq``: unless the
+        batch would start at that seq, nothing is written and
+        ``SeqConflict`` carries the actual next seq (a keyed retry of a
+        committed batch is answered from its key first).
         """
 
     @abc.abstractmethod
@@ -70,6 +88,16 @@ class MemoryStore(abc.ABC):
         or less; its answers and errors are those of :meth:`read_raw`.
         """
         return None
+
+    def wait_for_items(self, site: str, conversation_id: str, seq: int, timeout: float) -> bool:
+        """Wait until the conversation holds seq ``seq`` (an item arrived), at most ``timeout`` seconds.
+
+        True when it holds it. For following a conversation (``wait_ms`` of
+        replay_memory): implementations wake for appends by any writer of the
+        same data, without polling. This default does not wait: it says
+        whether the item is there now.
+        """
+        return bool(self.read_raw(site, conversation_id, Range(seq, 1)))
 
     @abc.abstractmethod
     def list_conversations(self, site: str, selector: ListSelector) -> ConversationListing:

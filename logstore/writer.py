@@ -31,10 +31,10 @@ import os
 import time
 from collections.abc import Callable, Iterator
 
-from . import background, convpool, fileio, frame, index, layout
+from . import background, convpool, fileio, follow, frame, idempotency, index, layout
 from .convstate import Options, Tip
-from .errors import ConversationFull, Io, Timeout
-from .frame import KIND_BATCH, KIND_SEAL, SEGMENT_HEADER_SIZE
+from .errors import ConversationFull, IdempotencyConflict, Io, SeqConflict, Timeout
+from .frame import KIND_BATCH, KIND_KEYED, KIND_SEAL, SEGMENT_HEADER_SIZE
 from .limits import MAX_CONVERSATION_ITEMS
 from .recovery import Recovery
 from .timefmt import now_us
@@ -85,12 +85,21 @@ run_extension: Callable[[Callable[[], None]], None] = _run_extension_job
 
 
 class _Batch:
-    """One caller's batch in the conversation's writer queue, and what became of it."""
+    """One caller's batch in the conversation's writer queue, and what became of it.
 
-    __slots__ = ("body", "count", "done", "error", "result", "taken")
+    ``body`` is the record's body: for a keyed batch (``key`` set) the key and
+    then the items, whose digest is ``digest``. ``expect`` is the caller's
+    ``expected_next_seq``. A batch answered from its key without being written
+    gets a result whose ``recorded_at_us`` is 0.
+    """
 
-    def __init__(self, body: bytes, count: int) -> None:
-        self.body = body
+    __slots__ = ("body", "count", "digest", "done", "error", "expect", "key", "result", "taken")
+
+    def __init__(self, body: bytes, count: int, key: str | None = None, expect: int | None = None) -> None:
+        self.key = key
+        self.expect = expect
+        self.digest = idempotency.digest(body) if key is not None else b""
+        self.body = frame.keyed_body(key.encode("ascii"), body) if key is not None else body
         self.count = count
         self.taken = False  # part of a group being written: the caller must wait for its outcome
         self.done = False
@@ -108,6 +117,9 @@ GROUP_MAX_BYTES = 1 << 20
 
 
 class Writer(Recovery):
+    #: The idempotency keys of recent batches (:mod:`logstore.idempotency`), built on the first keyed append.
+    _keys: idempotency.KeyTable | None = None
+
     """Appends batches to the conversation's active segment, several threads' batches in one sync.
 
     Group commit (LevelDB's writer queue): every caller queues its batch and
@@ -122,14 +134,28 @@ class Writer(Recovery):
     acknowledged yet), and :meth:`Conversation.close` waits.
     """
 
-    def append(self, body: bytes, count: int, deadline: float, started: float) -> tuple[int, int, int]:
+    def append(
+        self,
+        body: bytes,
+        count: int,
+        deadline: float,
+        started: float,
+        key: str | None = None,
+        expect: int | None = None,
+    ) -> tuple[int, int, int]:
         """Append one encoded batch; return ``(first_seq, last_seq, recorded_at_us)``.
 
         Caller holds ``mutex``. Durable on return. Gives up with Timeout at
         ``deadline`` (a ``time.monotonic()`` value) when another process holds
         the conversation, or when the batch is still queued then.
+
+        ``key`` (a validated idempotency key): when a retained batch carries
+        it, nothing is written and its range is returned with
+        ``recorded_at_us`` 0, or IdempotencyConflict is raised when its items
+        differ. ``expect``: SeqConflict, nothing written, unless the batch
+        would start at that seq (a keyed retry is answered before this check).
         """
-        me = _Batch(body, count)
+        me = _Batch(body, count, key, expect)
         queue = self._queue
         queue.append(me)
         if self._gathering:
@@ -192,6 +218,7 @@ class Writer(Recovery):
             queue.popleft()
         self._last_batches = written
         self._cond.notify_all()
+        follow.changed(self.path)  # this process's followers (others learn of the write by inotify)
 
     def _append_group(self, group: list[_Batch], deadline: float, started: float) -> int:
         """Append a prefix of ``group`` (at least one batch), each its own record, in one sync; how many.
@@ -206,30 +233,77 @@ class Writer(Recovery):
             # recorded_at never decreases within a conversation, whatever the wall clock does.
             stamp = max(now_us(), self._last_us)
             nxt = self._next_seq
-            if len(group) == 1:
+            if len(group) == 1 and group[0].key is None and group[0].expect is None:
                 b = group[0]
                 if nxt + b.count > MAX_CONVERSATION_ITEMS:
                     b.error = ConversationFull(MAX_CONVERSATION_ITEMS, nxt + b.count)
                     return 1
                 b.result = (nxt, nxt + b.count - 1, stamp)
                 self._commit_group(group, stamp)  # one batch always fits (a segment takes at least one)
+                self._note_keys(group)
                 return 1
+            keys = self._key_table() if any(b.key is not None for b in group) else None
+            pending: dict[str, _Batch] = {}  # keys of this group's batches to be written
             todo: list[_Batch] = []
             for b in group:
+                b.error = None  # a batch left over from the last group is judged afresh
+                if b.key is not None and self._answer_from_key(b, keys, pending):
+                    continue
+                if b.expect is not None and b.expect != nxt:
+                    b.error = SeqConflict(b.expect, nxt)
+                    continue
                 if nxt + b.count > MAX_CONVERSATION_ITEMS:
                     b.error = ConversationFull(MAX_CONVERSATION_ITEMS, nxt + b.count)
                     continue
                 b.result = (nxt, nxt + b.count - 1, stamp)
                 nxt += b.count
                 todo.append(b)
+                if b.key is not None:
+                    pending[b.key] = b
             if todo:
                 taken = self._commit_group(todo, stamp)
+                self._note_keys(todo[:taken])
                 if taken < len(todo):
                     # Left for the next leader: every batch behind the last one written.
                     return group.index(todo[taken])
             return len(group)
         finally:
             self._unlock()
+
+    def _key_table(self) -> idempotency.KeyTable:
+        """The conversation's key table, current with the log (exclusive lock held, tail verified)."""
+        table = self._keys
+        if table is None or table.covered > self._next_seq:
+            table = self._keys = idempotency.build(self)
+        elif table.covered < self._next_seq:
+            idempotency.catch_up(self, table)  # another process appended since
+        return table
+
+    @staticmethod
+    def _answer_from_key(b: _Batch, keys: idempotency.KeyTable | None, pending: dict[str, _Batch]) -> bool:
+        """Answer a keyed batch from a retained batch with its key, if any (True: nothing to write)."""
+        assert b.key is not None and keys is not None
+        found = keys.get(b.key)
+        if found is not None:
+            first, last, dig = found.first, found.last, found.digest
+        elif (twin := pending.get(b.key)) is not None:
+            first, last, dig = twin.result[0], twin.result[1], twin.digest  # the same key twice in one group
+        else:
+            return False
+        if dig != b.digest:
+            b.error = IdempotencyConflict(b.key, first, last)
+        else:
+            b.result = (first, last, 0)
+        return True
+
+    def _note_keys(self, written: list[_Batch]) -> None:
+        """Keep the key table (if built) current with batches just written (``mutex`` held)."""
+        table = self._keys
+        if table is None or not written or table.covered != written[0].result[0]:
+            return  # not built, or behind the log: the next keyed append catches it up
+        for b in written:
+            table.note(b.key, b.result[0], b.result[1], b.digest, b.result[2])
+        table.prune(written[-1].result[2])
 
     @contextlib.contextmanager
     def _exclusive(self, deadline: float, started: float) -> Iterator[None]:
@@ -344,7 +418,10 @@ class Writer(Recovery):
 
     @staticmethod
     def _encode(todo: list[_Batch], stamp: int, salt: int) -> list[bytes]:
-        return [frame.encode_record(salt, KIND_BATCH, b.result[0], b.count, stamp, b.body) for b in todo]
+        return [
+            frame.encode_record(salt, KIND_BATCH if b.key is None else KIND_KEYED, b.result[0], b.count, stamp, b.body)
+            for b in todo
+        ]
 
     def _write_records(self, records: list[bytes], todo: list[_Batch], stamp: int) -> None:
         """One write and one fdatasync for the group; ``mutex`` is released meanwhile (see the class doc)."""

@@ -50,6 +50,11 @@ _ADVICE: dict[str, str] = {
     "ItemsLost": "Those items were lost to damage and an operator recorded the loss; retrying will not help. "
     "Read around the lost seqs with replay_memory: every other item is intact.",
     "InvalidArguments": "Fix the named argument; retrying unchanged fails again.",
+    "IdempotencyConflict": "That idempotency_key was already used for other items (at first_seq..last_seq); use a "
+    "fresh key for a new batch. Retrying unchanged fails again.",
+    "SeqConflict": "Someone appended since you last looked: read from your last known seq + 1 (actual_next_seq is "
+    "the next seq now), decide, then append with the new expected_next_seq.",
+    "InvalidIdempotencyKey": "Use 1-128 characters from [A-Za-z0-9_-] as idempotency_key.",
     "InvalidCursor": "Pass next_cursor back exactly as received, or omit cursor to start over.",
     "Unauthenticated": "Configure the client with HTTP Basic credentials: the site name as user name and the "
     "site's password.",

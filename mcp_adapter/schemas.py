@@ -242,11 +242,64 @@ LIST_CONVERSATIONS_RESPONSE: JsonSchema = {
     "type": "object",
 }
 
+#: Optional properties convmem adds to append_memory (issue 23); without them the tool is the spec's.
+APPEND_OPTIONS: JsonSchema = {
+    "idempotency_key": {
+        "description": (
+            "Optional key you mint for this batch (1-128 characters from [A-Za-z0-9_-], e.g. a UUID) and send "
+            "again, unchanged, with the same items when you retry it. A retry of a batch that was already stored "
+            "writes nothing and returns its original first_seq/last_seq; the same key with other items fails "
+            "with IdempotencyConflict naming the original range. Keys are remembered per conversation for at "
+            "least its last 10,000 batches or 24 hours, whichever is longer."
+        ),
+        "maxLength": 128,
+        "minLength": 1,
+        "pattern": "^[A-Za-z0-9_-]+$",
+        "type": "string",
+    },
+    "expected_next_seq": {
+        "description": (
+            "Optional: append only if the conversation's next seq is this one (the last seq you know of plus "
+            "one; 0 for an empty conversation). Otherwise nothing is written and the call fails with "
+            "SeqConflict carrying actual_next_seq."
+        ),
+        "format": "uint64",
+        "minimum": 0,
+        "type": "integer",
+    },
+}
+
+#: The most a replay_memory call may wait for new items (milliseconds).
+MAX_WAIT_MS = 30_000
+
+#: Optional property convmem adds to replay_memory (issue 23).
+REPLAY_OPTIONS: JsonSchema = {
+    "wait_ms": {
+        "default": 0,
+        "description": (
+            f"Optional, 0-{MAX_WAIT_MS}: when `offset` is at the end of the log, wait up to this many "
+            "milliseconds for an item to arrive (appended by anyone) instead of returning an empty page at once. "
+            "Returns as soon as there is at least one item; an empty page means nothing arrived in time."
+        ),
+        "maximum": MAX_WAIT_MS,
+        "minimum": 0,
+        "type": "integer",
+    },
+}
+
+
+def _with_options(request: JsonSchema, options: JsonSchema) -> JsonSchema:
+    """``request`` with the optional ``options`` added to its properties (never to ``required``)."""
+    out = copy.deepcopy(request)
+    out["properties"].update(copy.deepcopy(options))
+    return out
+
+
 # append_memory and recall_memory also take the optional long-term memory hint (see memory_schemas).
 _SCHEMAS: dict[str, tuple[JsonSchema, JsonSchema]] = {
-    "append_memory": with_memory_context(APPEND_MEMORY_REQUEST, APPEND_MEMORY_RESPONSE),
+    "append_memory": with_memory_context(_with_options(APPEND_MEMORY_REQUEST, APPEND_OPTIONS), APPEND_MEMORY_RESPONSE),
     "recall_memory": with_memory_context(RECALL_MEMORY_REQUEST, RECALL_MEMORY_RESPONSE),
-    "replay_memory": (REPLAY_MEMORY_REQUEST, REPLAY_MEMORY_RESPONSE),
+    "replay_memory": (_with_options(REPLAY_MEMORY_REQUEST, REPLAY_OPTIONS), REPLAY_MEMORY_RESPONSE),
     "list_conversations": (LIST_CONVERSATIONS_REQUEST, LIST_CONVERSATIONS_RESPONSE),
 }
 

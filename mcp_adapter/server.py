@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 
 import anyio
@@ -32,6 +33,7 @@ from convmem.logstore.memories.limits import DEFAULT_RETENTION_SECONDS
 from . import __version__, requestlog
 from .auth import Authenticator
 from .errors import ToolFailure, from_store_error, internal_error, unauthenticated
+from .follow import FollowLimits, replay_waiting
 from .memory_calls import parse_memory_arguments, relevant_text, run_memory_call, surface, try_surface
 from .memory_schemas import MEMORY_TOOL_NAMES
 from .tools import INSTRUCTIONS, tool_definitions
@@ -66,6 +68,8 @@ class Backend:
     #: Probe for ``/healthz`` when the store is a database (None: check ``data_dir``).
     health: Callable[[], bool] | None = None
     limiter: anyio.CapacityLimiter = field(init=False)
+    #: Bounds of replay_memory calls waiting with ``wait_ms`` (see mcp_adapter.follow).
+    followers: FollowLimits = field(default_factory=FollowLimits)
     _memories_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -204,11 +208,24 @@ async def _execute(backend: Backend, site: str, args: ToolArgs) -> dict[str, Any
     """Run one validated call against the store; the structured result (reads: already encoded)."""
     store = backend.store
     if isinstance(args, AppendArgs):
-        seqs = await backend.run(store.append, site, args.conversation_id, args.items)
+        if args.idempotency_key is None and args.expected_next_seq is None:
+            seqs = await backend.run(store.append, site, args.conversation_id, args.items)
+        else:
+            seqs = await backend.run(
+                partial(store.append, idempotency_key=args.idempotency_key, expected_next_seq=args.expected_next_seq),
+                site,
+                args.conversation_id,
+                args.items,
+            )
         return {"first_seq": seqs.first, "last_seq": seqs.last}
     if isinstance(args, RecallArgs):
         return await _read(backend, site, args.conversation_id, Tail(args.count))
     if isinstance(args, ReplayArgs):
+        if args.wait_ms:
+            found = await replay_waiting(
+                backend.run, backend.followers, store, site, args.conversation_id, args.offset, args.limit, args.wait_ms
+            )
+            return Prepared.from_json(_encode_items(found))
         return await _read(backend, site, args.conversation_id, Range(args.offset, args.limit))
     assert isinstance(args, ListArgs)
     cursor = ListCursor.from_token(args.cursor, site) if args.cursor is not None else None

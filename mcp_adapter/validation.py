@@ -43,12 +43,20 @@ Offset = Annotated[int, msgspec.Meta(ge=0)]  # the uint64 ceiling is checked by 
 MemoryContext = Annotated[str, msgspec.Meta(min_length=1, max_length=1000)]
 
 
+#: The optional idempotency key of append_memory (issue 23).
+IdempotencyKey = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern="^[A-Za-z0-9_-]+$")]
+#: The optional wait of replay_memory, in milliseconds.
+WaitMs = Annotated[int, msgspec.Meta(ge=0, le=30_000)]
+
+
 class AppendArgs(msgspec.Struct, frozen=True):
     """Arguments of ``append_memory``."""
 
     conversation_id: str
     items: list[dict[str, Any]]
     memory_context: MemoryContext | msgspec.UnsetType = msgspec.UNSET
+    idempotency_key: IdempotencyKey | None = None
+    expected_next_seq: Offset | None = None
 
 
 class RecallArgs(msgspec.Struct, frozen=True):
@@ -65,6 +73,7 @@ class ReplayArgs(msgspec.Struct, frozen=True):
     conversation_id: str
     limit: ReadCount
     offset: Offset = 0
+    wait_ms: WaitMs = 0
 
 
 class ListArgs(msgspec.Struct, frozen=True):
@@ -83,7 +92,7 @@ ARGUMENT_TYPES: dict[str, type[ToolArgs]] = {
     "list_conversations": ListArgs,
 }
 
-_INTEGER_FIELDS = frozenset({"count", "limit", "offset"})
+_INTEGER_FIELDS = frozenset({"count", "limit", "offset", "expected_next_seq", "wait_ms"})
 
 _T = TypeVar("_T", bound=msgspec.Struct)
 
@@ -161,9 +170,10 @@ def parse_arguments(tool: str, arguments: dict[str, Any] | None) -> ToolArgs:
                 raise from_store_error(EmptyBatch())
             if len(items) > MAX_BATCH_ITEMS:
                 raise from_store_error(BatchTooLarge(MAX_BATCH_ITEMS, len(items), "items"))
-    offset = raw.get("offset")
-    if type(offset) is int and offset > _UINT64_MAX:
-        raise invalid_arguments("offset", f"expected an integer <= {_UINT64_MAX}")
+    for name in ("offset", "expected_next_seq"):
+        value = raw.get(name)
+        if type(value) is int and value > _UINT64_MAX:
+            raise invalid_arguments(name, f"expected an integer <= {_UINT64_MAX}")
     conversation_id = raw.get("conversation_id")
     if isinstance(conversation_id, str):
         _check_conversation_id(conversation_id)

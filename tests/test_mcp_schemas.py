@@ -141,8 +141,9 @@ def strip_descriptions(node: Any) -> Any:
 
 #: The optional long-term memory additions, per spec tool: (request properties, response properties, response $defs).
 ADDITIONS = {
-    "append_memory": ({"memory_context"}, {"memories"}, {"SurfacedMemory"}),
+    "append_memory": ({"memory_context", "idempotency_key", "expected_next_seq"}, {"memories"}, {"SurfacedMemory"}),
     "recall_memory": ({"memory_context"}, {"memories"}, {"SurfacedMemory"}),
+    "replay_memory": ({"wait_ms"}, set(), set()),
 }
 
 
@@ -182,7 +183,7 @@ def test_schemas_match_the_contract_exactly(tool: str) -> None:
 
 
 def test_memory_context_bounds() -> None:
-    for tool in ADDITIONS:
+    for tool in ("append_memory", "recall_memory"):
         prop = input_schema(tool)["properties"]["memory_context"]
         assert (prop["type"], prop["minLength"], prop["maxLength"]) == ("string", 1, 1000)
 

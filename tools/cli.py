@@ -24,6 +24,7 @@ COMMANDS = {
     "locate": "print the files holding one conversation",
     "backup": "copy a live data directory consistently",
     "migrate": "copy all data between a data directory and PostgreSQL (resumable, verified)",
+    "forget": "erase one conversation and every copy of its items",
 }
 #: Command -> the module of this package that defines it (where the two differ).
 _MODULES = {"import": "restore"}

@@ -48,6 +48,7 @@ from ._files import (
     locate_conversation,
     site_has_data,
 )
+from ._forget import Forgotten, forget_conversation
 from ._permissions import (
     AccessFinding,
     check_access,
@@ -148,6 +149,7 @@ __all__ = [
     "ConversationFiles",
     "ConversationStats",
     "ExportedItem",
+    "Forgotten",
     "IndexEntryInfo",
     "IndexInfo",
     "MaintenanceError",
@@ -166,6 +168,7 @@ __all__ = [
     "check",
     "check_access",
     "export_items",
+    "forget_conversation",
     "format_timestamp",
     "iter_conversation_items",
     "iter_conversations",

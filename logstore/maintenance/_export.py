@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from .. import frame, layout
 from ..errors import Corrupted, ItemsLost, Loss
-from ..frame import KIND_BATCH, KIND_LOSS, SEGMENT_HEADER_SIZE
+from ..frame import ITEM_KINDS, KIND_LOSS, SEGMENT_HEADER_SIZE, items_body
 from ..ids import ConversationId, SiteName
 from ..recovery import is_torn_creation
 from ..segment import Gap, classify_failure, walk
@@ -70,12 +70,12 @@ def iter_conversation_items(
                     raise Corrupted(path, offset, f"expected seq {expected}, record starts at {h.first_seq}")
                 if h.kind == KIND_LOSS:
                     raise ItemsLost([Loss(h.first_seq, h.end_seq - 1, path, offset)])
-                if h.kind != KIND_BATCH:
+                if h.kind not in ITEM_KINDS:
                     break
-                why = _batch_problem(body, h.count)
+                why = _batch_problem(body, h.count, h.kind)
                 if why is not None:
                     raise Corrupted(path, offset, why)
-                for n, raw in enumerate(decode(body)):
+                for n, raw in enumerate(decode(items_body(h.kind, body))):
                     yield ExportedItem(conversation_id, h.first_seq + n, h.recorded_at_us, bytes(raw))
                 expected = h.end_seq
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import msgspec
 
 from .. import frame, index
-from ..frame import KIND_BATCH, KIND_LOSS, KIND_SEAL, SEGMENT_HEADER_SIZE
+from ..frame import ITEM_KINDS, KIND_BATCH, KIND_KEYED, KIND_LOSS, KIND_SEAL, SEGMENT_HEADER_SIZE
 from ..segment import Gap, data_end, walk
 from ._files import (
     _open_ro,
@@ -33,10 +33,12 @@ _BATCH_CHECK = msgspec.json.Decoder(type=list[_AnyObject])
 _BATCH_RAW = msgspec.json.Decoder(type=list[msgspec.Raw])
 
 
-def _batch_problem(body: memoryview, count: int) -> str | None:
-    """Why a checksummed batch body is not a JSON array of ``count`` objects, or None."""
+def _batch_problem(body: memoryview, count: int, kind: int = KIND_BATCH) -> str | None:
+    """Why a checksummed batch body is not a JSON array of ``count`` objects (after a valid key), or None."""
+    if kind == KIND_KEYED and frame.record_key(kind, body) is None:
+        return "keyed batch body does not start with a valid idempotency key"
     try:
-        items = _BATCH_CHECK.decode(body)
+        items = _BATCH_CHECK.decode(frame.items_body(kind, body))
     except msgspec.DecodeError as exc:
         return f"batch body is not a JSON array of objects: {exc}"
     if len(items) != count:
@@ -126,11 +128,11 @@ def scan_segment(path: str | os.PathLike[str], *, payloads: bool = True) -> tupl
             offset, h, body = rec
             items: tuple[bytes, ...] = ()
             verdict = "ok"
-            if h.kind == KIND_BATCH:
-                verdict = _batch_problem(body, h.count) or "ok"
+            if h.kind in ITEM_KINDS:
+                verdict = _batch_problem(body, h.count, h.kind) or "ok"
                 if payloads and verdict == "ok":
-                    items = tuple(bytes(r) for r in _BATCH_RAW.decode(body))
-            kind = {KIND_BATCH: "batch", KIND_SEAL: "seal", KIND_LOSS: "loss"}[h.kind]
+                    items = tuple(bytes(r) for r in _BATCH_RAW.decode(frame.items_body(h.kind, body)))
+            kind = {KIND_BATCH: "batch", KIND_KEYED: "batch", KIND_SEAL: "seal", KIND_LOSS: "loss"}[h.kind]
             out.append(
                 RecordInfo(offset, h.size, kind, verdict, h.first_seq, h.count, h.recorded_at_us, h.checksum, items)
             )
@@ -145,7 +147,7 @@ def build_index(fd: int, base_seq: int, salt: int, size: int, interval: int = IN
         if isinstance(rec, Gap):
             break
         offset, h, _body = rec
-        if h.kind == KIND_BATCH and offset - last >= interval and offset > SEGMENT_HEADER_SIZE:
+        if h.kind in ITEM_KINDS and offset - last >= interval and offset > SEGMENT_HEADER_SIZE:
             idx.add(h.first_seq, offset)
             last = offset
     return idx
@@ -226,10 +228,11 @@ def scan_index(path: str | os.PathLike[str]) -> IndexInfo:
             elif off >= seg_size:
                 verdict = "past the segment's end"
             else:
-                rec = next(walk(fd, off, min(seg_size, off + frame.RECORD_OVERHEAD + frame.MAX_BODY), salt), None)
+                stop = min(seg_size, off + frame.RECORD_OVERHEAD + frame.MAX_KEYED_BODY)
+                rec = next(walk(fd, off, stop, salt), None)
                 if rec is None or isinstance(rec, Gap) or rec[0] != off:
                     verdict = "does not point at a valid record"
-                elif rec[1].kind != KIND_BATCH or rec[1].first_seq != seq:
+                elif rec[1].kind not in ITEM_KINDS or rec[1].first_seq != seq:
                     verdict = f"points at a record starting at seq {rec[1].first_seq}"
                 else:
                     verdict = "ok"

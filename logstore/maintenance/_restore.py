@@ -120,6 +120,28 @@ class Restorer:
         self.close()
 
 
+def remove_segments(cdir: str, names: list[str]) -> None:
+    """Remove a conversation's segments ``names`` and their indexes, durably (its exclusive lock held).
+
+    Removed newest first, and the removals made durable before any file is
+    emptied: a power cut never leaves a segment name on disk whose bytes are
+    already gone. Each removed segment is then shrunk to nothing, so an engine
+    holding it open notices and reloads, and its blocks are freed.
+    """
+    with contextlib.ExitStack() as stack:
+        held = []
+        for name in reversed(names):
+            base = layout.parse_segment_name(name)
+            assert base is not None
+            with contextlib.suppress(FileNotFoundError):
+                fileio.unlink(os.path.join(cdir, layout.index_name(base)))
+            held.append(stack.enter_context(_open_rw(os.path.join(cdir, name))))
+            fileio.unlink(os.path.join(cdir, name))
+        fileio.fsync_dir(cdir)
+        for fd in held:
+            fileio.truncate(fd, 0)
+
+
 def set_aside_conversation(
     data_dir: str | os.PathLike[str], site: str, conversation_id: str, *, lock_timeout: float = 30.0
 ) -> str:
@@ -159,19 +181,6 @@ def set_aside_conversation(
         # The listing must not outlive the log: it drops the conversation first, marked for a
         # rebuild from the logs at the next open in case power is lost before the removal is done.
         _mark_manifest_incomplete(root, site, {conversation_id}, lock_timeout)
-        with contextlib.ExitStack() as stack:
-            # Removed newest first, and the removals made durable before any file is emptied:
-            # a power cut never leaves a segment name on disk whose bytes are already gone.
-            held = []
-            for name in reversed(names):
-                base = layout.parse_segment_name(name)
-                assert base is not None
-                with contextlib.suppress(FileNotFoundError):
-                    fileio.unlink(os.path.join(cdir, layout.index_name(base)))
-                held.append(stack.enter_context(_open_rw(os.path.join(cdir, name))))
-                fileio.unlink(os.path.join(cdir, name))
-            fileio.fsync_dir(cdir)
-            for fd in held:
-                fileio.truncate(fd, 0)  # an engine holding the file open sees it change, and reloads
+        remove_segments(cdir, names)
     _write_manifest(root, site, {conversation_id: None}, {conversation_id}, False, lock_timeout)
     return qdir

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from .. import fileio, frame, index, layout
-from ..frame import KIND_BATCH, KIND_LOSS, KIND_SEAL, SEGMENT_HEADER_SIZE, RecordHeader
+from ..frame import ITEM_KINDS, KIND_LOSS, KIND_SEAL, SEGMENT_HEADER_SIZE, RecordHeader
 from ..ids import ConversationId, SiteName
 from ..segment import Gap, classify_failure, data_end, walk
 from ..timefmt import format_us
@@ -245,8 +245,8 @@ def _find_stretches(
             return out, last_ts
         if h.kind == KIND_SEAL:
             return out, last_ts
-        if h.kind == KIND_BATCH:
-            why = _batch_problem(body, h.count)
+        if h.kind in ITEM_KINDS:
+            why = _batch_problem(body, h.count, h.kind)
             if why is not None:
                 out.append(_Stretch(off, off + h.size, h.first_seq, h.end_seq, max(h.recorded_at_us, last_ts), why))
         last_ts = max(last_ts, h.recorded_at_us)
@@ -257,7 +257,7 @@ def _find_stretches(
 def _last_record_end(fd: int, gap: Gap, expected: int, size: int, salt: int) -> int | None:
     """End seq of a damaged last record, when its header agrees with its trailer, the file's end and its body."""
     h: RecordHeader | None = gap.header
-    if h is None or h.kind != KIND_BATCH or h.first_seq != expected or gap.offset + h.size != size:
+    if h is None or h.kind not in ITEM_KINDS or h.first_seq != expected or gap.offset + h.size != size:
         return None
     trailer = os.pread(fd, frame.TRAILER_SIZE, size - frame.TRAILER_SIZE)
     _check, body_len, magic = frame.TRAILER.unpack(trailer)
@@ -267,7 +267,7 @@ def _last_record_end(fd: int, gap: Gap, expected: int, size: int, salt: int) -> 
     # many items; one that does not decode was itself hit, so the header was not.
     body = os.pread(fd, h.body_len, gap.offset + frame.RECORD_HEADER_SIZE)
     try:
-        items = msgspec.json.decode(body)
+        items = msgspec.json.decode(frame.items_body(h.kind, body))
     except msgspec.DecodeError:
         return h.end_seq
     if isinstance(items, list) and len(items) != h.count:
@@ -350,7 +350,7 @@ def _write_index(conv_dir: str, base: int, salt: int, path: str) -> None:
             if isinstance(rec, Gap):
                 break
             off, h, _ = rec
-            if h.kind == KIND_BATCH and off - last >= INDEX_INTERVAL and off > SEGMENT_HEADER_SIZE:
+            if h.kind in ITEM_KINDS and off - last >= INDEX_INTERVAL and off > SEGMENT_HEADER_SIZE:
                 idx.add(h.first_seq, off)
                 last = off
     index.write(os.path.join(conv_dir, layout.index_name(base)), idx)

@@ -248,7 +248,7 @@ class _ConvScanner:
                             self.last_us = ts
                             self.next_seq = expected
                         continue
-                    why = batch_problem(body, count)
+                    why = batch_problem(body, count, kind)
                     if why is not None:
                         self.damaged(path, i, offset, first, BAD_BATCH, why)
                     if walking_whole and offset - indexed_to >= INDEX_INTERVAL and offset > SEGMENT_HEADER_SIZE:

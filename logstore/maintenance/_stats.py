@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from .. import frame, index, layout
 from ..errors import Timeout
-from ..frame import KIND_BATCH, KIND_LOSS, SEGMENT_HEADER_SIZE
+from ..frame import KIND_BATCH, KIND_KEYED, KIND_LOSS, SEGMENT_HEADER_SIZE
 from ..limits import MAX_CONVERSATION_ITEMS
 from ..recovery import is_torn_creation
 from ..segment import Gap, classify_failure, walk
@@ -67,7 +67,7 @@ def _probe_items(conv_dir: str, lock_timeout: float) -> tuple[int, int, str | No
             if isinstance(rec, Gap):
                 torn = rec.resume is None and classify_failure(fd, rec.offset, size, header.salt) == "torn"
                 return seq, total, None if torn else f"{path} is damaged at byte {rec.offset}: {rec.why}"
-            if rec[1].kind in (KIND_BATCH, KIND_LOSS):  # lost seqs still count: seqs never move
+            if rec[1].kind in (KIND_BATCH, KIND_KEYED, KIND_LOSS):  # lost seqs still count: seqs never move
                 seq = rec[1].end_seq
     return seq, total, None
 

@@ -24,6 +24,10 @@ SCHEMA_VERSION = 1
 
 #: SQLSTATE the append function raises when a batch would overfill a conversation.
 SQLSTATE_FULL = "CM001"
+#: SQLSTATE of ``append_batch_checked`` for a key already used with other items (DETAIL ``first,last``).
+SQLSTATE_KEY_CONFLICT = "CM002"
+#: SQLSTATE of ``append_batch_checked`` when the next seq is not the expected one (DETAIL the actual one).
+SQLSTATE_SEQ_CONFLICT = "CM003"
 
 _DDL = """
 CREATE SCHEMA IF NOT EXISTS {schema};
@@ -76,9 +80,62 @@ CREATE TABLE IF NOT EXISTS {schema}.settings (
     value text NOT NULL
 );
 
+-- The append functions are in _DDL_KEYS (appended to this text by ddl()).
+
+INSERT INTO {schema}.meta (key, value) VALUES ('schema_version', '{version}')
+ON CONFLICT (key) DO NOTHING;
+"""
+
+#: Idempotency keys and checked appends (issue 23): additive, so a schema made before them
+#: gets them on start-up (:func:`keys_ddl`) and keeps its version; older servers never use them.
+#:
+#: A key is stored with its batch in the same transaction (one commit: no crash can keep one
+#: without the other) and looked up under the conversation row's lock, so appenders on any
+#: number of servers see each other's keys. Retention: a key is deleted only when it is older
+#: than 24 hours and at least 10,000 newer keyed batches of its conversation exist (hence at
+#: least 10,000 newer batches): kept for at least the last 10,000 batches or 24 hours. The
+#: sweep runs when an append crosses a multiple of 512 seqs, not on every append.
+_DDL_KEYS = """
+CREATE TABLE IF NOT EXISTS {schema}.append_keys (
+    site            text COLLATE "C" NOT NULL,
+    conversation_id text COLLATE "C" NOT NULL,
+    key             text COLLATE "C" NOT NULL,
+    first_seq       bigint NOT NULL,
+    last_seq        bigint NOT NULL,
+    digest          bytea NOT NULL,
+    recorded_at     bigint NOT NULL,
+    PRIMARY KEY (site, conversation_id, key)
+);
+
+CREATE INDEX IF NOT EXISTS append_keys_by_seq ON {schema}.append_keys (site, conversation_id, first_seq);
+
+-- Servers waiting for a conversation to grow (replay_memory's wait_ms); see _follow.py.
+CREATE TABLE IF NOT EXISTS {schema}.followers (
+    site            text COLLATE "C" NOT NULL,
+    conversation_id text COLLATE "C" NOT NULL,
+    token           text COLLATE "C" NOT NULL,
+    expires_at      bigint NOT NULL,
+    PRIMARY KEY (site, conversation_id, token)
+);
+
+-- The plain append, as before, plus the notification of followers (when there are any).
 CREATE OR REPLACE FUNCTION {schema}.append_batch(
     p_site text, p_conversation_id text, p_payloads bytea[], p_max_items bigint, p_lock_timeout_ms integer)
 RETURNS TABLE (first_seq bigint, last_seq bigint, stamp bigint)
+LANGUAGE plpgsql
+SET search_path = {schema}, pg_catalog
+AS $fn$
+BEGIN
+    RETURN QUERY SELECT c.first_seq, c.last_seq, c.stamp
+      FROM append_batch_checked(p_site, p_conversation_id, p_payloads, p_max_items, p_lock_timeout_ms,
+                                NULL::text, NULL::bytea, NULL::bigint) AS c;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION {schema}.append_batch_checked(
+    p_site text, p_conversation_id text, p_payloads bytea[], p_max_items bigint, p_lock_timeout_ms integer,
+    p_key text, p_digest bytea, p_expected bigint)
+RETURNS TABLE (first_seq bigint, last_seq bigint, stamp bigint, replayed boolean)
 LANGUAGE plpgsql
 SET search_path = {schema}, pg_catalog
 AS $fn$
@@ -87,15 +144,17 @@ DECLARE
     v_next  bigint;
     v_last  bigint;
     v_stamp bigint;
+    v_first bigint;
+    v_end   bigint;
+    v_dig   bytea;
+    v_floor bigint;
 BEGIN
-    -- How long to wait for the conversation row held by another appender (then SQLSTATE 55P03).
     PERFORM set_config('lock_timeout', p_lock_timeout_ms::text, true);
     SELECT c.next_seq, c.last_appended_at INTO v_next, v_last
       FROM conversations c
      WHERE c.site = p_site AND c.conversation_id = p_conversation_id
        FOR UPDATE;
     IF NOT FOUND THEN
-        -- A first append: create the row (a concurrent creator makes this a no-op), then lock it.
         INSERT INTO conversations (site, conversation_id, next_seq, created_at, last_appended_at)
         VALUES (p_site, p_conversation_id, 0, 0, 0)
         ON CONFLICT (site, conversation_id) DO NOTHING;
@@ -104,12 +163,30 @@ BEGIN
          WHERE c.site = p_site AND c.conversation_id = p_conversation_id
            FOR UPDATE;
     END IF;
+    IF p_key IS NOT NULL THEN
+        SELECT k.first_seq, k.last_seq, k.digest INTO v_first, v_end, v_dig
+          FROM append_keys k
+         WHERE k.site = p_site AND k.conversation_id = p_conversation_id AND k.key = p_key;
+        IF FOUND THEN
+            IF v_dig = p_digest THEN
+                RETURN QUERY SELECT v_first, v_end, 0::bigint, true;
+                RETURN;
+            END IF;
+            RAISE EXCEPTION USING ERRCODE = '{key_conflict}',
+                MESSAGE = 'the idempotency key was used for other items',
+                DETAIL = v_first::text || ',' || v_end::text;
+        END IF;
+    END IF;
+    IF p_expected IS NOT NULL AND p_expected <> v_next THEN
+        RAISE EXCEPTION USING ERRCODE = '{seq_conflict}',
+            MESSAGE = 'the conversation''s next seq is not the expected one',
+            DETAIL = v_next::text;
+    END IF;
     IF v_next + n > p_max_items THEN
         RAISE EXCEPTION USING ERRCODE = '{full}',
             MESSAGE = 'the batch would take the conversation past its item limit',
             DETAIL = (v_next + n)::text;
     END IF;
-    -- Read the clock only now, after any wait for the row lock, and never go below the previous batch.
     v_stamp := greatest(v_last, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint);
     UPDATE conversations c
        SET next_seq = v_next + n,
@@ -119,16 +196,45 @@ BEGIN
     INSERT INTO items (site, conversation_id, seq, recorded_at, payload)
     SELECT p_site, p_conversation_id, v_next + u.o - 1, v_stamp, u.x
       FROM unnest(p_payloads) WITH ORDINALITY AS u(x, o);
-    RETURN QUERY SELECT v_next, v_next + n - 1, v_stamp;
+    IF p_key IS NOT NULL THEN
+        INSERT INTO append_keys (site, conversation_id, key, first_seq, last_seq, digest, recorded_at)
+        VALUES (p_site, p_conversation_id, p_key, v_next, v_next + n - 1, p_digest, v_stamp);
+    END IF;
+    IF (v_next + n) / 512 <> v_next / 512 THEN
+        SELECT k.first_seq INTO v_floor
+          FROM append_keys k
+         WHERE k.site = p_site AND k.conversation_id = p_conversation_id
+         ORDER BY k.first_seq DESC OFFSET 9999 LIMIT 1;
+        IF FOUND THEN
+            DELETE FROM append_keys k
+             WHERE k.site = p_site AND k.conversation_id = p_conversation_id
+               AND k.first_seq < v_floor AND k.recorded_at < v_stamp - 86400000000;
+        END IF;
+    END IF;
+    IF EXISTS (SELECT 1 FROM followers f
+                WHERE f.site = p_site AND f.conversation_id = p_conversation_id AND f.expires_at > v_stamp) THEN
+        PERFORM pg_notify('convmem_follow', current_schema() || '/' || p_site || '/' || p_conversation_id);
+    END IF;
+    RETURN QUERY SELECT v_next, v_next + n - 1, v_stamp, false;
 END
 $fn$;
-
-INSERT INTO {schema}.meta (key, value) VALUES ('schema_version', '{version}')
-ON CONFLICT (key) DO NOTHING;
 """
 
 
 def ddl(schema: str) -> sql.Composed:
     """The idempotent DDL creating the store's objects in ``schema``."""
     text = _DDL.replace("{full}", SQLSTATE_FULL).replace("{version}", str(SCHEMA_VERSION))
-    return sql.SQL(text).format(schema=sql.Identifier(schema))
+    return sql.SQL(text + _keys_text()).format(schema=sql.Identifier(schema))
+
+
+def _keys_text() -> str:
+    return (
+        _DDL_KEYS.replace("{full}", SQLSTATE_FULL)
+        .replace("{key_conflict}", SQLSTATE_KEY_CONFLICT)
+        .replace("{seq_conflict}", SQLSTATE_SEQ_CONFLICT)
+    )
+
+
+def keys_ddl(schema: str) -> sql.Composed:
+    """The idempotent DDL of the key table and the checked append alone (for a schema made before them)."""
+    return sql.SQL(_keys_text()).format(schema=sql.Identifier(schema))

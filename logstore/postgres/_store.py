@@ -36,8 +36,9 @@ import psycopg_pool
 from psycopg import sql
 
 from ..codec import decode_batch, encode_items
-from ..errors import ConversationFull, Corrupted, StoreError, Unavailable
-from ..ids import ConversationId, SiteName
+from ..errors import ConversationFull, Corrupted, IdempotencyConflict, SeqConflict, StoreError, Unavailable
+from ..idempotency import digest
+from ..ids import ConversationId, SiteName, check_expected_next_seq, check_idempotency_key
 from ..limits import MAX_CONVERSATION_ITEMS
 from ..model import (
     ConversationListing,
@@ -53,7 +54,8 @@ from ..model import (
 from ..store import MemoryStore
 from ..timefmt import format_us, parse_rfc3339
 from ._errors import translate
-from ._schema import SCHEMA_VERSION, SQLSTATE_FULL, ddl
+from ._follow import Listener
+from ._schema import SCHEMA_VERSION, SQLSTATE_FULL, SQLSTATE_KEY_CONFLICT, SQLSTATE_SEQ_CONFLICT, ddl, keys_ddl
 
 logger = logging.getLogger("logstore.postgres")
 
@@ -128,6 +130,7 @@ class PgStore(MemoryStore):
         except psycopg.Error as exc:
             raise Unavailable(f"cannot use PostgreSQL at {_redact(dsn)}: {_one_line(exc)}") from exc
         self._pool.open(wait=False)
+        self._listener = Listener(dsn, schema, kwargs)
 
     # ------------------------------------------------------------ plumbing
 
@@ -175,6 +178,18 @@ class PgStore(MemoryStore):
             raise Unavailable(
                 f"schema {self.schema} is at version {version}; this convmem understands version {SCHEMA_VERSION}"
             )
+        self._add_keys(conn)
+
+    def _add_keys(self, conn: psycopg.Connection[Any]) -> None:
+        """Add the key table and the checked append to a schema made before them (additive; see _schema)."""
+        # The followers table is the last object of the additions: with it, all of them are there.
+        table = sql.SQL("{}.followers").format(sql.Identifier(self.schema)).as_string(conn)
+        row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()
+        if row and row[0]:
+            return
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_DDL_LOCK,))
+            conn.execute(keys_ddl(self.schema))
 
     def _schema_version(self, conn: psycopg.Connection[Any]) -> int | None:
         meta = sql.SQL("{}.meta").format(sql.Identifier(self.schema)).as_string(conn)
@@ -206,17 +221,43 @@ class PgStore(MemoryStore):
 
     # ---------------------------------------------------------------- API
 
-    def append(self, site: str, conversation_id: str, payloads: Sequence[Mapping[str, Any]]) -> SeqRange:
+    def append(
+        self,
+        site: str,
+        conversation_id: str,
+        payloads: Sequence[Mapping[str, Any]],
+        *,
+        idempotency_key: str | None = None,
+        expected_next_seq: int | None = None,
+    ) -> SeqRange:
         self._check_open()
         site = SiteName(site)
         conversation_id = ConversationId(conversation_id)
+        checked = idempotency_key is not None or expected_next_seq is not None
+        if idempotency_key is not None:
+            check_idempotency_key(idempotency_key)
+        if expected_next_seq is not None:
+            check_expected_next_seq(expected_next_seq)
         parts = encode_items(payloads)
         lock_ms = max(1, round(self.lock_timeout * 1000))
         with self._conn(writing=True) as conn:
             _SYNC_CANCELLED.discard(id(conn))
-            row = conn.execute(
-                self._sql.append, (site, conversation_id, parts, MAX_CONVERSATION_ITEMS, lock_ms)
-            ).fetchone()
+            if checked:
+                # The same digest as the file engine's: of the batch's JSON array.
+                dig = digest(b"[" + b",".join(parts) + b"]") if idempotency_key is not None else None
+                args = (site, conversation_id, parts, MAX_CONVERSATION_ITEMS, lock_ms, idempotency_key, dig,
+                        expected_next_seq)
+                try:
+                    row = conn.execute(self._sql.append_checked, args).fetchone()
+                except psycopg.Error as exc:
+                    refused = _refusal(exc, idempotency_key, expected_next_seq)
+                    if refused is None:
+                        raise
+                    raise refused from None
+            else:
+                row = conn.execute(
+                    self._sql.append, (site, conversation_id, parts, MAX_CONVERSATION_ITEMS, lock_ms)
+                ).fetchone()
             if id(conn) in _SYNC_CANCELLED:
                 _SYNC_CANCELLED.discard(id(conn))
                 raise Unavailable(
@@ -244,6 +285,27 @@ class PgStore(MemoryStore):
         else:
             raise TypeError(f"selector must be Tail or Range, not {type(selector).__name__}")
         return _items(site, conversation_id, rows)
+
+    def wait_for_items(self, site: str, conversation_id: str, seq: int, timeout: float) -> bool:
+        # Woken by NOTIFY from the append of any server on the database (see _follow.py).
+        self._check_open()
+        site = SiteName(site)
+        conversation_id = ConversationId(conversation_id)
+        probe = Range(seq, 1)
+        return self._listener.wait(
+            self._conn, site, conversation_id, lambda: bool(self.read_raw(site, conversation_id, probe)), timeout
+        )
+
+    def forget_conversation(self, site: str, conversation_id: str) -> int:
+        """Delete one conversation's items, keys and listing row in one transaction; how many items it held."""
+        self._check_open()
+        site = SiteName(site)
+        conversation_id = ConversationId(conversation_id)
+        with self._conn(writing=True) as conn, conn.transaction():
+            row = conn.execute(self._sql.lock_conversation, (site, conversation_id)).fetchone()
+            for statement in self._sql.forget:
+                conn.execute(statement, (site, conversation_id))
+        return int(row[0]) if row else 0
 
     def list_conversations(self, site: str, selector: ListSelector) -> ConversationListing:
         self._check_open()
@@ -280,6 +342,7 @@ class PgStore(MemoryStore):
             if self._closed:
                 return
             self._closed = True
+        self._listener.close()
         self._pool.close()
 
     # --------------------------------------------------------- operations
@@ -373,6 +436,9 @@ class _Statements:
             return sql.SQL(text).format(s=sql.Identifier(schema)).as_string(None).encode()
 
         self.append = q("SELECT first_seq, last_seq FROM {s}.append_batch(%s, %s, %s::bytea[], %s, %s)")
+        self.append_checked = q(
+            "SELECT first_seq, last_seq FROM {s}.append_batch_checked(%s, %s, %s::bytea[], %s, %s, %s, %s, %s)"
+        )
         self.tail = q(
             "SELECT seq, recorded_at, payload FROM {s}.items WHERE site = %s AND conversation_id = %s "
             "ORDER BY seq DESC LIMIT %s"
@@ -403,9 +469,24 @@ class _Statements:
             "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (site, conversation_id) DO UPDATE "
             "SET next_seq = excluded.next_seq, last_appended_at = greatest(c.last_appended_at, %s)"
         )
+        self.forget = [
+            q(f"DELETE FROM {{s}}.{table} WHERE site = %s AND conversation_id = %s")
+            for table in ("items", "append_keys", "followers", "conversations")
+        ]
         self.restore_item = q(
             "INSERT INTO {s}.items (site, conversation_id, seq, recorded_at, payload) VALUES (%s, %s, %s, %s, %s)"
         )
+
+
+def _refusal(exc: psycopg.Error, key: str | None, expected: int | None) -> StoreError | None:
+    """The IdempotencyConflict or SeqConflict ``append_batch_checked`` raised as ``exc``, else None."""
+    detail = exc.diag.message_detail or ""
+    if exc.sqlstate == SQLSTATE_KEY_CONFLICT and key is not None:
+        first, last = (int(x) for x in detail.split(","))
+        return IdempotencyConflict(key, first, last)
+    if exc.sqlstate == SQLSTATE_SEQ_CONFLICT and expected is not None:
+        return SeqConflict(expected, int(detail))
+    return None
 
 
 def _items(site: str, conversation_id: str, rows: list[Any]) -> list[MemoryItem]:

@@ -39,6 +39,11 @@ def main() -> int:
     ap.add_argument("--compact-bytes", type=int, default=0, help="shrink the manifest compaction threshold")
     ap.add_argument("--lock-timeout", type=float, default=10.0)
     ap.add_argument(
+        "--idempotent",
+        action="store_true",
+        help="append batch b under the idempotency key ID-b, and retry a retryable failure until it is acknowledged",
+    )
+    ap.add_argument(
         "--conversation-pool",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -67,10 +72,13 @@ def main() -> int:
         conv = rng.choice(convs)
         n = rng.randint(1, args.max_items)
         pad = rng.randint(0, args.max_pad)
+        key = f"{args.id}-{b}" if args.idempotent else None
         try:
-            r = store.append(SITE, conv, make_batch(args.id, b, n, pad))
+            r = store.append(SITE, conv, make_batch(args.id, b, n, pad), idempotency_key=key)
         except (Timeout, Io) as exc:  # retryable; with no retry the batch simply is not acknowledged
             sys.stderr.write(f"{type(exc).__name__}: {exc}\n")
+            if args.idempotent:
+                continue  # the same batch again, under its key
             b += 1
             continue
         os.write(ack_fd, Ack(conv, r.first, r.last, args.id, b, n, pad).line())
