@@ -37,7 +37,6 @@ file it locked, which the check needs.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import threading
 import time
@@ -132,12 +131,13 @@ class SiteGuard:
     def _paths(self, site_path: str) -> tuple[str, str]:
         return os.path.join(site_path, SITE_ID_FILE), os.path.join(site_path, RETIRED_ID_FILE)
 
-    def _open_locked(self, site_path: str, create: bool) -> _Held | None:
+    def _open_locked(self, site_path: str, write: bool, create: bool = False) -> _Held | None:
         """The held descriptor of the incarnation now at ``site_path`` (mutex held); None when there is none.
 
-        ``create``: make the directory and its id when missing (a legacy
-        directory, made before incarnations, gets one too). Raises
-        ``_Going`` while a removal is under way.
+        ``write``: the caller will lock it, so a directory without an id (made
+        before incarnations existed) is given one; a reader leaves it as it is
+        and knows it by the directory's own inode. ``create`` (with ``write``):
+        make a missing directory. Raises ``_Going`` while a removal is under way.
         """
         id_path, retired = self._paths(site_path)
         try:
@@ -152,21 +152,20 @@ class SiteGuard:
         if st is None:
             if os.path.lexists(retired):
                 raise _Going()
-            if held is not None and not held.incarnation.id and not create:
-                with contextlib.suppress(OSError):
-                    if _same(os.stat(site_path), held.incarnation):
-                        return held  # the read-only legacy directory held already
-            if not os.path.isdir(site_path):
-                if not create:
+            if not write:
+                try:
+                    dir_st = os.stat(site_path)
+                except (FileNotFoundError, NotADirectoryError):
                     return None
-                fileio.makedirs_durable(site_path)
-            try:
-                publish_id(site_path)
-            except OSError as exc:
-                if create or exc.errno not in (errno.EACCES, errno.EROFS, errno.EPERM):
-                    raise
-                # A legacy site in a directory this process may not write: known by the directory itself.
+                if held is not None and not held.incarnation.id and _same(dir_st, held.incarnation):
+                    return held  # the directory without an id, held already
                 id_path = site_path
+            else:
+                if not os.path.isdir(site_path):
+                    if not create:
+                        return None
+                    fileio.makedirs_durable(site_path)
+                publish_id(site_path)
         try:
             fd = os.open(id_path, os.O_RDONLY | os.O_NOFOLLOW)
         except FileNotFoundError:
@@ -196,7 +195,7 @@ class SiteGuard:
         """
         with self._mutex:
             try:
-                held = self._open_locked(site_path, create=False)
+                held = self._open_locked(site_path, write=False)
             except _Going:
                 return None
             return None if held is None else held.incarnation
@@ -206,8 +205,9 @@ class SiteGuard:
         """Hold the site's lock shared, checked against the path; yield its incarnation (None: absent, not created).
 
         ``create`` makes a missing site directory (with its id). While a
-        removal is under way this waits (up to the lock timeout) for it to end,
-        then goes on with the site as it is then.
+        removal is under way this raises ``Unavailable`` (retryable) at once:
+        the call began before the removal ended, and must neither write into
+        the site going away nor create its next incarnation.
         """
         held = self._enter(site_path, create)
         try:
@@ -222,7 +222,7 @@ class SiteGuard:
         while True:
             with self._mutex:
                 try:
-                    held = self._open_locked(site_path, create)
+                    held = self._open_locked(site_path, write=True, create=create)
                     if held is None:
                         return None
                     if held.holders > 0 or fileio.try_lock(held.fd, False):
@@ -240,14 +240,15 @@ class SiteGuard:
                         held.holders += 1
                         return held
                 except _Going:
-                    pass
-            waited = time.monotonic() - started
-            if waited > self._lock_timeout:
-                if os.path.lexists(os.path.join(site_path, RETIRED_ID_FILE)):
+                    # Never waited out: a call that began before the removal must not make the
+                    # next incarnation (its caller's credentials were revoked before the removal).
                     raise Unavailable(
                         f"site directory {os.path.basename(site_path)} is being removed ({RETIRED_ID_FILE} is "
-                        "there); if no `convmem site remove` is running, run it again to finish"
-                    )
+                        "there); if no `convmem site remove` is running, "
+                        "`convmem site add NAME --purge-data` finishes it"
+                    ) from None
+            waited = time.monotonic() - started
+            if waited > self._lock_timeout:
                 raise Timeout(waited)
             time.sleep(delay)
             delay = min(delay * 2, 0.02)
