@@ -70,6 +70,11 @@ class FileStore(MemoryStore):
     descriptors each, at most ``convpool.MAX_HELD`` entries over all sites).
     ``conversation_pool=False`` creates every new conversation in place, on
     the append's path.
+
+    Every call checks which incarnation of its site is on disk
+    (:mod:`logstore.incarnation`, one ``stat``) and drops what this store kept
+    for an earlier one (removed, perhaps re-created, by another process);
+    every write holds the site's lock shared, so a removal waits for it.
     """
 
     def __init__(

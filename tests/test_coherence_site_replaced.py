@@ -10,7 +10,11 @@ name. The servers must notice the site is another incarnation (FORMAT.md 1,
 from __future__ import annotations
 
 import concurrent.futures
+import fcntl
 import json
+import os
+import threading
+import time
 from pathlib import Path
 
 import httpx2
@@ -88,6 +92,30 @@ def test_a_re_added_site_never_shows_the_old_tenants_conversations(tmp_path: Pat
     assert not report.get("problems"), report
 
 
+def _create_waits_for_the_lock(url: str, who: str, data: Path) -> None:
+    lock = Path(layout.site_dir(str(data), SITE)) / "memories" / "lock"
+    released = threading.Event()
+    outcome: list[tuple[bool, str | None]] = []
+
+    def create() -> None:
+        with httpx2.Client(timeout=60) as http:
+            res = create_memory(http, url, who, new_memory("waits"))
+            outcome.append((released.is_set(), error_code(res)))
+
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)  # as any process of the engine opens it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        t = threading.Thread(target=create)
+        t.start()
+        time.sleep(1.0)
+        released.set()
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        t.join(timeout=60)
+    finally:
+        os.close(fd)
+    assert outcome == [(True, None)], outcome
+
+
 @pytest.mark.timeout(150)
 def test_two_servers_keep_one_memory_log_whole_after_the_site_is_replaced(tmp_path: Path) -> None:
     data = tmp_path / "data"
@@ -101,6 +129,12 @@ def test_two_servers_keep_one_memory_log_whole_after_the_site_is_replaced(tmp_pa
                 res = create_memory(http, s.url, old, new_memory(f"old-{i}"))
                 assert error_code(res) is None, res
         _replace_site(data)
+        with httpx2.Client(timeout=60) as http:
+            res = create_memory(http, servers[0].url, new, new_memory("first"))
+            assert error_code(res) is None, res
+        # The other server's memory lock must be the file now at the path: while this process
+        # holds that file's lock, a create through it waits (its old descriptor would not).
+        _create_waits_for_the_lock(servers[1].url, new, data)
 
         def create(i: int) -> tuple[str | None, dict[str, object]]:
             with httpx2.Client(timeout=60) as http:
