@@ -97,9 +97,14 @@ def _create_waits_for_the_lock(url: str, who: str, data: Path) -> None:
     released = threading.Event()
     outcome: list[tuple[bool, str | None]] = []
 
+    raw = new_memory("waits")
+    with httpx2.Client(timeout=60) as http:
+        verified = call(http, url, who, "memory_verify", {"intent": "create", "candidate": raw})
+    token = verified["structuredContent"]["verify_token"]
+
     def create() -> None:
         with httpx2.Client(timeout=60) as http:
-            res = create_memory(http, url, who, new_memory("waits"))
+            res = call(http, url, who, "memory_upsert", {"memory": raw, "verify_token": token})
             outcome.append((released.is_set(), error_code(res)))
 
     fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)  # as any process of the engine opens it
@@ -107,7 +112,7 @@ def _create_waits_for_the_lock(url: str, who: str, data: Path) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX)
         t = threading.Thread(target=create)
         t.start()
-        time.sleep(1.0)
+        time.sleep(2.5)  # far longer than an upsert takes: one that does not wait is done by then
         released.set()
         fcntl.flock(fd, fcntl.LOCK_UN)
         t.join(timeout=60)
