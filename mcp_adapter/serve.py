@@ -181,13 +181,15 @@ def _banner(
     return "\n".join(lines)
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on host:port (IPv4 or IPv6)."""
+def _bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """A listening TCP socket on host:port (IPv4 or IPv6); ``reuse_port``: one of a SO_REUSEPORT group."""
     family, socktype, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[
         0
     ]
     sock = socket.socket(family, socktype, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     if family == socket.AF_INET6:
         sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
     sock.bind(addr)
@@ -299,7 +301,11 @@ def serve_http(args: argparse.Namespace) -> int:
         print(f"convmem: cannot set up the credentials ({choice.describe()}): {exc}", file=sys.stderr)
         return 2
     try:
-        sock = _bind(args.host, args.port) if worker is None else socket.socket(fileno=worker[0])
+        many = worker is None and args.workers > 1
+        sock = _bind(args.host, args.port, many) if worker is None else socket.socket(fileno=worker[0])
+        # --workers N: a socket per worker, all on the port (the kernel spreads connections over them).
+        more = args.workers - 1 if many else 0
+        group = [sock, *(_bind(args.host, sock.getsockname()[1], True) for _ in range(more))]
     except OSError as exc:
         store.close()
         print(f"convmem: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
@@ -313,7 +319,7 @@ def serve_http(args: argparse.Namespace) -> int:
     port = sock.getsockname()[1]
     if worker is None and args.workers > 1:
         store.close()
-        return _supervise(args, sock, _banner(args, port, demo, site_count, choice))
+        return _supervise(args, group, _banner(args, port, demo, site_count, choice))
     if worker is not None:
         workers.watch_supervisor(worker[1])
 
@@ -366,14 +372,15 @@ def serve_http(args: argparse.Namespace) -> int:
     return 0
 
 
-def _supervise(args: argparse.Namespace, sock: socket.socket, banner: str) -> int:
-    """``--workers N``: start N worker processes on ``sock`` and run until SIGTERM/SIGINT (see :mod:`.workers`)."""
-    supervisor = workers.Supervisor(getattr(args, "argv", None) or sys.argv[1:], args.workers, sock)
+def _supervise(args: argparse.Namespace, sockets: list[socket.socket], banner: str) -> int:
+    """``--workers N``: a worker process on each socket, until SIGTERM/SIGINT (see :mod:`.workers`)."""
+    supervisor = workers.Supervisor(getattr(args, "argv", None) or sys.argv[1:], sockets)
     print(banner, flush=True)
     try:
         return supervisor.run()
     finally:
-        sock.close()
+        for sock in sockets:
+            sock.close()
 
 
 async def _serve_uvicorn(

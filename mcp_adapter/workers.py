@@ -1,17 +1,21 @@
 """``convmem serve --workers N``: N server processes on one listening socket and one data directory.
 
 Pre-fork without ``fork``: the supervisor makes every check ``serve`` makes,
-binds the socket, and then starts each worker as a fresh interpreter running
-``convmem serve`` with the same arguments, handing it the listening socket
-(inherited descriptor) and the read end of a pipe. A worker is an ordinary
+binds one listening socket per worker, all on the same port with
+``SO_REUSEPORT`` (the kernel spreads new connections over them by a hash of
+their addresses; one shared socket left the split to whichever worker woke
+first, measured 2 and 6 of 8 connections), and then starts each worker as a
+fresh interpreter running ``convmem serve`` with the same arguments, handing
+it its socket (inherited descriptor) and the read end of a pipe. A worker is an ordinary
 server in every way (its own store, TLS context, connection guards, request
 limits and credentials cache); only the socket comes from the supervisor, and
 it prints no banner. A fresh interpreter rather than a forked child: the
 supervisor has opened the store (to set up credentials), and forking a
 process that may hold threads and locks would hand the child locks nobody
 will release. Several processes on one data directory are safe
-(:mod:`convmem.logstore.incarnation` and the engine's file locks); the
-kernel hands each new connection to one of the workers blocked on the socket.
+(:mod:`convmem.logstore.incarnation` and the engine's file locks). The
+supervisor keeps every socket open, so connections to a worker being
+replaced wait in its queue for the new one.
 
 Shutdown: SIGTERM or SIGINT to the supervisor is passed on (as SIGTERM) to
 every worker, each finishes its in-flight requests and closes its store, and
@@ -111,25 +115,27 @@ def tag_worker(app: Any) -> Any:
 class Supervisor:
     """Starts, watches and stops the worker processes of one ``serve --workers N``."""
 
-    def __init__(self, argv: Sequence[str], count: int, sock: socket.socket) -> None:
+    def __init__(self, argv: Sequence[str], sockets: Sequence[socket.socket]) -> None:
+        """``sockets``: one listening socket per worker (a SO_REUSEPORT group on one port)."""
         self._argv = list(argv)
-        self._count = count
-        self._sock = sock
+        self._sockets = list(sockets)
+        self._count = len(self._sockets)
         self._read_end, self._write_end = os.pipe()
         os.set_inheritable(self._read_end, True)
         self._procs: list[subprocess.Popen[bytes]] = []
         self._stopping = False
 
-    def _command(self) -> list[str]:
-        fds = f"{self._sock.fileno()},{self._read_end}"
+    def _command(self, sock: socket.socket) -> list[str]:
+        fds = f"{sock.fileno()},{self._read_end}"
         run = "import sys; from convmem.mcp_adapter.cli import main; sys.exit(main())"
         # Later options win in argparse: each worker is one process on the given socket.
         return [sys.executable, "-c", run, *self._argv, "--workers", "1", "--worker-fds", fds]
 
-    def _spawn(self) -> subprocess.Popen[bytes]:
+    def _spawn(self, i: int) -> subprocess.Popen[bytes]:
+        sock = self._sockets[i]
         return subprocess.Popen(
-            self._command(),
-            pass_fds=(self._sock.fileno(), self._read_end),
+            self._command(sock),
+            pass_fds=(sock.fileno(), self._read_end),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,  # the supervisor prints the banner; logs go to stderr
             start_new_session=True,
@@ -157,7 +163,7 @@ class Supervisor:
         old = {s: signal.signal(s, on_stop) for s in (signal.SIGTERM, signal.SIGINT)}
         old_hup = signal.signal(signal.SIGHUP, lambda *_: self._signal_all(signal.SIGHUP))
         try:
-            self._procs = [self._spawn() for _ in range(self._count)]
+            self._procs = [self._spawn(i) for i in range(self._count)]
             logger.info("started %d workers: %s", self._count, " ".join(map(str, self.pids())))
             while not stop.wait(0.2):
                 for i, p in enumerate(self._procs):
@@ -166,7 +172,7 @@ class Supervisor:
                         logger.error("worker %d exited with status %d; starting another", p.pid, rc)
                         if stop.wait(RESPAWN_DELAY):
                             break
-                        self._procs[i] = self._spawn()
+                        self._procs[i] = self._spawn(i)
             return self._shutdown()
         finally:
             for s, h in old.items():
