@@ -43,6 +43,7 @@ from . import (
     session,
     sqlite_peer,
     util,
+    workers,
 )
 from .context import Ctx, Sizes
 from .util import Progress, Row
@@ -58,6 +59,7 @@ WORKLOADS: dict[str, ModuleType] = {
     "mcp": mcp_e2e,
     "rss": rss,
     "memory": memory,
+    "workers": workers,
 }
 
 #: Which workload produces each headline ratio.

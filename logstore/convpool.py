@@ -587,27 +587,30 @@ inline_fill = False
 AFTER_WAIT_S = 0.05
 
 
-def _fill_after(pool: SitePool, after: threading.Lock) -> None:
+def _fill_after(fill: Callable[[], None], after: threading.Lock) -> None:
     if after.acquire(timeout=AFTER_WAIT_S):
         after.release()
-    pool.fill()
+    fill()
 
 
-def request_fill(pool: SitePool, after: threading.Lock | None = None) -> None:
+def request_fill(pool: SitePool, after: threading.Lock | None = None, fill: Callable[[], None] | None = None) -> None:
     """Have ``pool`` filled by a background job (:mod:`logstore.background`), or now with :data:`inline_fill`.
 
     At most one fill of a pool is queued at a time; a request while one is
-    queued is part of it.
+    queued is part of it. ``fill`` runs the fill (``pool.fill`` by default):
+    the store passes one that holds the site's lock and checks the site is
+    still the incarnation the pool belongs to (:mod:`logstore.incarnation`).
     """
+    fill = pool.fill if fill is None else fill
     if inline_fill:
-        pool.fill()
+        fill()
         return
     with pool._names_lock:
         if pool._fill_queued:
             return
         pool._fill_queued = True
     try:
-        background.run(pool.fill if after is None else functools.partial(_fill_after, pool, after), "pool-refill")
+        background.run(fill if after is None else functools.partial(_fill_after, fill, after), "pool-refill")
     except RuntimeError:
         with pool._names_lock:
             pool._fill_queued = False  # the interpreter is shutting down: first appends create in place

@@ -20,6 +20,7 @@ from .codec import encode_batch
 from .conversation import Conversation, Options, Tip
 from .errors import Io, StoreError, Timeout, Unavailable
 from .ids import ConversationId, SiteName, check_expected_next_seq, check_idempotency_key
+from .incarnation import Incarnation, SiteGuard
 from .manifest import SiteManifest
 from .model import (
     ConversationListing,
@@ -69,6 +70,11 @@ class FileStore(MemoryStore):
     descriptors each, at most ``convpool.MAX_HELD`` entries over all sites).
     ``conversation_pool=False`` creates every new conversation in place, on
     the append's path.
+
+    Every call checks which incarnation of its site is on disk
+    (:mod:`logstore.incarnation`, one ``stat``) and drops what this store kept
+    for an earlier one (removed, perhaps re-created, by another process);
+    every write holds the site's lock shared, so a removal waits for it.
     """
 
     def __init__(
@@ -93,6 +99,9 @@ class FileStore(MemoryStore):
         #: False: every new conversation is created in place (no pool, no spare directories).
         self._use_pool = conversation_pool
         self._closed = False
+        #: Which incarnation of each site the per-site objects above were built for (logstore.incarnation).
+        self._guard = SiteGuard(os.path.join(self.root, layout.SITES_DIR), lock_timeout)
+        self._incarnations: dict[str, Incarnation] = {}
         #: Present only when a quota is set: without one, appends do no accounting at all.
         self._usage = UsageTracker(self.root, quota) if quota is not None and quota.active else None
         try:
@@ -161,6 +170,63 @@ class FileStore(MemoryStore):
             pass
         return None
 
+    def _site_is(self, site: str, incarnation: Incarnation | None) -> None:
+        """Drop this store's objects of ``site`` unless they were built for ``incarnation`` (the one on disk now).
+
+        Called at the start of every use of a site, with what the guard just
+        checked: objects of a site that another process removed (and perhaps
+        created again) are closed, never used. Costs a dictionary lookup when
+        nothing changed.
+        """
+        if self._incarnations.get(site) == incarnation:
+            return
+        with self._lock:
+            if self._incarnations.get(site) == incarnation:
+                return
+            stale = self._detach_locked(site)
+            if incarnation is None:
+                self._incarnations.pop(site, None)
+            else:
+                self._incarnations[site] = incarnation
+        self._close_detached(site, stale)
+
+    def _detach_locked(
+        self, site: str
+    ) -> tuple[list[Conversation], SiteManifest | None, convpool.SitePool | None]:
+        """Take the site's conversations, manifest and pool out of the tables (store lock held)."""
+        convs = [self._convs.pop(key) for key in [k for k in self._convs if k[0] == site]]
+        return convs, self._manifests.pop(site, None), self._pools.pop(site, None)
+
+    def _close_detached(
+        self, site: str, stale: tuple[list[Conversation], SiteManifest | None, convpool.SitePool | None]
+    ) -> None:
+        convs, manifest, pool = stale
+        for conv in convs:
+            with conv.mutex:
+                conv.close()
+        if pool is not None:
+            pool.close()
+        if manifest is not None:
+            manifest.close()
+        if self._usage is not None:
+            self._usage.forget(site)
+
+    def _pool_fill(self, site: str, incarnation: Incarnation, pool: convpool.SitePool) -> None:
+        """Fill ``pool`` under the site's shared lock, unless its site is no longer ``incarnation``."""
+        try:
+            with self._guard.writing(layout.site_dir(self.root, site), create=False) as now:
+                if now != incarnation:
+                    pool.closed = True
+                    return
+                pool.fill()
+        except StoreError:
+            pass  # the site is being removed: first appends create in place
+
+    def _request_fill(
+        self, site: str, incarnation: Incarnation, pool: convpool.SitePool, after: threading.Lock | None = None
+    ) -> None:
+        convpool.request_fill(pool, after, functools.partial(self._pool_fill, site, incarnation, pool))
+
     def _manifest(self, site: str) -> SiteManifest:
         with self._lock:
             known = site in self._manifests
@@ -195,9 +261,12 @@ class FileStore(MemoryStore):
             conv = self._convs.get(key)
             if conv is None or conv.closed:
                 pool = self._pools.get(site)
-                if pool is None and self._use_pool:
+                incarnation = self._incarnations.get(site)
+                if pool is None and self._use_pool and incarnation is not None:
                     pool = convpool.SitePool(
-                        layout.site_dir(self.root, site), convpool.request_fill, first_chunk(self.options)
+                        layout.site_dir(self.root, site),
+                        functools.partial(self._request_fill, site, incarnation),
+                        first_chunk(self.options),
                     )
                     self._pools[site] = pool
                 conv = Conversation(path, conversation_id, self.options, manifest, pool=pool, missing=missing)
@@ -333,18 +402,22 @@ class FileStore(MemoryStore):
         started = time.monotonic()
         deadline = started + self.options.lock_timeout
         try:
-            conv = self._acquire(site, conversation_id, deadline, started)
-            try:
-                if self._usage is None:
-                    first, last, stamp = conv.append(
-                        body, count, deadline, started, idempotency_key, expected_next_seq
-                    )
-                else:
-                    first, last, stamp = self._append_within_quota(
-                        self._usage, site, conv, body, count, deadline, started, idempotency_key, expected_next_seq
-                    )
-            finally:
-                conv.mutex.release()
+            # The site's lock, shared, for the whole append: a removal waits for it to end, and
+            # every file it creates by path lands in the incarnation checked here.
+            with self._guard.writing(layout.site_dir(self.root, site)) as incarnation:
+                self._site_is(site, incarnation)
+                conv = self._acquire(site, conversation_id, deadline, started)
+                try:
+                    if self._usage is None:
+                        first, last, stamp = conv.append(
+                            body, count, deadline, started, idempotency_key, expected_next_seq
+                        )
+                    else:
+                        first, last, stamp = self._append_within_quota(
+                            self._usage, site, conv, body, count, deadline, started, idempotency_key, expected_next_seq
+                        )
+                finally:
+                    conv.mutex.release()
         except StoreError:
             raise
         except OSError as exc:
@@ -409,6 +482,9 @@ class FileStore(MemoryStore):
         conversation_id = ConversationId(conversation_id)
         start, limit = _bounds(selector)
         key = (site, conversation_id)
+        incarnation = self._guard.current(layout.site_dir(self.root, site))
+        if incarnation is None or self._incarnations.get(site) != incarnation:
+            return None  # absent, or replaced since this store looked: the slow path finds out
         if not self._lock.acquire(blocking=False):
             return None
         try:
@@ -438,6 +514,10 @@ class FileStore(MemoryStore):
     ) -> list[_Item]:
         self._check_open()
         try:
+            incarnation = self._guard.current(layout.site_dir(self.root, SiteName(site)))
+            self._site_is(site, incarnation)
+            if incarnation is None:
+                return []
             # An open conversation re-checks its directory itself (Conversation.read);
             # only an unknown one is looked up here, so it is never created by a read.
             # The table's keys are validated names: a key equal to these proves them well-formed.
@@ -467,10 +547,13 @@ class FileStore(MemoryStore):
         after = None
         if selector.cursor is not None:
             after = (parse_rfc3339(selector.cursor.last_appended_at), selector.cursor.conversation_id)
-        if not os.path.isdir(layout.site_dir(self.root, site)):
-            return ConversationListing([], None)
         try:
-            entries, more = self._manifest(site).page(after, selector.limit)
+            # Shared, as for an append: a listing may log what its probes find.
+            with self._guard.writing(layout.site_dir(self.root, site), create=False) as incarnation:
+                self._site_is(site, incarnation)
+                if incarnation is None:
+                    return ConversationListing([], None)
+                entries, more = self._manifest(site).page(after, selector.limit)
         except StoreError:
             raise
         except OSError as exc:
@@ -492,26 +575,20 @@ class FileStore(MemoryStore):
         self._check_open()
         site = SiteName(site)
         path = layout.site_dir(self.root, site)
-        with self._lock:
-            for key in [k for k in self._convs if k[0] == site]:
-                conv = self._convs.pop(key)
-                with conv.mutex:
-                    conv.close()
-            m = self._manifests.pop(site, None)
-            pool = self._pools.pop(site, None)
-        if pool is not None:
-            pool.close()
-        if m is not None:
-            m.close()
-        if self._usage is not None:
-            self._usage.forget(site)
-        fileio.forget_dirs(path)
-        if not os.path.isdir(path):
-            return
-        trash = os.path.join(self.root, layout.SITES_DIR, f".dropped-{os.getpid()}-{time.time_ns()}")
         try:
-            fileio.rename(path, trash)
-            fileio.fsync_dir(os.path.dirname(path))
+            # Retire the incarnation first (no new writer enters it, in any process), wait for the
+            # writers inside, then move the directory away while they are kept out.
+            with self._guard.removing(path):
+                with self._lock:
+                    stale = self._detach_locked(site)
+                    self._incarnations.pop(site, None)
+                self._close_detached(site, stale)
+                fileio.forget_dirs(path)
+                if not os.path.isdir(path):
+                    return
+                trash = os.path.join(self.root, layout.SITES_DIR, f".dropped-{os.getpid()}-{time.time_ns()}")
+                fileio.rename(path, trash)
+                fileio.fsync_dir(os.path.dirname(path))
             fileio.remove_tree(trash)
         except OSError as exc:
             raise _io(exc, f"dropping site {site} failed") from exc
@@ -538,7 +615,11 @@ class FileStore(MemoryStore):
     def rebuild_manifest(self, site: str) -> None:
         """Re-derive a site's listing from its conversations (what fsck --repair uses)."""
         self._check_open()
-        self._manifest(SiteName(site)).rebuild()
+        site = SiteName(site)
+        with self._guard.writing(layout.site_dir(self.root, site), create=False) as incarnation:
+            self._site_is(site, incarnation)
+            if incarnation is not None:
+                self._manifest(site).rebuild()
 
 
 def _symlink_refused(root: str, path: str) -> Unavailable:

@@ -6,6 +6,7 @@ over two levels of 256 directories keyed by a hash of the id, so a million
 conversations put about fifteen entries in each leaf directory.
 
     DATA/logstore.json                       format marker
+    DATA/sites/<site-hex>/site.id                            incarnation id; site lock (logstore.incarnation)
     DATA/sites/<site-hex>/manifest.lock
     DATA/sites/<site-hex>/manifest-<epoch>.snap
     DATA/sites/<site-hex>/manifest-<epoch>.log

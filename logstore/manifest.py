@@ -53,6 +53,7 @@ from sortedcontainers import SortedList
 from . import fileio, frame, layout
 from .conversation import ManifestHook, Tip
 from .errors import StoreError, Timeout
+from .incarnation import is_file_at
 from .segment import data_end
 
 LOG_MAGIC = b"CVMMLOG\x01"
@@ -239,16 +240,27 @@ class SiteManifest(ManifestHook):
     # ------------------------------------------------------------ file lock
 
     def _flock(self) -> None:
-        if self._lock_fd is None:
-            fileio.makedirs(self.site_dir)
-            self._lock_fd = fileio.open_create(os.path.join(self.site_dir, LOCK_FILE))
-        if fileio.try_lock(self._lock_fd, True):
-            return  # the common case: free
+        """Take ``manifest.lock`` exclusively, checked to be the file at its path (reopened when it is not).
+
+        A descriptor of a lock file that was deleted (its site removed, or the
+        file removed by hand) excludes nobody: the other processes lock the
+        file now at the path. So once locked, the descriptor's
+        ``(st_dev, st_ino)`` is compared with the path's; on a mismatch the
+        descriptor is closed and the path's file is locked instead.
+        """
         started = time.monotonic()
         delay = 0.0005
         while True:
+            if self._lock_fd is None:
+                fileio.makedirs(self.site_dir)
+                self._lock_fd = fileio.open_create(os.path.join(self.site_dir, LOCK_FILE))
             if fileio.try_lock(self._lock_fd, True):
-                return
+                if is_file_at(self._lock_fd, os.path.join(self.site_dir, LOCK_FILE)):
+                    return  # the common case: free, and still the file at the path
+                fileio.unlock(self._lock_fd)
+                os.close(self._lock_fd)
+                self._lock_fd = None
+                continue
             waited = time.monotonic() - started
             if waited > self._lock_timeout:
                 raise Timeout(waited)

@@ -105,7 +105,7 @@ class Authenticator:
         self._lock = threading.Lock()
         # digest -> (site or None for a rejected header, expiry on the monotonic clock, generation)
         self._cache: OrderedDict[bytes, tuple[str | None, float, int]] = OrderedDict()
-        self._stamp: tuple[int, int, int] | None = None
+        self._stamp: tuple[int, ...] | None = None
         self._generation = 0
         self._hashes: dict[str, PasswordHash] = {}
         self._kdf_limiter = anyio.CapacityLimiter(KDF_CONCURRENCY)

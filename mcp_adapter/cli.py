@@ -465,7 +465,7 @@ def _listing_parser() -> argparse.ArgumentParser:
 
 
 def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from . import metrics, requestlog, tls
+    from . import metrics, requestlog, tls, workers
     from .store_select import add_store_arguments
 
     serve = sub.add_parser(
@@ -524,6 +524,7 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     metrics.add_arguments(serve)  # ops: --metrics-token-file
     requestlog.add_arguments(serve)  # ops: --log-format
     add_security_options(serve)
+    workers.add_arguments(serve)  # --workers N
     serve.set_defaults(func=cmd_serve)
 
 
@@ -584,6 +585,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         parser = _listing_parser()
     args = parser.parse_args(argv)
+    args.argv = argv  # what `serve --workers` starts each worker with
     func: Callable[[argparse.Namespace], int] = args.func
     return func(args)
 

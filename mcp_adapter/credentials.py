@@ -23,6 +23,7 @@ import hmac
 import json
 import os
 import secrets
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,16 +169,49 @@ class CredentialFile(PasswordChecks):
         self.data_dir = Path(data_dir)
         self.auth_dir = self.data_dir / AUTH_DIRNAME
         self.path = self.auth_dir / SITES_FILENAME
+        #: An open descriptor of the file :meth:`stamp` last saw (see there), and its (device, inode).
+        self._pinned: tuple[int, int, int] | None = None
+        self._pin_lock = threading.Lock()
 
     # -- reading -----------------------------------------------------------
 
-    def stamp(self) -> tuple[int, int, int] | None:
-        """A cheap change marker (inode, size, mtime) of the file; None when absent."""
+    def stamp(self) -> tuple[int, int, int, int] | None:
+        """A cheap change marker (device, inode, size, mtime) of the file; None when absent.
+
+        Every change replaces the file (a new inode). The file last seen is
+        kept open, so its inode number cannot be given to a later version:
+        two versions written within one tick of the file system's clock, with
+        the same size, still differ here (an authentication cached for a
+        removed or re-passworded site never outlives the change).
+        """
+        with self._pin_lock:
+            return self._stamp_locked()
+
+    def _stamp_locked(self) -> tuple[int, int, int, int] | None:
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
+            self._unpin()
             return None
-        return (st.st_ino, st.st_size, st.st_mtime_ns)
+        pinned = self._pinned
+        if pinned is None or (pinned[1], pinned[2]) != (st.st_dev, st.st_ino):
+            self._unpin()
+            try:
+                fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
+            except OSError:
+                fd = -1
+            if fd >= 0:
+                held = os.fstat(fd)
+                self._pinned = (fd, held.st_dev, held.st_ino)
+                if (held.st_dev, held.st_ino) != (st.st_dev, st.st_ino):
+                    st = held  # replaced between the stat and the open: report the file now held
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def _unpin(self) -> None:
+        if self._pinned is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._pinned[0])
+            self._pinned = None
 
     def load(self) -> dict[str, PasswordHash]:
         """All sites and their hashes (empty when the file does not exist yet)."""

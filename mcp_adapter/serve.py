@@ -27,7 +27,7 @@ from mcp.server.stdio import stdio_server
 
 from convmem.logstore import MemoryStore, SiteQuota, StoreError, open_store
 
-from . import __version__, metrics, requestlog, tls
+from . import __version__, metrics, requestlog, tls, workers
 from .auth import Authenticator
 from .connguard import guarded_protocol
 from .credentials import CredentialError, CredentialFile, generate_password
@@ -181,13 +181,15 @@ def _banner(
     return "\n".join(lines)
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on host:port (IPv4 or IPv6)."""
+def _bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """A listening TCP socket on host:port (IPv4 or IPv6); ``reuse_port``: one of a SO_REUSEPORT group."""
     family, socktype, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[
         0
     ]
     sock = socket.socket(family, socktype, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     if family == socket.AF_INET6:
         sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
     sock.bind(addr)
@@ -267,7 +269,7 @@ def serve_http(args: argparse.Namespace) -> int:
     _configure_logging(args.log_level, args.log_format)
     refused = tls.check_options(args) or (tls.check_files(args.tls_cert, args.tls_key) if args.tls_cert else None)
     # Both start-up refusals are argument checks, made before anything is created; each is printed.
-    refusal = bind_policy_refusal(args.host, args.allowed_hosts)
+    refusal = bind_policy_refusal(args.host, args.allowed_hosts) or workers.check_count(args)
     if refused or refusal:  # ops: no plain HTTP off loopback; TLS files must load; security: --allowed-host
         for message in (refused, refusal):
             if message:
@@ -286,9 +288,10 @@ def serve_http(args: argparse.Namespace) -> int:
         return 2
     creds = credentials_for(choice, store)
     demo = None
+    worker = workers.worker_fds(args)
     try:
         creds.ensure_dir()
-        if args.demo_site:
+        if args.demo_site and worker is None:
             from .cli import DEMO_SITE
 
             demo = (DEMO_SITE, ensure_demo_site(creds, DEMO_SITE))
@@ -298,7 +301,11 @@ def serve_http(args: argparse.Namespace) -> int:
         print(f"convmem: cannot set up the credentials ({choice.describe()}): {exc}", file=sys.stderr)
         return 2
     try:
-        sock = _bind(args.host, args.port)
+        many = worker is None and args.workers > 1
+        sock = _bind(args.host, args.port, many) if worker is None else socket.socket(fileno=worker[0])
+        # --workers N: a socket per worker, all on the port (the kernel spreads connections over them).
+        more = args.workers - 1 if many else 0
+        group = [sock, *(_bind(args.host, sock.getsockname()[1], True) for _ in range(more))]
     except OSError as exc:
         store.close()
         print(f"convmem: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
@@ -310,6 +317,11 @@ def serve_http(args: argparse.Namespace) -> int:
             )
         return 2
     port = sock.getsockname()[1]
+    if worker is None and args.workers > 1:
+        store.close()
+        return _supervise(args, group, _banner(args, port, demo, site_count, choice))
+    if worker is not None:
+        workers.watch_supervisor(worker[1])
 
     backend = Backend(
         store=store,
@@ -329,6 +341,8 @@ def serve_http(args: argparse.Namespace) -> int:
         body_timeout=args.body_timeout,
         metrics_token=metrics_token,
     )
+    if worker is not None:
+        app = workers.tag_worker(app)
     # ops: uvicorn's lines in JSON too (no uvicorn logging config of its own)
     json_logs: dict[str, Any] = {"log_config": None} if args.log_format == "json" else {}
     config = uvicorn.Config(
@@ -345,7 +359,8 @@ def serve_http(args: argparse.Namespace) -> int:
     config.load()  # builds the TLS context now, so SIGHUP can reload it
     on_sighup = functools.partial(tls.reload_certificate, config.ssl, args.tls_cert, args.tls_key)
     server = uvicorn.Server(config)
-    print(_banner(args, port, demo, site_count, choice), flush=True)
+    if worker is None:
+        print(_banner(args, port, demo, site_count, choice), flush=True)
     _quiet_signals()
     try:
         run_event_loop(_serve_uvicorn(server, sock, backend, on_sighup))
@@ -355,6 +370,17 @@ def serve_http(args: argparse.Namespace) -> int:
         store.close()
         logger.info("stopped; store closed")
     return 0
+
+
+def _supervise(args: argparse.Namespace, sockets: list[socket.socket], banner: str) -> int:
+    """``--workers N``: a worker process on each socket, until SIGTERM/SIGINT (see :mod:`.workers`)."""
+    supervisor = workers.Supervisor(getattr(args, "argv", None) or sys.argv[1:], sockets)
+    print(banner, flush=True)
+    try:
+        return supervisor.run()
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 async def _serve_uvicorn(

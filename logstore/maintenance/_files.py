@@ -14,6 +14,7 @@ from .. import fileio, layout, manifest
 from ..errors import StoreError, Timeout
 from ..frame import SEGMENT_HEADER_SIZE
 from ..ids import CONVERSATION_ID_RULE, SITE_NAME_RULE, ConversationId, SiteName
+from ..incarnation import RETIRED_ID_FILE, SITE_ID_FILE
 from ..segment import data_end
 from ._types import (
     MISPLACED_CONVERSATION,
@@ -216,7 +217,9 @@ def iter_conversations(
     for name in _listdir(sdir):
         # "memories": the site's long-term memories, checked by logstore.memories.check.
         # The pool (logstore.convpool) holds no conversation: nothing there was acknowledged.
-        if name in (manifest.LOCK_FILE, layout.CONVERSATIONS_DIR, layout.POOL_DIR, "memories") or ".tmp" in name:
+        # site.id: the site's incarnation (logstore.incarnation).
+        known = (manifest.LOCK_FILE, layout.CONVERSATIONS_DIR, layout.POOL_DIR, "memories", SITE_ID_FILE)
+        if name in known or name == RETIRED_ID_FILE or ".tmp" in name:
             continue
         stem, _, ext = name.partition(".")
         if stem.startswith("manifest-") and stem[9:].isdigit() and ext in ("snap", "log"):

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from .. import fileio, layout
 from ..errors import Timeout
+from ..incarnation import Incarnation, SiteGuard, is_file_at
 from . import access, tokens
 from .errors import DuplicateMemory, InvalidMemory, MemoryStoreFull, NotFound, VersionConflict
 from .eventlog import EventLog, ScanResult
@@ -100,10 +101,17 @@ class Config:
 class SiteMemories:
     """The memories of one site in one process."""
 
-    def __init__(self, root: str, site: str, book: tokens.TokenBook, config: Config) -> None:
+    def __init__(
+        self, root: str, site: str, book: tokens.TokenBook, config: Config, guard: SiteGuard | None = None
+    ) -> None:
         self.root = root
         self.site = site
         self.dir = memories_dir(root, site)
+        self._site_path = layout.site_dir(root, site)
+        #: Tells this site from a later one of the same name (logstore.incarnation).
+        self._guard = guard or SiteGuard(os.path.join(root, layout.SITES_DIR), config.lock_timeout)
+        #: The incarnation of the site the state and descriptors below belong to.
+        self._incarnation: Incarnation | None = None
         self.book = book
         self.config = config
         self.log = EventLog(os.path.join(self.dir, LOG_NAME))
@@ -130,30 +138,75 @@ class SiteMemories:
 
     @contextlib.contextmanager
     def _locked(self, exclusive: bool) -> Iterator[None]:
+        """Hold the memories lock (shared or ``exclusive``) of the site as it is on disk now.
+
+        A writer first holds the site's own lock shared (a removal waits for
+        it). Both check which incarnation of the site is there: state and
+        descriptors of an earlier one (removed, perhaps re-created, by another
+        process) are dropped first.
+        """
         with self._mutex:
             if exclusive:
-                fileio.makedirs_durable(self.dir)
-            elif not os.path.isdir(self.dir):
+                with self._guard.writing(self._site_path) as incarnation:
+                    self._same_site(incarnation)
+                    fileio.makedirs_durable(self.dir)
+                    with self._lock_file(True):
+                        yield
+                return
+            incarnation = self._guard.current(self._site_path)
+            self._same_site(incarnation)
+            if incarnation is None or not os.path.isdir(self.dir):
                 self._reset()
                 yield
                 return
-            if self._lock_fd is None:
-                self._lock_fd = fileio.open_create(os.path.join(self.dir, LOCK_NAME))
-            fd = self._lock_fd
-            started = time.monotonic()
-            deadline = started + self.config.lock_timeout
-            delay = 0.0005
-            while not fileio.try_lock(fd, exclusive):
-                now = time.monotonic()
-                if now >= deadline:
-                    raise Timeout(now - started)
-                time.sleep(min(delay, deadline - now))
-                delay = min(delay * 2, 0.02)
-            try:
-                self._refresh(exclusive)
+            with self._lock_file(False):
                 yield
-            finally:
+
+    def _same_site(self, incarnation: Incarnation | None) -> None:
+        """Forget everything of an earlier incarnation of the site (mutex held)."""
+        if incarnation == self._incarnation:
+            return
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+        self._reset()
+        self._touched.clear()
+        self._temps_checked = False
+        self._expiry_key = None
+        self._incarnation = incarnation
+
+    @contextlib.contextmanager
+    def _lock_file(self, exclusive: bool) -> Iterator[None]:
+        """Take ``memories/lock``, checked to be the file at its path (reopened when not); refresh the state.
+
+        A descriptor of a deleted lock file excludes no other process, so once
+        locked its ``(st_dev, st_ino)`` is compared with the path's.
+        """
+        path = os.path.join(self.dir, LOCK_NAME)
+        started = time.monotonic()
+        deadline = started + self.config.lock_timeout
+        delay = 0.0005
+        while True:
+            if self._lock_fd is None:
+                self._lock_fd = fileio.open_create(path)
+            fd = self._lock_fd
+            if fileio.try_lock(fd, exclusive):
+                if is_file_at(fd, path):
+                    break
                 fileio.unlock(fd)
+                os.close(fd)
+                self._lock_fd = None
+                continue
+            now = time.monotonic()
+            if now >= deadline:
+                raise Timeout(now - started)
+            time.sleep(min(delay, deadline - now))
+            delay = min(delay * 2, 0.02)
+        try:
+            self._refresh(exclusive)
+            yield
+        finally:
+            fileio.unlock(fd)
 
     # ------------------------------------------------------------ state
 
@@ -631,6 +684,8 @@ class SiteMemories:
 
     def flush_access(self) -> None:
         with self._mutex:
+            if self._touched and self._guard.current(self._site_path) != self._incarnation:
+                self._touched.clear()  # the site was removed since: its access times go with it
             if self._touched and os.path.isdir(self.dir):
                 access.write_access(self.dir, self._touched, set(self.state))
                 self._touched.clear()

@@ -12,6 +12,7 @@ from typing import Any
 from .. import layout
 from ..errors import Unavailable
 from ..ids import SiteName
+from ..incarnation import SiteGuard
 from ..timefmt import now_us
 from . import tokens
 from .limits import DEFAULT_RETENTION_SECONDS, INDEX_BUDGET
@@ -62,6 +63,8 @@ class LongTermMemory:
         #: Sites by last use, least recent first: whose search index to release when over ``index_budget``.
         self._recent: OrderedDict[str, None] = OrderedDict()
         self._index_budget = index_budget
+        #: One per store: its sites share the descriptors telling their incarnations apart.
+        self._guard = SiteGuard(os.path.join(self.root, layout.SITES_DIR), lock_timeout)
         self._lock = threading.Lock()
         self._closed = False
         self._stop = threading.Event()
@@ -105,7 +108,7 @@ class LongTermMemory:
                 raise Unavailable("the memory store is closed")
             s = self._sites.get(site)
             if s is None:
-                s = SiteMemories(self.root, site, self._book, self._config)
+                s = SiteMemories(self.root, site, self._book, self._config, self._guard)
                 self._sites[site] = s
             self._recent[site] = None
             self._recent.move_to_end(site)

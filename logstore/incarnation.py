@@ -1,0 +1,309 @@
+"""Site incarnations: telling a site from an earlier one of the same name (FORMAT.md 1, "Site incarnations").
+
+A process keeps objects per site (listing, pool, open conversations, the
+memory store's state and locks). Another process (``convmem site remove
+--force`` then ``site add``) can delete the site's directory and create a
+new one under the same name; an object of the old site must then never
+serve, list or write anything again. So every site directory holds a file
+``site.id`` with a random id, published (by ``link``, which never replaces)
+before anything else is written there, and:
+
+* every use of a site starts with :meth:`SiteGuard.current` (readers) or
+  :meth:`SiteGuard.writing` (anything that may create or change a file
+  under the site), which say which incarnation the path names now; a
+  per-site object remembers the incarnation it was built for and is
+  dropped and rebuilt when that is no longer the one on disk. The check is
+  one ``stat`` of ``site.id`` compared with the ``(st_dev, st_ino)`` of the
+  descriptor this process keeps open on it: while that descriptor is open
+  the inode cannot be reused, so an equal pair proves the same file;
+* a writer holds ``site.id``'s ``flock`` shared for the whole operation,
+  taken and then checked against the path as above; the remover renames
+  ``site.id`` to ``site.id.removing`` (so that no new writer takes it) and
+  then takes that file's lock exclusively before it renames the directory
+  away. So whatever a writer does by path, under a checked shared lock,
+  lands in the incarnation it checked, and the removal waits for the
+  writers that were inside: nothing of the old site is written into the new
+  one and no write of the new one goes to the old.
+
+Threads of one process share one descriptor per site and therefore one
+``flock`` (a second ``LOCK_SH`` on the same open file is a no-op and one
+``LOCK_UN`` would release it for all): the holders are counted and the lock
+is released when the last one leaves. These are plain ``fcntl.flock`` calls
+through :mod:`logstore.fileio` (``try_lock``), as every lock of the engine:
+portalocker takes the same lock on POSIX but cannot tell us the inode of the
+file it locked, which the check needs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import NamedTuple
+
+from . import fileio
+from .errors import Timeout, Unavailable
+
+#: The site's incarnation id (32 hex digits and a newline); also the site lock (see the module doc).
+SITE_ID_FILE = "site.id"
+#: ``site.id`` renamed by a removal under way: the site is going, no writer may enter.
+RETIRED_ID_FILE = "site.id.removing"
+
+
+class Incarnation(NamedTuple):
+    """One life of a site directory: its id, and the identity of the ``site.id`` file this process holds."""
+
+    id: str
+    dev: int
+    ino: int
+
+
+class _Held:
+    """This process's open descriptor on one incarnation's ``site.id``, and how many threads hold its lock."""
+
+    __slots__ = ("fd", "holders", "incarnation", "superseded")
+
+    def __init__(self, fd: int, incarnation: Incarnation) -> None:
+        self.fd = fd
+        self.incarnation = incarnation
+        self.holders = 0
+        self.superseded = False
+
+
+def _same(st: os.stat_result, inc: Incarnation) -> bool:
+    return st.st_ino == inc.ino and st.st_dev == inc.dev
+
+
+def is_file_at(fd: int, path: str) -> bool:
+    """Whether the open file ``fd`` is the one named ``path`` now (same device and inode)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return st.st_ino == held.st_ino and st.st_dev == held.st_dev
+
+
+def read_id(site_path: str) -> str | None:
+    """The incarnation id of the site directory ``site_path``; None without one (absent, legacy, or going)."""
+    try:
+        with open(os.path.join(site_path, SITE_ID_FILE), "rb") as f:
+            return f.read().decode("ascii").strip() or None
+    except (FileNotFoundError, NotADirectoryError, UnicodeDecodeError):
+        return None
+
+
+def publish_id(site_path: str) -> None:
+    """Give the existing directory ``site_path`` an incarnation id unless it has one (first writer wins).
+
+    The id is written to a temporary file, synced, and linked as ``site.id``
+    (``link`` fails when the name exists: another process was first), then
+    the directory is synced.
+    """
+    target = os.path.join(site_path, SITE_ID_FILE)
+    tmp = f"{target}.tmp.{os.getpid()}.{threading.get_ident()}"
+    fd = fileio.open_create(tmp, os.O_WRONLY | os.O_TRUNC)
+    try:
+        fileio.pwrite_all(fd, os.urandom(16).hex().encode("ascii") + b"\n", 0)
+        fileio.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        fileio.link(tmp, target)
+    except FileExistsError:
+        pass
+    finally:
+        fileio.unlink(tmp)
+    fileio.fsync_dir(site_path)
+
+
+class SiteGuard:
+    """Which incarnation each site of a data directory is, for the objects one store keeps (thread-safe)."""
+
+    def __init__(self, sites_dir: str, lock_timeout: float) -> None:
+        self._sites_dir = sites_dir
+        self._lock_timeout = lock_timeout
+        self._mutex = threading.Lock()
+        self._held: dict[str, _Held] = {}
+
+    def _paths(self, site_path: str) -> tuple[str, str]:
+        return os.path.join(site_path, SITE_ID_FILE), os.path.join(site_path, RETIRED_ID_FILE)
+
+    def _open_locked(self, site_path: str, write: bool, create: bool = False) -> _Held | None:
+        """The held descriptor of the incarnation now at ``site_path`` (mutex held); None when there is none.
+
+        ``write``: the caller will lock it, so a directory without an id (made
+        before incarnations existed) is given one; a reader leaves it as it is
+        and knows it by the directory's own inode. ``create`` (with ``write``):
+        make a missing directory. Raises ``_Going`` while a removal is under way.
+        """
+        id_path, retired = self._paths(site_path)
+        try:
+            st = os.stat(id_path)
+        except FileNotFoundError:
+            st = None
+        except NotADirectoryError:
+            return None
+        held = self._held.get(site_path)
+        if held is not None and st is not None and _same(st, held.incarnation):
+            return held
+        if st is None:
+            if os.path.lexists(retired):
+                raise _Going()
+            if not write:
+                try:
+                    dir_st = os.stat(site_path)
+                except (FileNotFoundError, NotADirectoryError):
+                    return None
+                if held is not None and not held.incarnation.id and _same(dir_st, held.incarnation):
+                    return held  # the directory without an id, held already
+                id_path = site_path
+            else:
+                if not os.path.isdir(site_path):
+                    if not create:
+                        return None
+                    fileio.makedirs_durable(site_path)
+                publish_id(site_path)
+        try:
+            fd = os.open(id_path, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            raise _Going() from None  # retired (or removed) since we looked
+        try:
+            st = os.fstat(fd)
+            ident = "" if id_path == site_path else os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+        except BaseException:
+            os.close(fd)
+            raise
+        self._supersede_locked(site_path)
+        new = self._held[site_path] = _Held(fd, Incarnation(ident, st.st_dev, st.st_ino))
+        return new
+
+    def _supersede_locked(self, site_path: str) -> None:
+        old = self._held.pop(site_path, None)
+        if old is None:
+            return
+        old.superseded = True
+        if old.holders == 0:
+            os.close(old.fd)
+
+    def current(self, site_path: str) -> Incarnation | None:
+        """The incarnation the path names now (one ``stat`` when it is the one this process holds); None when absent.
+
+        A site being removed reads as absent.
+        """
+        with self._mutex:
+            try:
+                held = self._open_locked(site_path, write=False)
+            except _Going:
+                return None
+            return None if held is None else held.incarnation
+
+    @contextlib.contextmanager
+    def writing(self, site_path: str, create: bool = True) -> Iterator[Incarnation | None]:
+        """Hold the site's lock shared, checked against the path; yield its incarnation (None: absent, not created).
+
+        ``create`` makes a missing site directory (with its id). While a
+        removal is under way this raises ``Unavailable`` (retryable) at once:
+        the call began before the removal ended, and must neither write into
+        the site going away nor create its next incarnation.
+        """
+        held = self._enter(site_path, create)
+        try:
+            yield None if held is None else held.incarnation
+        finally:
+            if held is not None:
+                self._leave(site_path, held)
+
+    def _enter(self, site_path: str, create: bool) -> _Held | None:
+        started = time.monotonic()
+        delay = 0.0005
+        while True:
+            with self._mutex:
+                try:
+                    held = self._open_locked(site_path, write=True, create=create)
+                    if held is None:
+                        return None
+                    if held.holders > 0 or fileio.try_lock(held.fd, False):
+                        if held.holders == 0:
+                            # Locked now: check it is still the file at the path (a remover renames it
+                            # away before taking it exclusively, so no new holder may keep it).
+                            try:
+                                st: os.stat_result | None = os.stat(os.path.join(site_path, SITE_ID_FILE))
+                            except FileNotFoundError:
+                                st = None
+                            if st is None or not _same(st, held.incarnation):
+                                fileio.unlock(held.fd)
+                                self._supersede_locked(site_path)
+                                continue
+                        held.holders += 1
+                        return held
+                except _Going:
+                    # Never waited out: a call that began before the removal must not make the
+                    # next incarnation (its caller's credentials were revoked before the removal).
+                    raise Unavailable(
+                        f"site directory {os.path.basename(site_path)} is being removed ({RETIRED_ID_FILE} is "
+                        "there); if no `convmem site remove` is running, "
+                        "`convmem site add NAME --purge-data` finishes it"
+                    ) from None
+            waited = time.monotonic() - started
+            if waited > self._lock_timeout:
+                raise Timeout(waited)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.02)
+
+    def _leave(self, site_path: str, held: _Held) -> None:
+        with self._mutex:
+            held.holders -= 1
+            if held.holders == 0:
+                fileio.unlock(held.fd)
+                if held.superseded:
+                    os.close(held.fd)
+
+    @contextlib.contextmanager
+    def removing(self, site_path: str) -> Iterator[None]:
+        """Retire the site's incarnation and hold it exclusively, for the caller to move the directory away.
+
+        Renames ``site.id`` to ``site.id.removing`` (a legacy directory is
+        given an id first), then waits up to the lock timeout for the writers
+        inside to leave. On a timeout the id is put back. A removal left
+        unfinished by a dead process is taken over.
+        """
+        id_path, retired = self._paths(site_path)
+        if not os.path.isdir(site_path):
+            yield
+            return
+        if not os.path.lexists(retired):
+            if not os.path.lexists(id_path):
+                publish_id(site_path)
+            fd = os.open(id_path, os.O_RDONLY | os.O_NOFOLLOW)
+            try:
+                fileio.rename(id_path, retired)
+            except FileNotFoundError:
+                os.close(fd)
+                raise Unavailable("another process is removing this site") from None
+            put_back = True
+        else:
+            fd = os.open(retired, os.O_RDONLY | os.O_NOFOLLOW)
+            put_back = False
+        try:
+            started = time.monotonic()
+            while not fileio.try_lock(fd, True):
+                waited = time.monotonic() - started
+                if waited > self._lock_timeout:
+                    if put_back:
+                        with contextlib.suppress(OSError):
+                            fileio.link(retired, id_path)
+                            fileio.unlink(retired)
+                    raise Timeout(waited)
+                time.sleep(0.002)
+            with self._mutex:
+                self._supersede_locked(site_path)
+            yield
+        finally:
+            os.close(fd)
+
+
+class _Going(Exception):
+    """A removal of the site is under way (``site.id.removing`` is there)."""

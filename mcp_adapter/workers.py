@@ -1,0 +1,200 @@
+"""``convmem serve --workers N``: N server processes on one listening socket and one data directory.
+
+Pre-fork without ``fork``: the supervisor makes every check ``serve`` makes,
+binds one listening socket per worker, all on the same port with
+``SO_REUSEPORT`` (the kernel spreads new connections over them by a hash of
+their addresses; one shared socket left the split to whichever worker woke
+first, measured 2 and 6 of 8 connections), and then starts each worker as a
+fresh interpreter running ``convmem serve`` with the same arguments, handing
+it its socket (inherited descriptor) and the read end of a pipe. A worker is an ordinary
+server in every way (its own store, TLS context, connection guards, request
+limits and credentials cache); only the socket comes from the supervisor, and
+it prints no banner. A fresh interpreter rather than a forked child: the
+supervisor has opened the store (to set up credentials), and forking a
+process that may hold threads and locks would hand the child locks nobody
+will release. Several processes on one data directory are safe
+(:mod:`convmem.logstore.incarnation` and the engine's file locks). The
+supervisor keeps every socket open, so connections to a worker being
+replaced wait in its queue for the new one.
+
+Shutdown: SIGTERM or SIGINT to the supervisor is passed on (as SIGTERM) to
+every worker, each finishes its in-flight requests and closes its store, and
+the supervisor exits 0 when all of them did. Workers run in their own session,
+so a Ctrl+C on the terminal reaches them once, through the supervisor. If the
+supervisor dies, the pipe's write end closes and each worker stops itself. A
+worker that dies on its own is started again (after a pause).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+logger = logging.getLogger("convmem.workers")
+
+#: Response header naming the worker process that answered (only with --workers above 1).
+WORKER_HEADER = b"x-convmem-worker"
+#: Seconds between a worker's unexpected exit and its replacement.
+RESPAWN_DELAY = 1.0
+
+
+def add_arguments(serve: argparse.ArgumentParser) -> None:
+    """``--workers`` and the hidden option a supervisor starts its workers with."""
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=int(os.environ.get("CONVMEM_WORKERS", "1") or 1),
+        help="server processes sharing the port and the data directory (env CONVMEM_WORKERS; default 1)",
+    )
+    # "LISTEN_FD,PIPE_FD": set by the supervisor for each worker; not for people.
+    serve.add_argument("--worker-fds", default=None, help=argparse.SUPPRESS)
+
+
+def worker_fds(args: argparse.Namespace) -> tuple[int, int] | None:
+    """(listening socket, supervisor pipe) descriptors when this process is a worker; else None."""
+    raw = getattr(args, "worker_fds", None)
+    if not raw:
+        return None
+    listen, _, pipe = raw.partition(",")
+    return int(listen), int(pipe)
+
+
+def check_count(args: argparse.Namespace) -> str | None:
+    """Why ``--workers`` is refused (None when it is fine)."""
+    n = getattr(args, "workers", 1)
+    if n < 1 or n > 64:
+        return f"--workers must be between 1 and 64, got {n}"
+    if n > 1 and getattr(args, "stdio", False):
+        return "--workers applies to HTTP serving; --stdio serves one client in one process"
+    return None
+
+
+def watch_supervisor(pipe_fd: int) -> None:
+    """In a worker: stop (SIGTERM to itself) once the supervisor is gone (its end of the pipe closes)."""
+
+    def wait() -> None:
+        try:
+            while os.read(pipe_fd, 1):
+                pass
+        except OSError:
+            pass
+        logger.warning("the supervisor process is gone; stopping")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=wait, name="convmem-supervisor-watch", daemon=True).start()
+
+
+def tag_worker(app: Any) -> Any:
+    """Wrap the ASGI app so every HTTP response names the worker process (header :data:`WORKER_HEADER`)."""
+    pid = str(os.getpid()).encode("ascii")
+
+    async def tagged(scope: Any, receive: Any, send: Any) -> None:
+        if scope.get("type") != "http":
+            await app(scope, receive, send)
+            return
+
+        async def send_tagged(message: Any) -> None:
+            if message.get("type") == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), (WORKER_HEADER, pid)]}
+            await send(message)
+
+        await app(scope, receive, send_tagged)
+
+    return tagged
+
+
+class Supervisor:
+    """Starts, watches and stops the worker processes of one ``serve --workers N``."""
+
+    def __init__(self, argv: Sequence[str], sockets: Sequence[socket.socket]) -> None:
+        """``sockets``: one listening socket per worker (a SO_REUSEPORT group on one port)."""
+        self._argv = list(argv)
+        self._sockets = list(sockets)
+        self._count = len(self._sockets)
+        self._read_end, self._write_end = os.pipe()
+        os.set_inheritable(self._read_end, True)
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self._stopping = False
+
+    def _command(self, sock: socket.socket) -> list[str]:
+        fds = f"{sock.fileno()},{self._read_end}"
+        run = "import sys; from convmem.mcp_adapter.cli import main; sys.exit(main())"
+        # Later options win in argparse: each worker is one process on the given socket.
+        return [sys.executable, "-c", run, *self._argv, "--workers", "1", "--worker-fds", fds]
+
+    def _spawn(self, i: int) -> subprocess.Popen[bytes]:
+        sock = self._sockets[i]
+        return subprocess.Popen(
+            self._command(sock),
+            pass_fds=(sock.fileno(), self._read_end),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,  # the supervisor prints the banner; logs go to stderr
+            start_new_session=True,
+        )
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    def _signal_all(self, sig: int) -> None:
+        for p in self._procs:
+            if p.poll() is None:
+                try:
+                    p.send_signal(sig)
+                except ProcessLookupError:
+                    pass
+
+    def run(self) -> int:
+        """Run the workers until SIGTERM/SIGINT; the exit status (0 when every worker stopped cleanly)."""
+        stop = threading.Event()
+
+        def on_stop(_sig: int, _frame: object) -> None:
+            self._stopping = True
+            stop.set()
+
+        old = {s: signal.signal(s, on_stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        old_hup = signal.signal(signal.SIGHUP, lambda *_: self._signal_all(signal.SIGHUP))
+        try:
+            self._procs = [self._spawn(i) for i in range(self._count)]
+            logger.info("started %d workers: %s", self._count, " ".join(map(str, self.pids())))
+            while not stop.wait(0.2):
+                for i, p in enumerate(self._procs):
+                    rc = p.poll()
+                    if rc is not None and not self._stopping:
+                        logger.error("worker %d exited with status %d; starting another", p.pid, rc)
+                        if stop.wait(RESPAWN_DELAY):
+                            break
+                        self._procs[i] = self._spawn(i)
+            return self._shutdown()
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+            signal.signal(signal.SIGHUP, old_hup)
+            os.close(self._read_end)
+            os.close(self._write_end)
+
+    def _shutdown(self, timeout: float = 45.0) -> int:
+        """SIGTERM every worker and wait for them (SIGKILL after ``timeout``); 0 when all exited 0."""
+        self._signal_all(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        status = 0
+        for p in self._procs:
+            try:
+                rc = p.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                logger.error("worker %d did not stop within %.0fs; killing it", p.pid, timeout)
+                p.kill()
+                rc = p.wait()
+            if rc != 0:
+                logger.error("worker %d exited with status %d", p.pid, rc)
+                status = 1
+        logger.info("all workers stopped")
+        return status
