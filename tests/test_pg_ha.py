@@ -32,7 +32,7 @@ from mcp_helpers import ServerProcess, basic
 from convmem.logstore import Unavailable
 from convmem.logstore.postgres import PgStore
 from convmem.mcp_adapter.pg_credentials import PgCredentials
-from convmem.tools import pgcluster
+from tests import pgcluster
 
 SITE, PASSWORD = "ha-site-0001", "ha-password-0123456789"
 CONVS = [f"ha-conv-{i:04d}" for i in range(3)]

@@ -18,8 +18,8 @@ from mcp_helpers import ServerProcess, basic, connect, convmem_cmd, run_convmem,
 
 from convmem.logstore import Tail
 from convmem.logstore.postgres import PgStore
-from convmem.tools.pgcluster import free_port
 from tests.pg_support import drop_schema, new_schema
+from tests.pgcluster import free_port
 
 SITE, PASSWORD = "pg-site-0001", "pg-site-password-0123456789"
 

@@ -162,7 +162,7 @@ def test_asynchronous_commit_is_refused_unless_overridden(pg: tuple[str, str], c
 
 
 def test_unreachable_server_is_a_clear_unavailable() -> None:
-    from convmem.tools.pgcluster import free_port
+    from tests.pgcluster import free_port
 
     with pytest.raises(Unavailable, match="cannot use PostgreSQL at"):
         PgStore(f"postgresql://postgres:secret-pw@127.0.0.1:{free_port()}/postgres", connect_timeout=2)

