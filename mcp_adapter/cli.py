@@ -201,6 +201,7 @@ def cmd_site_passwd(args: argparse.Namespace) -> int:
 def cmd_site_remove(args: argparse.Namespace) -> int:
     """``convmem site remove NAME [--force]``: delete a site (and, with --force, its conversations)."""
     from convmem.logstore import ListSelector, StoreError
+    from convmem.logstore.memories.drop import drop_memories, memories_held
 
     from .credentials import CredentialError
 
@@ -212,13 +213,18 @@ def cmd_site_remove(args: argparse.Namespace) -> int:
             return 2
         # Order matters: the password is revoked before any data is deleted, so that no client of the
         # old tenant can authenticate (and recreate data by appending) while the data goes.
+        memory_root = where if store is None else getattr(args, "data_dir", None)
         try:
             with _data_store(store, where) as data:
                 holds = bool(data.list_conversations(site, ListSelector(limit=1)).summaries)
-                if holds and not args.force:
-                    return _fail(f"site {site!r} still holds conversations; use --force to delete them with the site")
+            memories = memories_held(memory_root, site) if memory_root else 0
         except StoreError as exc:
             return _fail(f"cannot open the store ({where}): {exc}")
+        if (holds or memories) and not args.force:
+            what = " and ".join(
+                (["conversations"] if holds else []) + ([f"{memories} long-term memories"] if memories else [])
+            )
+            return _fail(f"site {site!r} still holds {what}; use --force to delete them with the site")
         try:
             creds.remove(site)
         except CredentialError as exc:
@@ -233,14 +239,16 @@ def cmd_site_remove(args: argparse.Namespace) -> int:
             # let them finish (they are bounded by the server's lock timeout) before deleting.
             time.sleep(args.grace)
             try:
+                if memory_root:
+                    drop_memories(memory_root, site)
                 with _data_store(store, where) as data:
                     data.drop_site(site)
-            except StoreError as exc:
+            except (StoreError, OSError) as exc:
                 return _fail(
                     f"revoked site {site!r} but could not delete its data: {exc}. "
                     f"`convmem site add {site} --purge-data` deletes it before the name is reused"
                 )
-    print(f"removed site {site!r}" + (" and its conversations" if args.force else ""), file=sys.stderr)
+    print(f"removed site {site!r}" + (" and all its data" if args.force else ""), file=sys.stderr)
     return 0
 
 
@@ -558,7 +566,9 @@ def _add_site(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     remove = site_sub.add_parser("remove", parents=[data_dir], help="delete a site")
     remove.add_argument("name")
-    remove.add_argument("--force", action="store_true", help="also delete the site's conversations")
+    remove.add_argument(
+        "--force", action="store_true", help="also delete the site's conversations and long-term memories"
+    )
     remove.add_argument(
         "--grace",
         type=float,

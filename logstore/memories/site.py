@@ -330,11 +330,21 @@ class SiteMemories:
     # ------------------------------------------------------------ API: writes
 
     def verify(
-        self, intent: str, candidate: Mapping[str, Any] | None, memory_id: str | None, limit: int = 5
+        self,
+        intent: str,
+        candidate: Mapping[str, Any] | None,
+        memory_id: str | None,
+        limit: int = 5,
+        force: bool = False,
     ) -> tuple[list[tuple[Memory, float | None]], str, int]:
-        """Related memories for a planned change, and the token that authorises exactly it."""
+        """Related memories for a planned change, and the token that authorises exactly it.
+
+        For a delete, the change includes ``force``: the token erases only if asked with it.
+        """
         if intent not in tokens.INTENTS:
             raise InvalidMemory("intent", "expected one of create, update, delete")
+        if force and intent != "delete":
+            raise InvalidMemory("force", "only intent delete takes force")
         fields = parse_fields(candidate, "candidate.") if candidate is not None else None
         if intent == "create":
             if fields is None:
@@ -381,7 +391,7 @@ class SiteMemories:
                     if len(related) >= limit + (1 if target is not None else 0):
                         break
         now = self._now()
-        what = tokens.digest(intent, memory_id, fields.to_json() if fields is not None else None)
+        what = tokens.digest(intent, memory_id, fields.to_json() if fields is not None else None, force)
         return related, self.book.mint(self.site, intent, what, now), tokens.expires_us(now)
 
     def create(self, raw: Mapping[str, Any], token: object) -> Memory:
@@ -439,7 +449,7 @@ class SiteMemories:
 
     def delete(self, memory_id: str, token: object, force: bool, expected_version: int | None = None) -> Memory | None:
         """Soft delete (returns the record) or, with ``force``, erase (returns None)."""
-        nonce = self.book.check(token, self.site, "delete", tokens.digest("delete", memory_id, None), self._now())
+        nonce = self.book.check_delete(token, self.site, memory_id, force, self._now())
         with self._locked(True):
             tokens.check_unused(self.dir, nonce, self._now())
             self._purge_locked()

