@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import errno
 import functools
 import logging
@@ -26,6 +27,7 @@ import uvicorn
 from mcp.server.stdio import stdio_server
 
 from convmem.logstore import MemoryStore, SiteQuota, StoreError, open_store
+from convmem.logstore.maintenance import unsafe_data_dir
 
 from . import __version__, metrics, requestlog, tls
 from .auth import Authenticator
@@ -67,6 +69,8 @@ def _choice(args: argparse.Namespace) -> StoreChoice | None:
 def _open_store(args: argparse.Namespace, choice: StoreChoice) -> MemoryStore | None:
     """Open the chosen store; None after printing why it cannot be opened or used as asked."""
     quota = site_quota(args)
+    if _unsafe_data_dir(args, choice):
+        return None
     try:
         if choice.is_postgres:
             if quota.max_bytes is not None or quota.max_conversations is not None:
@@ -95,6 +99,19 @@ def _open_store(args: argparse.Namespace, choice: StoreChoice) -> MemoryStore | 
         what = "reach PostgreSQL" if choice.is_postgres else "open the data directory"
         print(f"convmem: cannot {what} ({choice.describe()}): {exc}", file=sys.stderr)
         return None
+
+
+def _unsafe_data_dir(args: argparse.Namespace, choice: StoreChoice) -> bool:
+    """True after printing why the data directory (created if missing) must not be served (issue 26, hole 9)."""
+    data_dir = args.data_dir if choice.is_postgres else choice.target
+    if not data_dir:
+        return False
+    with contextlib.suppress(OSError):  # an unusable path is reported by the check (or the open) below
+        Path(data_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+    why = unsafe_data_dir(str(data_dir))
+    if why is not None:
+        print(f"convmem: refusing to serve: {why}", file=sys.stderr)
+    return why is not None
 
 
 def _memory_dir(args: argparse.Namespace, choice: StoreChoice) -> str:

@@ -8,12 +8,13 @@ linked or loosely-moded data directory; quotas count what the disk holds.
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from disk_support import ToolCaller, memory_fields
-from mcp_helpers import ServerProcess, run_convmem
+from mcp_helpers import ServerProcess, convmem_cmd, run_convmem, subprocess_env
 from memories_support import files_holding
 
 from convmem.logstore.memories.site import memories_dir
@@ -92,3 +93,38 @@ def test_site_remove_covers_a_site_holding_only_memories(data_dir: Path) -> None
     assert SITE not in CredentialFile(data_dir).sites()
     assert not os.path.exists(memories_dir(str(data_dir), SITE))
     assert files_holding(data_dir, [b"remove-me-marker-quokka"]) == []
+
+
+# ------------------------------------------------------------------ serve refuses an unsafe data directory
+
+
+def _serve_refused(data: Path) -> str:
+    """Run ``convmem serve`` on ``data``; it must exit at once with status 2. Its stderr."""
+    proc = subprocess.run(
+        convmem_cmd("serve", "--data-dir", str(data), "--host", "127.0.0.1", "--port", "0"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=subprocess_env(),
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "MCP endpoint" not in proc.stdout
+    return proc.stderr
+
+
+def test_serve_refuses_a_data_directory_that_is_a_symbolic_link(data_dir: Path, tmp_path: Path) -> None:
+    link = tmp_path / "linked-data"
+    link.symlink_to(data_dir)
+    why = _serve_refused(link)
+    assert "symbolic link" in why and "realpath" in why and str(data_dir) in why, why
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o702])
+def test_serve_refuses_a_data_directory_writable_by_group_or_others(data_dir: Path, mode: int) -> None:
+    os.chmod(data_dir, mode)
+    why = _serve_refused(data_dir)
+    assert f"{mode:04o}" in why and f"chmod 700 {data_dir}" in why, why
+    if mode == 0o777:
+        os.chmod(data_dir, 0o755)  # readable is only fsck's warning: the files below are 0600
+        server = ServerProcess(data_dir)
+        assert server.stop() == 0, server.log()

@@ -52,6 +52,7 @@ from ._forget import Forgotten, forget_conversation
 from ._permissions import (
     AccessFinding,
     check_access,
+    unsafe_data_dir,
 )
 from ._records import (
     IndexEntryInfo,
@@ -167,6 +168,7 @@ __all__ = [
     "build_index",
     "check",
     "check_access",
+    "unsafe_data_dir",
     "export_items",
     "forget_conversation",
     "format_timestamp",
