@@ -17,7 +17,10 @@ from disk_support import ToolCaller, memory_fields
 from mcp_helpers import ServerProcess, convmem_cmd, run_convmem, subprocess_env
 from memories_support import files_holding
 
-from convmem.logstore.memories.site import memories_dir
+from convmem.logstore.layout import site_dir
+from convmem.logstore.memories.access import ACCESS_FILE
+from convmem.logstore.memories.site import LOG_NAME, memories_dir
+from convmem.logstore.memories.tokens import SECRET_FILE, USED_FILE
 from convmem.mcp_adapter.credentials import CredentialFile
 
 SITE, PASSWORD = "disk-site-0001", "disk-password-0123456789"
@@ -128,3 +131,82 @@ def test_serve_refuses_a_data_directory_writable_by_group_or_others(data_dir: Pa
         os.chmod(data_dir, 0o755)  # readable is only fsck's warning: the files below are 0600
         server = ServerProcess(data_dir)
         assert server.stop() == 0, server.log()
+
+
+# ------------------------------------------------------------------ the memory store follows no link
+
+
+def test_a_planted_token_key_link_never_becomes_the_secret(data_dir: Path, tmp_path: Path) -> None:
+    attacker_key = tmp_path / "attacker.key"
+    attacker_key.write_bytes(b"k" * 32)  # a secret the attacker knows: tokens could be forged with it
+    (data_dir / SECRET_FILE).symlink_to(attacker_key)
+    server = ServerProcess(data_dir)
+    caller = ToolCaller(server.url, SITE, PASSWORD)
+    try:
+        fields = memory_fields("Wifi", "The guest network password is on the fridge")
+        refused = caller.error("memory_verify", {"intent": "create", "candidate": fields})
+        assert refused["code"] == "Unavailable", refused
+        text = caller.call("memory_verify", {"intent": "create", "candidate": fields})["content"][0]["text"]
+        assert "memory-token.key" in text and "symbolic link" in text, text
+        assert str(tmp_path) not in text
+        # The operator removes the link: the store makes its own secret, never the planted one.
+        (data_dir / SECRET_FILE).unlink()
+        _create(caller, "Wifi", "The guest network password is on the fridge")
+    finally:
+        caller.close()
+        assert server.stop() == 0, server.log()
+    secret = data_dir / SECRET_FILE
+    assert not secret.is_symlink() and secret.read_bytes() != attacker_key.read_bytes()
+    assert attacker_key.read_bytes() == b"k" * 32
+
+
+def test_memory_text_is_never_written_through_a_linked_memories_directory(data_dir: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    site_path = Path(site_dir(str(data_dir), SITE))
+    site_path.mkdir(parents=True, mode=0o700)
+    (site_path / "memories").symlink_to(outside)
+    server = ServerProcess(data_dir)
+    caller = ToolCaller(server.url, SITE, PASSWORD)
+    try:
+        fields = memory_fields("Safe combination", "linked-dir-marker-okapi 12-34-56")
+        refused = caller.error("memory_verify", {"intent": "create", "candidate": fields})
+        assert refused["code"] == "Unavailable", refused
+        assert caller.error("memory_search", {"query": "safe combination"})["code"] == "Unavailable"
+    finally:
+        caller.close()
+        assert server.stop() == 0, server.log()
+    assert list(outside.iterdir()) == []
+    assert files_holding(tmp_path, [b"linked-dir-marker-okapi"]) == []
+
+
+@pytest.mark.parametrize("name", [USED_FILE, ACCESS_FILE, LOG_NAME])
+def test_a_file_of_the_memory_store_replaced_by_a_link_is_refused(data_dir: Path, tmp_path: Path, name: str) -> None:
+    server = ServerProcess(data_dir)
+    caller = ToolCaller(server.url, SITE, PASSWORD)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    target = outside / "target-file"
+    try:
+        first = _create(caller, "Bike lock", "The code is 2468")
+        assert caller.ok("memory_get", {"memory_id": first})["memory"]["subject"] == "Bike lock"
+        directory = Path(memories_dir(str(data_dir), SITE))
+        planted = directory / name
+        target.write_bytes(planted.read_bytes() if planted.exists() else b"")
+        before = target.read_bytes()
+        planted.unlink(missing_ok=True)
+        planted.symlink_to(target)
+        fields = memory_fields("Locker", "planted-file-marker-tapir 97")
+        token = caller.call("memory_verify", {"intent": "create", "candidate": fields})
+        if not token.get("isError"):
+            args = {"memory": fields, "verify_token": token["structuredContent"]["verify_token"]}
+            if name == ACCESS_FILE:  # access times are a hint: the link is replaced, never followed
+                caller.ok("memory_upsert", args)
+            else:
+                assert caller.error("memory_upsert", args)["code"] == "Unavailable"
+        assert target.read_bytes() == before
+    finally:
+        caller.close()
+        assert server.stop() == 0, server.log()
+    assert target.read_bytes() == before
+    assert files_holding(outside, [b"planted-file-marker-tapir"]) == []

@@ -37,6 +37,10 @@ def drop_memories(root: str, site: str, lock_timeout: float = 5.0) -> bool:
     drop or ``fsck`` removes, never part of a site.
     """
     directory = memories_dir(root, site)
+    if os.path.islink(directory):  # a planted link: remove the link, never what it points to
+        fileio.unlink(directory)
+        fileio.fsync_dir(os.path.dirname(directory))
+        return True
     if not os.path.isdir(directory):
         return False
     trash = os.path.join(root, layout.SITES_DIR, f".dropped-memories-{os.getpid()}-{time.time_ns()}")

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from .. import fileio, layout
+from .. import fileio, layout, links
 from ..errors import Timeout
 from . import access, tokens
 from .errors import DuplicateMemory, InvalidMemory, MemoryStoreFull, NotFound, VersionConflict
@@ -138,6 +138,7 @@ class SiteMemories:
                 yield
                 return
             if self._lock_fd is None:
+                links.refuse_symlinks(self.root, self.dir)  # nothing of the site is reached through a link
                 self._lock_fd = fileio.open_create(os.path.join(self.dir, LOCK_NAME))
             fd = self._lock_fd
             started = time.monotonic()
@@ -208,6 +209,7 @@ class SiteMemories:
             self._remove_stale_temps()
             self._temps_checked = True
         if self.log.changed():
+            links.refuse_symlinks(self.root, self.dir)  # the log was replaced: look again before opening it
             self.log.open(writable=True)
             result = self.log.scan(layout_header_size(), 0)
             self._adopt(result, writable, full=True)

@@ -26,7 +26,7 @@ from typing import Any
 
 import msgspec
 
-from .. import fileio
+from .. import fileio, links
 from ..errors import Unavailable
 from .errors import VerifyRequired
 from .limits import VERIFY_TOKEN_TTL_SECONDS
@@ -56,8 +56,7 @@ def load_secret(root: str) -> bytes:
     """The data directory's token secret, created on first use (atomically, race-free across processes)."""
     path = os.path.join(root, SECRET_FILE)
     try:
-        with open(path, "rb") as f:
-            secret = f.read()
+        secret = links.read_nofollow(path)
         if len(secret) == _SECRET_BYTES:
             return secret
         raise OSError(errno.EINVAL, f"{path} does not hold a {_SECRET_BYTES}-byte secret")
@@ -77,8 +76,8 @@ def load_secret(root: str) -> bytes:
     finally:
         fileio.unlink(tmp)
     fileio.fsync_dir(root)
-    with open(path, "rb") as f:
-        return f.read()
+    return links.read_nofollow(path)
+
 
 
 def _b64(data: bytes) -> str:
@@ -176,8 +175,7 @@ def used_nonces(site_dir: str, now_us: int) -> set[str]:
     """Nonces used in the last token lifetime (site lock held)."""
     path = os.path.join(site_dir, USED_FILE)
     try:
-        with open(path, encoding="ascii", errors="replace") as f:
-            lines = f.read().splitlines()
+        lines = links.read_nofollow(path).decode("ascii", errors="replace").splitlines()
     except FileNotFoundError:
         return set()
     out: set[str] = set()
@@ -206,7 +204,7 @@ def consume(site_dir: str, nonce: str, now_us: int) -> None:
         raise VerifyRequired("used", "verify_token was already used (each token authorises one write)")
     line = f"{nonce} {now_us}\n".encode("ascii")
     try:
-        size = os.path.getsize(path)
+        size = os.lstat(path).st_size
     except FileNotFoundError:
         size = 0
     if size > 64 * 1024:
