@@ -398,21 +398,37 @@ def parse_size(text: str) -> int:
 
 
 def add_quota_options(parser: argparse.ArgumentParser) -> None:
-    """``--quota-bytes`` and ``--quota-conversations`` (shared by ``serve`` and ``stats``)."""
+    """``--quota-bytes``, ``--quota-files`` and ``--quota-conversations`` (shared by ``serve`` and ``stats``).
+
+    Absent: the default (None here; see :meth:`SiteQuota.from_options`); 0 lifts the limit.
+    """
+    from convmem.logstore.quota import DEFAULT_MAX_BYTES, DEFAULT_MAX_FILES
+
     default_bytes = _env("QUOTA_BYTES")
+    default_files = _env("QUOTA_FILES")
+    default_convs = _env("QUOTA_CONVERSATIONS")
     parser.add_argument(
         "--quota-bytes",
         type=parse_size,
-        default=parse_size(default_bytes) if default_bytes else 0,
+        default=parse_size(default_bytes) if default_bytes else None,
         metavar="SIZE",
-        help="most bytes of logs one site may hold, e.g. 20G; 0 = unlimited (env CONVMEM_QUOTA_BYTES)",
+        help=f"most bytes one site may take on disk (preallocated space included), e.g. 20G; default "
+        f"{DEFAULT_MAX_BYTES // 1024**3}G; 0 = unlimited (env CONVMEM_QUOTA_BYTES)",
+    )
+    parser.add_argument(
+        "--quota-files",
+        type=int,
+        default=int(default_files) if default_files else None,
+        metavar="N",
+        help=f"most files and directories one site may take on disk; default {DEFAULT_MAX_FILES}; "
+        "0 = unlimited (env CONVMEM_QUOTA_FILES)",
     )
     parser.add_argument(
         "--quota-conversations",
         type=int,
-        default=_env_int("QUOTA_CONVERSATIONS", 0),
+        default=int(default_convs) if default_convs else None,
         metavar="N",
-        help="most conversations one site may hold; 0 = unlimited (env CONVMEM_QUOTA_CONVERSATIONS)",
+        help="most conversations one site may hold; default and 0: unlimited (env CONVMEM_QUOTA_CONVERSATIONS)",
     )
 
 

@@ -73,7 +73,7 @@ def _open_store(args: argparse.Namespace, choice: StoreChoice) -> MemoryStore | 
         return None
     try:
         if choice.is_postgres:
-            if quota.max_bytes is not None or quota.max_conversations is not None:
+            if any(getattr(args, f"quota_{n}", None) for n in ("bytes", "files", "conversations")):
                 # Quotas are enforced by the file engine only (see README "Quotas").
                 print(
                     "convmem: --quota-bytes/--quota-conversations apply to a data directory only; "
@@ -229,11 +229,9 @@ def bind_policy_refusal(host: str, allowed_hosts: list[str]) -> str | None:
 
 
 def site_quota(args: argparse.Namespace) -> SiteQuota:
-    """The per-site quota from the command line (0 or absent: unlimited)."""
-    return SiteQuota(
-        max_bytes=getattr(args, "quota_bytes", 0) or None,
-        max_conversations=getattr(args, "quota_conversations", 0) or None,
-    )
+    """The per-site quota from the command line (absent: the default; 0: unlimited)."""
+    limits = (getattr(args, f"quota_{n}", None) for n in ("bytes", "files", "conversations"))
+    return SiteQuota.from_options(*limits)
 
 
 def throttle_settings(args: argparse.Namespace) -> ThrottleSettings:

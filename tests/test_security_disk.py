@@ -9,18 +9,22 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from disk_support import ToolCaller, memory_fields
+from disk_support import ToolCaller, memory_fields, tree
 from mcp_helpers import ServerProcess, convmem_cmd, run_convmem, subprocess_env
 from memories_support import files_holding
 
+from convmem.logstore import SiteQuota, open_store, site_usage
 from convmem.logstore.layout import site_dir
 from convmem.logstore.memories.access import ACCESS_FILE
 from convmem.logstore.memories.site import LOG_NAME, memories_dir
 from convmem.logstore.memories.tokens import SECRET_FILE, USED_FILE
+from convmem.logstore.quota import ACCOUNT_FILE, DEFAULT_MAX_BYTES, DEFAULT_MAX_FILES
 from convmem.mcp_adapter.credentials import CredentialFile
 
 SITE, PASSWORD = "disk-site-0001", "disk-password-0123456789"
@@ -210,3 +214,94 @@ def test_a_file_of_the_memory_store_replaced_by_a_link_is_refused(data_dir: Path
         assert server.stop() == 0, server.log()
     assert target.read_bytes() == before
     assert files_holding(outside, [b"planted-file-marker-tapir"]) == []
+
+
+# ------------------------------------------------------------------ quotas count what the disk holds
+
+
+def _append(caller: ToolCaller, conversation_id: str) -> dict[str, Any]:
+    return caller.call("append_memory", {"conversation_id": conversation_id, "items": [{"n": conversation_id}]})
+
+
+def _settled_tree(root: Path) -> dict[str, tuple[int, int, int]]:
+    """The tree under ``root`` once background work (pool fills, extend-ahead) has stopped changing it."""
+    last = tree(root)
+    for _ in range(100):
+        time.sleep(0.2)
+        now = tree(root)
+        if now == last:
+            return now
+        last = now
+    raise AssertionError("the data directory never settled")
+
+
+def _fill_with_one_item_conversations(caller: ToolCaller, prefix: str, most: int) -> tuple[int, dict[str, Any]]:
+    """Create one-item conversations until one is refused (as the attack did): how many, and the refusal."""
+    for i in range(most):
+        result = _append(caller, f"{prefix}-{i:08d}")
+        if result.get("isError"):
+            error: dict[str, Any] = result["_meta"]["convmem/error"]
+            return i, error
+    raise AssertionError(f"{most} one-item conversations were all admitted")
+
+
+def test_a_byte_quota_counts_what_the_disk_holds(data_dir: Path) -> None:
+    limit = 200 * 1024
+    site_path = Path(site_dir(str(data_dir), SITE))
+    first = ServerProcess(data_dir, "--quota-bytes", "200K")
+    second = ServerProcess(data_dir, "--quota-bytes", "200K")  # a second process on the same directory
+    a, b = ToolCaller(first.url, SITE, PASSWORD), ToolCaller(second.url, SITE, PASSWORD)
+    try:
+        admitted, refusal = _fill_with_one_item_conversations(a, "one-item", 3000)
+        assert refusal["code"] == "QuotaExceeded" and refusal["unit"] == "bytes" and refusal["limit"] == limit
+        assert 2 <= admitted <= 20, admitted  # the issue's run admitted 2,068
+        settled = _settled_tree(data_dir)
+        usage = site_usage(str(data_dir), SITE)
+        assert usage.conversations == admitted and usage.bytes <= limit * 1.1, usage
+        # The other process shares the account: it refuses too, and a refused write changes nothing on disk.
+        assert b.error("append_memory", {"conversation_id": "other-proc-0001", "items": [{"x": 1}]})["unit"] == "bytes"
+        assert a.error("append_memory", {"conversation_id": "same-proc-0001", "items": [{"x": 1}]})["unit"] == "bytes"
+        time.sleep(1)
+        assert _settled_tree(data_dir) == settled
+    finally:
+        a.close()
+        b.close()
+        assert first.stop() == 0, first.log()
+        assert second.stop() == 0, second.log()
+    # After a restart the account is still there: still refused.
+    again = ServerProcess(data_dir, "--quota-bytes", "200K")
+    c = ToolCaller(again.url, SITE, PASSWORD)
+    try:
+        assert c.error("append_memory", {"conversation_id": "after-restart-01", "items": [{"x": 1}]})["unit"] == "bytes"
+    finally:
+        c.close()
+        assert again.stop() == 0, again.log()
+    assert site_usage(str(data_dir), SITE).conversations == admitted
+    assert (site_path / ACCOUNT_FILE).exists()
+
+
+def test_a_file_quota_counts_files_and_directories(data_dir: Path) -> None:
+    server = ServerProcess(data_dir, "--quota-files", "60")
+    caller = ToolCaller(server.url, SITE, PASSWORD)
+    try:
+        admitted, refusal = _fill_with_one_item_conversations(caller, "few-files", 100)
+        assert refusal["code"] == "QuotaExceeded" and refusal["unit"] == "files" and refusal["limit"] == 60
+        assert 2 <= admitted <= 12, admitted
+        _settled_tree(data_dir)
+    finally:
+        caller.close()
+        assert server.stop() == 0, server.log()
+    assert site_usage(str(data_dir), SITE).files <= 60
+
+
+def test_every_site_has_a_default_quota_that_an_operator_can_raise_or_lift(data_dir: Path) -> None:
+    with open_store(data_dir) as store:
+        store.append(SITE, "default-quota-01", [{"a": 1}])
+    shown = run_convmem("stats", str(data_dir))
+    assert shown.returncode == 0, shown.stderr
+    assert f"of {DEFAULT_MAX_FILES}" in shown.stdout and "of 10.0 GiB" in shown.stdout, shown.stdout
+    lifted = run_convmem("stats", str(data_dir), "--quota-bytes", "0", "--quota-files", "0")
+    assert "quota usage (no quota set)" in lifted.stdout, lifted.stdout
+    assert SiteQuota.from_options(None, None, None) == SiteQuota(DEFAULT_MAX_BYTES, None, DEFAULT_MAX_FILES)
+    assert SiteQuota.from_options(0, 0, 0) == SiteQuota()
+    assert SiteQuota.from_options(1 << 40, None, 5).max_bytes == 1 << 40

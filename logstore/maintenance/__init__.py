@@ -168,7 +168,6 @@ __all__ = [
     "build_index",
     "check",
     "check_access",
-    "unsafe_data_dir",
     "export_items",
     "forget_conversation",
     "format_timestamp",
@@ -183,4 +182,5 @@ __all__ = [
     "set_aside_conversation",
     "site_has_data",
     "stats",
+    "unsafe_data_dir",
 ]

@@ -216,7 +216,10 @@ def iter_conversations(
     for name in _listdir(sdir):
         # "memories": the site's long-term memories, checked by logstore.memories.check.
         # The pool (logstore.convpool) holds no conversation: nothing there was acknowledged.
-        if name in (manifest.LOCK_FILE, layout.CONVERSATIONS_DIR, layout.POOL_DIR, "memories") or ".tmp" in name:
+        # "usage.acct": the site's quota account (logstore.quota), derived data.
+        if name in (manifest.LOCK_FILE, layout.CONVERSATIONS_DIR, layout.POOL_DIR, "memories", "usage.acct"):
+            continue
+        if ".tmp" in name:
             continue
         stem, _, ext = name.partition(".")
         if stem.startswith("manifest-") and stem[9:].isdigit() and ext in ("snap", "log"):
