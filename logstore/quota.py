@@ -274,6 +274,9 @@ class UsageTracker:
         self._measure = measure or accountable_usage
         self._lock = threading.Lock()
         self._accounts: dict[str, _Account] = {}
+        #: Byte corrections of settled appends not yet in the account, per site: folded into the
+        #: next charge's update (one locked update per append instead of two).
+        self._pending: dict[str, int] = {}
 
     # ------------------------------------------------------------ accounts
 
@@ -335,6 +338,7 @@ class UsageTracker:
             assert account is not None
             with _Locked(account) as a:
                 figures = self._figures(a, site)
+                self._fold(site, figures)
                 refusal = self._refusal(figures, cost, new_conversation)
                 # A walk due is taken before this charge is added: it must not be lost in the recount.
                 due = not recounted and self._recount_due(figures, cost)
@@ -372,9 +376,21 @@ class UsageTracker:
         )
 
     def settle(self, site: str, correction: int) -> None:
-        """Replace an append's estimated record bytes by what its conversation's files grew (may be negative)."""
+        """Replace an append's estimated record bytes by what its conversation's files grew (may be negative).
+
+        Kept in this process until the site's next charge, recount or :meth:`close`.
+        """
         if correction:
-            self._adjust(site, correction, 0, 0)
+            with self._lock:
+                self._pending[site] = self._pending.get(site, 0) + correction
+
+    def _fold(self, site: str, figures: list[int]) -> None:
+        """Add the site's pending corrections to ``figures`` (the account's flock held)."""
+        if self._pending:
+            with self._lock:
+                correction = self._pending.pop(site, 0)
+            if correction:
+                self._add(figures, correction, 0, 0)
 
     def refund(self, site: str, cost: tuple[int, int], new_conversation: bool) -> None:
         """Undo :meth:`charge` for an append that was not written."""
@@ -390,6 +406,7 @@ class UsageTracker:
             return  # the site was removed meanwhile: nothing to correct
         with _Locked(account) as a:
             figures = self._figures(a, site)
+            self._fold(site, figures)
             self._add(figures, nbytes, files, conversations)
             a.write(figures)
 
@@ -401,7 +418,10 @@ class UsageTracker:
         if account is None:
             return Usage()
         with _Locked(account) as a:
-            before = self._figures(a, site)[3:6]
+            figures = self._figures(a, site)
+            self._fold(site, figures)
+            a.write(figures)
+            before = figures[3:6]
         started = time.monotonic()
         usage = self._measure(self.root, site)
         took = int((time.monotonic() - started) * 1e6)
@@ -415,11 +435,17 @@ class UsageTracker:
     def forget(self, site: str) -> None:
         """Drop what is known of ``site`` (this process deleted it); measured again when next needed."""
         with self._lock:
+            self._pending.pop(site, None)
             account = self._accounts.pop(site, None)
         if account is not None:
             account.close()
 
     def close(self) -> None:
+        """Write what is pending into the accounts, and close them."""
+        with self._lock:
+            pending = list(self._pending)
+        for site in pending:
+            self._adjust(site, 0, 0, 0)
         with self._lock:
             accounts = list(self._accounts.values())
             self._accounts.clear()
