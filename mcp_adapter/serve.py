@@ -27,7 +27,6 @@ import uvicorn
 from mcp.server.stdio import stdio_server
 
 from convmem.logstore import MemoryStore, SiteQuota, StoreError, open_store
-from convmem.logstore.maintenance import unsafe_data_dir
 
 from . import __version__, metrics, requestlog, tls
 from .auth import Authenticator
@@ -76,7 +75,7 @@ def _open_store(args: argparse.Namespace, choice: StoreChoice) -> MemoryStore | 
             if any(getattr(args, f"quota_{n}", None) for n in ("bytes", "files", "conversations")):
                 # Quotas are enforced by the file engine only (see README "Quotas").
                 print(
-                    "convmem: --quota-bytes/--quota-conversations apply to a data directory only; "
+                    "convmem: --quota-bytes/--quota-files/--quota-conversations apply to a data directory only; "
                     "they are not enforced with a PostgreSQL store, so drop them or serve a data directory",
                     file=sys.stderr,
                 )
@@ -103,6 +102,8 @@ def _open_store(args: argparse.Namespace, choice: StoreChoice) -> MemoryStore | 
 
 def _unsafe_data_dir(args: argparse.Namespace, choice: StoreChoice) -> bool:
     """True after printing why the data directory (created if missing) must not be served (issue 26, hole 9)."""
+    from convmem.logstore.maintenance import unsafe_data_dir
+
     data_dir = args.data_dir if choice.is_postgres else choice.target
     if not data_dir:
         return False
