@@ -124,6 +124,7 @@ def _site_command(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse
 def cmd_site_add(args: argparse.Namespace) -> int:
     """``convmem site add NAME``: create a site; print its password once (or take it from stdin)."""
     from convmem.logstore import StoreError
+    from convmem.logstore.memories.drop import drop_memories, memories_held
 
     from .credentials import CredentialError, generate_password
 
@@ -137,18 +138,22 @@ def cmd_site_add(args: argparse.Namespace) -> int:
         if site in creds.sites():
             return _fail(f"site {site!r} already exists")
         place = "the database" if store is not None else "the data directory"
+        memory_root = _memory_root(args, store, where)
         try:
             leftover = _leftover_site_data(store, where, site)
-            if leftover == "conversations" and not args.purge_data:
+            memories = memories_held(memory_root, site) if memory_root else 0
+            if (leftover == "conversations" or memories) and not args.purge_data:
                 return _fail(
                     f"{place} still holds data of an earlier site named {site!r}; a new owner would see it. "
                     "Add --purge-data to delete that data first, or choose another name"
                 )
+            if memory_root:
+                drop_memories(memory_root, site)
             if leftover is not None:
                 # Conversations only with --purge-data; a site without any (e.g. listing files) always.
                 with _data_store(store, where) as data:
                     data.drop_site(site)
-        except StoreError as exc:
+        except (StoreError, OSError) as exc:
             return _fail(f"cannot check the store ({where}): {exc}")
         try:
             creds.add(site, password)
@@ -213,7 +218,7 @@ def cmd_site_remove(args: argparse.Namespace) -> int:
             return 2
         # Order matters: the password is revoked before any data is deleted, so that no client of the
         # old tenant can authenticate (and recreate data by appending) while the data goes.
-        memory_root = where if store is None else getattr(args, "data_dir", None)
+        memory_root = _memory_root(args, store, where)
         try:
             with _data_store(store, where) as data:
                 holds = bool(data.list_conversations(site, ListSelector(limit=1)).summaries)
@@ -277,6 +282,12 @@ def _leftover_site_data(store: MemoryStore | None, data_dir: str, site: str) -> 
     if site not in store.sites():
         return None
     return "conversations" if store.list_conversations(site, ListSelector(limit=1)).summaries else "empty"
+
+
+def _memory_root(args: argparse.Namespace, store: MemoryStore | None, where: str) -> str | None:
+    """The data directory holding the sites' long-term memories: the store's, or PostgreSQL's ``--data-dir``."""
+    root = where if store is None else getattr(args, "data_dir", None)
+    return str(root) if root else None
 
 
 def _leftover_site_dir(data_dir: str, site: str) -> str | None:

@@ -17,10 +17,11 @@ from typing import Any
 import pytest
 from disk_support import ToolCaller, memory_fields, tree
 from mcp_helpers import ServerProcess, convmem_cmd, run_convmem, subprocess_env
-from memories_support import files_holding
+from memories_support import create, files_holding
 
 from convmem.logstore import SiteQuota, open_store, site_usage
 from convmem.logstore.layout import site_dir
+from convmem.logstore.memories import LongTermMemory
 from convmem.logstore.memories.access import ACCESS_FILE
 from convmem.logstore.memories.site import LOG_NAME, memories_dir
 from convmem.logstore.memories.tokens import SECRET_FILE, USED_FILE
@@ -305,3 +306,18 @@ def test_every_site_has_a_default_quota_that_an_operator_can_raise_or_lift(data_
     assert SiteQuota.from_options(None, None, None) == SiteQuota(DEFAULT_MAX_BYTES, None, DEFAULT_MAX_FILES)
     assert SiteQuota.from_options(0, 0, 0) == SiteQuota()
     assert SiteQuota.from_options(1 << 40, None, 5).max_bytes == 1 << 40
+
+
+def test_site_add_refuses_a_name_whose_old_memories_are_still_on_disk(data_dir: Path) -> None:
+    with LongTermMemory(data_dir) as store:
+        create(store, memory_fields("Old tenant", "old-owner-marker-gecko"), site=SITE)
+    CredentialFile(data_dir).remove(SITE)  # a removal that revoked the password and was interrupted
+    refused = run_convmem("site", "add", SITE, "--data-dir", str(data_dir), "--password-stdin", input=PASSWORD + "\n")
+    assert refused.returncode != 0 and "--purge-data" in refused.stderr, refused.stderr
+    assert SITE not in CredentialFile(data_dir).sites()
+    assert files_holding(data_dir, [b"old-owner-marker-gecko"]) != []
+    purged = run_convmem(
+        "site", "add", SITE, "--data-dir", str(data_dir), "--password-stdin", "--purge-data", input=PASSWORD + "\n"
+    )
+    assert purged.returncode == 0, purged.stderr
+    assert files_holding(data_dir, [b"old-owner-marker-gecko"]) == []
