@@ -205,8 +205,13 @@ class _Account:
         self.path = path
         self.fd = fileio.open_create(path)
         try:
-            if os.fstat(self.fd).st_size < _LAYOUT.size:
-                os.ftruncate(self.fd, _LAYOUT.size)
+            if os.fstat(self.fd).st_size < _LAYOUT.size:  # new: sized under the flock (another may fill it)
+                _flock(self.fd)
+                try:
+                    if os.fstat(self.fd).st_size < _LAYOUT.size:
+                        fileio.pwrite_all(self.fd, bytes(_LAYOUT.size), 0)
+                finally:
+                    fileio.unlock(self.fd)
             self.map = mmap.mmap(self.fd, _LAYOUT.size)
         except BaseException:
             os.close(self.fd)
