@@ -106,6 +106,8 @@ class ConversationState:
         self._loaded = False
         self._fd: int | None = None  # active segment, read-write
         self._idx_fd: int | None = None
+        #: :meth:`allocated_bytes` after this object's last append under a quota (-1: none yet).
+        self.quota_seen = -1
         #: The site's pool of pre-created conversation directories, and an entry claimed as this
         #: conversation whose first segment is not written yet.
         self.pool = pool
@@ -195,6 +197,19 @@ class ConversationState:
             if fd is not None:
                 os.close(fd)
         self._fd = self._idx_fd = None
+
+    def allocated_bytes(self) -> int:
+        """What the disk holds for the active segment and its index (``st_blocks``), -1 when none is open.
+
+        For quota accounting (:mod:`logstore.quota`); ``mutex`` held.
+        """
+        if self._fd is None:
+            return -1
+        total = 0
+        for fd in (self._fd, self._idx_fd):
+            if fd is not None:
+                total += os.fstat(fd).st_blocks * 512
+        return total
 
     def holds_segments(self) -> bool:
         """True when the conversation held a segment when its files were last looked at (a hint, not a check)."""

@@ -256,7 +256,7 @@ class ItemsLost(StoreError):
 
 
 class QuotaExceeded(StoreError):
-    """The append would take the site past its configured quota (bytes of logs or conversations).
+    """The append would take the site past its quota: bytes on disk, files and directories, or conversations.
 
     Permanent: retrying the same append fails again until the operator raises
     the quota or data is removed.
@@ -264,11 +264,11 @@ class QuotaExceeded(StoreError):
 
     code = "QuotaExceeded"
 
-    def __init__(self, unit: Literal["bytes", "conversations"], limit: int, actual: int) -> None:
+    def __init__(self, unit: Literal["bytes", "files", "conversations"], limit: int, actual: int) -> None:
         self.unit = unit
         self.limit = limit
         self.actual = actual
-        what = "bytes of logs" if unit == "bytes" else "conversations"
+        what = {"bytes": "bytes on disk", "files": "files and directories"}.get(unit, unit)
         super().__init__(f"the site would hold {actual} {what}; its quota is {limit} {what}")
 
     def details(self) -> dict[str, object]:

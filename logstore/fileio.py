@@ -592,7 +592,7 @@ def copy_file(src: str, dst: str) -> int:
 def copy_prefix(src: str, dst: str, length: int | None) -> int:
     """Copy the first ``length`` bytes of ``src`` (all of it for None) to ``dst``, as :func:`copy_file`."""
     done = 0
-    fin = os.open(src, os.O_RDONLY)
+    fin = os.open(src, os.O_RDONLY | os.O_NOFOLLOW)
     try:
         fout = open_create(dst, os.O_WRONLY | os.O_TRUNC)
         try:
@@ -614,8 +614,12 @@ _COPY_CHUNK = 1 << 20
 
 
 def open_create(path: str, flags: int = os.O_RDWR, mode: int = FILE_MODE) -> int:
-    """``os.open(path, flags | O_CREAT)``: a descriptor of a file that may be new (or, with O_TRUNC, emptied)."""
-    fd = os.open(path, flags | os.O_CREAT, mode)
+    """``os.open(path, flags | O_CREAT | O_NOFOLLOW)``: a descriptor of a file that may be new (or emptied).
+
+    ``O_NOFOLLOW``: a symbolic link planted at ``path`` fails with ELOOP, never
+    creates, empties or writes the file it points to (:mod:`logstore.links`).
+    """
+    fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW, mode)
     if recorder is not None:
         recorder("create", path, fd)
     return fd

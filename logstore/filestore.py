@@ -6,7 +6,6 @@ import errno
 import functools
 import itertools
 import os
-import stat
 import threading
 import time
 from collections import OrderedDict
@@ -15,10 +14,11 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from . import convpool, fileio, follow, layout, observe
+from . import convpool, fileio, follow, layout, links, observe
 from .codec import encode_batch
 from .conversation import Conversation, Options, Tip
 from .errors import Io, StoreError, Timeout, Unavailable
+from .frame import RECORD_OVERHEAD
 from .ids import ConversationId, SiteName, check_expected_next_seq, check_idempotency_key
 from .incarnation import Incarnation, SiteGuard
 from .manifest import SiteManifest
@@ -34,7 +34,7 @@ from .model import (
     SeqRange,
     Tail,
 )
-from .quota import SiteQuota, UsageTracker
+from .quota import MANIFEST_BYTES_PER_APPEND, SiteQuota, UsageTracker
 from .store import MemoryStore
 from .timefmt import format_us, parse_rfc3339
 from .writer import first_chunk
@@ -133,42 +133,14 @@ class FileStore(MemoryStore):
             raise Unavailable("the store is closed")
 
     def _refuse_symlinks(self, path: str, checked: str | None = None) -> str | None:
-        """Raise Unavailable when ``path``, a directory between the root and it, or an entry in it is a symlink.
+        """:func:`logstore.links.refuse_symlinks` below this store's root.
 
-        Returns the first directory on the way (``path`` itself at the most)
-        found missing, if any: nothing below it is there to check.
-
-        Invariant: the store never follows a symbolic link below its root, so a
-        site or conversation directory linked to another cannot serve (or
-        receive) that other's data. Checked whenever a site or conversation is
-        opened (not on every call): a site's directories from the root down
-        when this store first uses the site, a conversation's from below its
-        site directory (``checked``, a prefix of ``path`` checked already)
+        Checked whenever a site or conversation is opened (not on every call):
+        a site's directories from the root down when this store first uses the
+        site, a conversation's from below its site directory (``checked``)
         when it is opened; ``fsck`` reports links anywhere below the root.
         """
-        root = self.root
-        # Each directory from there down, by its prefix of ``path`` (no relpath/join per part).
-        end = len(root if checked is None else checked)
-        while end < len(path):
-            end = path.find(os.sep, end + 1)
-            if end < 0:
-                end = len(path)
-            current = path[:end]
-            try:
-                if stat.S_ISLNK(os.lstat(current).st_mode):
-                    raise _symlink_refused(root, current)
-            except FileNotFoundError:
-                return current
-        try:
-            with os.scandir(path) as entries:
-                for entry in entries:
-                    if entry.is_symlink():
-                        raise _symlink_refused(self.root, entry.path)
-        except FileNotFoundError:
-            return path
-        except NotADirectoryError:
-            pass
-        return None
+        return links.refuse_symlinks(self.root, path, checked)
 
     def _site_is(self, site: str, incarnation: Incarnation | None) -> None:
         """Drop this store's objects of ``site`` unless they were built for ``incarnation`` (the one on disk now).
@@ -445,7 +417,11 @@ class FileStore(MemoryStore):
         directory) and corrected after it from the first seq.
         """
         new = not conv.holds_segments() and not os.path.isdir(conv.path)
-        cost = usage.charge(site, len(body), new)
+        # What the files grew since this object's last append (extend-ahead), and may grow now.
+        now = conv.allocated_bytes()
+        before = conv.quota_seen if conv.quota_seen >= 0 else now
+        ahead = max(0, now - before) + conv.growth_bound(len(body) + RECORD_OVERHEAD) if before >= 0 else 0
+        cost = usage.charge(site, len(body), new, ahead)
         try:
             first, last, stamp = conv.append(body, count, deadline, started, key, expect)
         except BaseException:
@@ -454,6 +430,9 @@ class FileStore(MemoryStore):
         if not stamp:
             usage.refund(site, cost, new)  # answered from its idempotency key: nothing was written
             return first, last, stamp
+        conv.quota_seen = after = conv.allocated_bytes()
+        if not new and before >= 0:  # the estimate's record bytes replaced by what the files grew
+            usage.settle(site, max(0, after - before) + MANIFEST_BYTES_PER_APPEND - cost[0])
         if (first == 0) != new:
             usage.adjust_conversations(site, 1 if first == 0 else -1)
         return first, last, stamp
@@ -609,6 +588,8 @@ class FileStore(MemoryStore):
                 conv.close()
         for m in manifests:
             m.close()
+        if self._usage is not None:
+            self._usage.close()
 
     # ------------------------------------------------------- maintenance
 
@@ -620,14 +601,6 @@ class FileStore(MemoryStore):
             self._site_is(site, incarnation)
             if incarnation is not None:
                 self._manifest(site).rebuild()
-
-
-def _symlink_refused(root: str, path: str) -> Unavailable:
-    rel = os.path.relpath(path, root)
-    return Unavailable(
-        f"{rel} in the data directory is a symbolic link; the store refuses symbolic links under its data "
-        "directory (replace it with the real directory or file; `convmem fsck` lists them)"
-    )
 
 
 def open_store(data_dir: str | os.PathLike[str], **options: Any) -> FileStore:

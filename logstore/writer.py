@@ -490,6 +490,24 @@ class Writer(Recovery):
         size = -(-max(grown, rec_end) // block) * block
         return max(rec_end, min(size, self.options.segment_bytes))
 
+    def growth_bound(self, record_bytes: int) -> int:
+        """At most what an append of ``record_bytes`` may add to the active segment's allocation (quota).
+
+        The extension the record itself needs (:meth:`_extended_size`) plus
+        the extend-ahead chunk it would then start (as :meth:`_ahead_target`
+        judges). 0 while the segment is not open in this process (nothing
+        known: the append's own estimate stands). ``mutex`` held.
+        """
+        if self._fd is None or self._sealed_active:
+            return 0
+        rec_end = self._end + record_bytes
+        alloc = self._extended_size(rec_end) if rec_end > self._alloc else self._alloc
+        chunk = min(max(alloc, self._first_chunk()), PREALLOC_MAX)
+        ahead = chunk >= min(AHEAD_MIN_CHUNK, self.options.segment_bytes // 8) and alloc - rec_end < max(
+            chunk // 2, 2 * record_bytes
+        )
+        return alloc - self._alloc + (chunk if ahead else 0)
+
     def _ahead_target(self) -> int | None:
         """The size to extend the active segment to ahead of need, or None while its free space suffices.
 

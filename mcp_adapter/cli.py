@@ -124,6 +124,7 @@ def _site_command(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse
 def cmd_site_add(args: argparse.Namespace) -> int:
     """``convmem site add NAME``: create a site; print its password once (or take it from stdin)."""
     from convmem.logstore import StoreError
+    from convmem.logstore.memories.drop import drop_memories, memories_held
 
     from .credentials import CredentialError, generate_password
 
@@ -137,18 +138,22 @@ def cmd_site_add(args: argparse.Namespace) -> int:
         if site in creds.sites():
             return _fail(f"site {site!r} already exists")
         place = "the database" if store is not None else "the data directory"
+        memory_root = _memory_root(args, store, where)
         try:
             leftover = _leftover_site_data(store, where, site)
-            if leftover == "conversations" and not args.purge_data:
+            memories = memories_held(memory_root, site) if memory_root else 0
+            if (leftover == "conversations" or memories) and not args.purge_data:
                 return _fail(
                     f"{place} still holds data of an earlier site named {site!r}; a new owner would see it. "
                     "Add --purge-data to delete that data first, or choose another name"
                 )
+            if memory_root:
+                drop_memories(memory_root, site)
             if leftover is not None:
                 # Conversations only with --purge-data; a site without any (e.g. listing files) always.
                 with _data_store(store, where) as data:
                     data.drop_site(site)
-        except StoreError as exc:
+        except (StoreError, OSError) as exc:
             return _fail(f"cannot check the store ({where}): {exc}")
         try:
             creds.add(site, password)
@@ -201,6 +206,7 @@ def cmd_site_passwd(args: argparse.Namespace) -> int:
 def cmd_site_remove(args: argparse.Namespace) -> int:
     """``convmem site remove NAME [--force]``: delete a site (and, with --force, its conversations)."""
     from convmem.logstore import ListSelector, StoreError
+    from convmem.logstore.memories.drop import drop_memories, memories_held
 
     from .credentials import CredentialError
 
@@ -212,13 +218,18 @@ def cmd_site_remove(args: argparse.Namespace) -> int:
             return 2
         # Order matters: the password is revoked before any data is deleted, so that no client of the
         # old tenant can authenticate (and recreate data by appending) while the data goes.
+        memory_root = _memory_root(args, store, where)
         try:
             with _data_store(store, where) as data:
                 holds = bool(data.list_conversations(site, ListSelector(limit=1)).summaries)
-                if holds and not args.force:
-                    return _fail(f"site {site!r} still holds conversations; use --force to delete them with the site")
+            memories = memories_held(memory_root, site) if memory_root else 0
         except StoreError as exc:
             return _fail(f"cannot open the store ({where}): {exc}")
+        if (holds or memories) and not args.force:
+            what = " and ".join(
+                (["conversations"] if holds else []) + ([f"{memories} long-term memories"] if memories else [])
+            )
+            return _fail(f"site {site!r} still holds {what}; use --force to delete them with the site")
         try:
             creds.remove(site)
         except CredentialError as exc:
@@ -233,14 +244,16 @@ def cmd_site_remove(args: argparse.Namespace) -> int:
             # let them finish (they are bounded by the server's lock timeout) before deleting.
             time.sleep(args.grace)
             try:
+                if memory_root:
+                    drop_memories(memory_root, site)
                 with _data_store(store, where) as data:
                     data.drop_site(site)
-            except StoreError as exc:
+            except (StoreError, OSError) as exc:
                 return _fail(
                     f"revoked site {site!r} but could not delete its data: {exc}. "
                     f"`convmem site add {site} --purge-data` deletes it before the name is reused"
                 )
-    print(f"removed site {site!r}" + (" and its conversations" if args.force else ""), file=sys.stderr)
+    print(f"removed site {site!r}" + (" and all its data" if args.force else ""), file=sys.stderr)
     return 0
 
 
@@ -269,6 +282,12 @@ def _leftover_site_data(store: MemoryStore | None, data_dir: str, site: str) -> 
     if site not in store.sites():
         return None
     return "conversations" if store.list_conversations(site, ListSelector(limit=1)).summaries else "empty"
+
+
+def _memory_root(args: argparse.Namespace, store: MemoryStore | None, where: str) -> str | None:
+    """The data directory holding the sites' long-term memories: the store's, or PostgreSQL's ``--data-dir``."""
+    root = where if store is None else getattr(args, "data_dir", None)
+    return str(root) if root else None
 
 
 def _leftover_site_dir(data_dir: str, site: str) -> str | None:
@@ -390,21 +409,37 @@ def parse_size(text: str) -> int:
 
 
 def add_quota_options(parser: argparse.ArgumentParser) -> None:
-    """``--quota-bytes`` and ``--quota-conversations`` (shared by ``serve`` and ``stats``)."""
+    """``--quota-bytes``, ``--quota-files`` and ``--quota-conversations`` (shared by ``serve`` and ``stats``).
+
+    Absent: the default (None here; see :meth:`SiteQuota.from_options`); 0 lifts the limit.
+    """
+    from convmem.logstore.quota import DEFAULT_MAX_BYTES, DEFAULT_MAX_FILES
+
     default_bytes = _env("QUOTA_BYTES")
+    default_files = _env("QUOTA_FILES")
+    default_convs = _env("QUOTA_CONVERSATIONS")
     parser.add_argument(
         "--quota-bytes",
         type=parse_size,
-        default=parse_size(default_bytes) if default_bytes else 0,
+        default=parse_size(default_bytes) if default_bytes else None,
         metavar="SIZE",
-        help="most bytes of logs one site may hold, e.g. 20G; 0 = unlimited (env CONVMEM_QUOTA_BYTES)",
+        help=f"most bytes one site may take on disk (preallocated space included), e.g. 20G; default "
+        f"{DEFAULT_MAX_BYTES // 1024**3}G; 0 = unlimited (env CONVMEM_QUOTA_BYTES)",
+    )
+    parser.add_argument(
+        "--quota-files",
+        type=int,
+        default=int(default_files) if default_files else None,
+        metavar="N",
+        help=f"most files and directories one site may take on disk; default {DEFAULT_MAX_FILES}; "
+        "0 = unlimited (env CONVMEM_QUOTA_FILES)",
     )
     parser.add_argument(
         "--quota-conversations",
         type=int,
-        default=_env_int("QUOTA_CONVERSATIONS", 0),
+        default=int(default_convs) if default_convs else None,
         metavar="N",
-        help="most conversations one site may hold; 0 = unlimited (env CONVMEM_QUOTA_CONVERSATIONS)",
+        help="most conversations one site may hold; default and 0: unlimited (env CONVMEM_QUOTA_CONVERSATIONS)",
     )
 
 
@@ -559,7 +594,9 @@ def _add_site(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     remove = site_sub.add_parser("remove", parents=[data_dir], help="delete a site")
     remove.add_argument("name")
-    remove.add_argument("--force", action="store_true", help="also delete the site's conversations")
+    remove.add_argument(
+        "--force", action="store_true", help="also delete the site's conversations and long-term memories"
+    )
     remove.add_argument(
         "--grace",
         type=float,

@@ -37,6 +37,7 @@ class VerifyArgs(msgspec.Struct, frozen=True):
     intent: Literal["create", "update", "delete"]
     candidate: dict[str, Any] | Unset = _UNSET
     memory_id: str | Unset = _UNSET
+    force: bool = False
 
 
 class UpsertArgs(msgspec.Struct, frozen=True):
@@ -110,7 +111,9 @@ def run_memory_call(backend: Backend, site: str, args: MemoryArgs) -> dict[str, 
     """Run one validated memory call (blocking; the server runs it in a worker thread)."""
     store = backend.memory_store()
     if isinstance(args, VerifyArgs):
-        related, token, expires = store.verify(site, args.intent, _opt(args.candidate), _opt(args.memory_id))
+        related, token, expires = store.verify(
+            site, args.intent, _opt(args.candidate), _opt(args.memory_id), force=args.force
+        )
         return {
             "related": [record(m, s) for m, s in related],
             "verify_token": token,

@@ -168,6 +168,12 @@ MEMORY_VERIFY_REQUEST: JsonSchema = {
             "description": "The memory as you intend to write it (create and update).",
         },
         "memory_id": {**_MEMORY_ID, "description": "The memory to update or delete."},
+        "force": {
+            "default": False,
+            "description": "Delete only: the force the memory_delete will pass. The token authorises exactly "
+            "that: a token asked for a soft delete (false) cannot erase, nor one asked for an erasure soft-delete.",
+            "type": "boolean",
+        },
     },
     "required": ["intent"],
     "title": "MemoryVerifyRequest",

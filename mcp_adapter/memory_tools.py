@@ -39,7 +39,7 @@ VERIFY_DESCRIPTION = _text(
     "nothing. Tokens are bound to your site, the intent and the exact candidate or memory id, work once, and "
     "expire after 10 minutes; a changed candidate needs a new memory_verify.",
     "intent create: pass candidate. intent update: pass memory_id and candidate (the memory's complete new "
-    "fields). intent delete: pass memory_id.",
+    "fields). intent delete: pass memory_id, and force: true if the delete is to erase.",
     LONG_TERM,
     NEVER_STORE,
     _ERRORS + " NotFound: no memory with that id in your site.",
@@ -62,7 +62,8 @@ UPSERT_DESCRIPTION = _text(
 )
 
 DELETE_DESCRIPTION = _text(
-    "Delete a long-term memory. Needs the verify_token of a memory_verify with intent delete for this memory_id.",
+    "Delete a long-term memory. Needs the verify_token of a memory_verify with intent delete for this memory_id "
+    "and the same force (a token asked for a soft delete cannot erase).",
     "By default the delete is soft: the memory stops surfacing and searching (memory_get still shows it, with "
     "status 'deleted') and is erased for good after the retention window (30 days unless the operator set "
     "another). force: true erases it now: when the call returns, its subject, summary, details, tags, source URIs "

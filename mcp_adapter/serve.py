@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import errno
 import functools
 import logging
@@ -67,12 +68,14 @@ def _choice(args: argparse.Namespace) -> StoreChoice | None:
 def _open_store(args: argparse.Namespace, choice: StoreChoice) -> MemoryStore | None:
     """Open the chosen store; None after printing why it cannot be opened or used as asked."""
     quota = site_quota(args)
+    if _unsafe_data_dir(args, choice):
+        return None
     try:
         if choice.is_postgres:
-            if quota.max_bytes is not None or quota.max_conversations is not None:
+            if any(getattr(args, f"quota_{n}", None) for n in ("bytes", "files", "conversations")):
                 # Quotas are enforced by the file engine only (see README "Quotas").
                 print(
-                    "convmem: --quota-bytes/--quota-conversations apply to a data directory only; "
+                    "convmem: --quota-bytes/--quota-files/--quota-conversations apply to a data directory only; "
                     "they are not enforced with a PostgreSQL store, so drop them or serve a data directory",
                     file=sys.stderr,
                 )
@@ -95,6 +98,21 @@ def _open_store(args: argparse.Namespace, choice: StoreChoice) -> MemoryStore | 
         what = "reach PostgreSQL" if choice.is_postgres else "open the data directory"
         print(f"convmem: cannot {what} ({choice.describe()}): {exc}", file=sys.stderr)
         return None
+
+
+def _unsafe_data_dir(args: argparse.Namespace, choice: StoreChoice) -> bool:
+    """True after printing why the data directory (created if missing) must not be served (issue 26, hole 9)."""
+    from convmem.logstore.maintenance import unsafe_data_dir
+
+    data_dir = args.data_dir if choice.is_postgres else choice.target
+    if not data_dir:
+        return False
+    with contextlib.suppress(OSError):  # an unusable path is reported by the check (or the open) below
+        Path(data_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+    why = unsafe_data_dir(str(data_dir))
+    if why is not None:
+        print(f"convmem: refusing to serve: {why}", file=sys.stderr)
+    return why is not None
 
 
 def _memory_dir(args: argparse.Namespace, choice: StoreChoice) -> str:
@@ -214,11 +232,9 @@ def bind_policy_refusal(host: str, allowed_hosts: list[str]) -> str | None:
 
 
 def site_quota(args: argparse.Namespace) -> SiteQuota:
-    """The per-site quota from the command line (0 or absent: unlimited)."""
-    return SiteQuota(
-        max_bytes=getattr(args, "quota_bytes", 0) or None,
-        max_conversations=getattr(args, "quota_conversations", 0) or None,
-    )
+    """The per-site quota from the command line (absent: the default; 0: unlimited)."""
+    limits = (getattr(args, f"quota_{n}", None) for n in ("bytes", "files", "conversations"))
+    return SiteQuota.from_options(*limits)
 
 
 def throttle_settings(args: argparse.Namespace) -> ThrottleSettings:

@@ -37,7 +37,7 @@ def update(store: LongTermMemory, memory_id: str, raw: dict[str, Any], site: str
 
 
 def delete(store: LongTermMemory, memory_id: str, force: bool = False, site: str = SITE) -> Memory | None:
-    _, token, _ = store.verify(site, "delete", None, memory_id)
+    _, token, _ = store.verify(site, "delete", None, memory_id, force=force)
     return store.delete(site, memory_id, token, force)
 
 

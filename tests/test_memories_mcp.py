@@ -141,7 +141,9 @@ async def test_verify_first_workflow(server: ServerProcess) -> None:
         assert soft["status"] == "deleted" and soft["memory"]["status"] == "deleted"
         gone = ok(await client.call_tool("memory_search", {"query": "metric Celsius miles"}))
         assert created["id"] not in [m["id"] for m in gone["memories"]]
-        dele = ok(await client.call_tool("memory_verify", {"intent": "delete", "memory_id": created["id"]}))
+        dele = ok(
+            await client.call_tool("memory_verify", {"intent": "delete", "memory_id": created["id"], "force": True})
+        )
         erased = ok(
             await client.call_tool(
                 "memory_delete", {"memory_id": created["id"], "verify_token": dele["verify_token"], "force": True}

@@ -191,7 +191,7 @@ def test_an_erasure_by_one_store_is_seen_by_another_and_never_written_back(tmp_p
         _, token, _ = a.verify(SITE, "create", secret)
         victim = a.upsert(SITE, secret, token)
         assert next(m.memory_id for m, _ in b.search(SITE, "quail")) == victim.memory_id
-        _, token, _ = b.verify(SITE, "delete", None, victim.memory_id)
+        _, token, _ = b.verify(SITE, "delete", None, victim.memory_id, force=True)
         assert b.delete(SITE, victim.memory_id, token, force=True) is None
         assert victim.memory_id not in [m.memory_id for m, _ in a.search(SITE, "quail", include_deleted=True)]
         later = fields(3)
@@ -211,7 +211,7 @@ ERASER = textwrap.dedent(
     from convmem.logstore.memories import LongTermMemory
     root, mid = sys.argv[1], sys.argv[2]
     store = LongTermMemory(root)
-    _, token, _ = store.verify("memsite-01", "delete", None, mid)
+    _, token, _ = store.verify("memsite-01", "delete", None, mid, force=True)
     store.delete("memsite-01", mid, token, force=True)
     print("returned")
     """

@@ -118,7 +118,7 @@ class MemoriesVsModel(RuleBasedStateMachine):
     @rule(data=st.data())
     def erase(self, data: st.DataObject) -> None:
         mid = data.draw(st.sampled_from(sorted(self.model)))
-        _, token, _ = self.store.verify(SITE, "delete", None, mid)
+        _, token, _ = self.store.verify(SITE, "delete", None, mid, force=True)
         assert self.store.delete(SITE, mid, token, force=True) is None
         self.erased_markers.append(self.model.pop(mid)["marker"].encode())
         assert files_holding(self.dir, self.erased_markers) == []

@@ -158,7 +158,7 @@ def test_token_single_use_survives_restart(tmp_path: Path) -> None:
         assert store.delete(SITE, m.memory_id, token) is not None
     with LongTermMemory(tmp_path) as store:
         with pytest.raises(VerifyRequired, match="already used"):
-            store.delete(SITE, m.memory_id, token, force=True)
+            store.delete(SITE, m.memory_id, token)
         assert store.get(SITE, m.memory_id).status == "deleted"
 
 

@@ -217,8 +217,9 @@ with LongTermMemory(root, lock_timeout=30) as store:
             store.upsert(site, raw, tok, memory_id=m.memory_id)
         else:
             m = rng.choice(live)
-            _, tok, _ = store.verify(site, "delete", None, m.memory_id)
-            store.delete(site, m.memory_id, tok, force=rng.random() < 0.5)
+            force = rng.random() < 0.5
+            _, tok, _ = store.verify(site, "delete", None, m.memory_id, force=force)
+            store.delete(site, m.memory_id, tok, force=force)
         n += 1
         print(json.dumps(snapshot(store)), flush=True)
 """
@@ -293,6 +294,6 @@ def test_backup_copies_memories_written_meanwhile(tmp_path: Path) -> None:
         assert mem.get(SITE, fresh.memory_id).fields.subject == "minted before the backup"
         hits = mem.search(SITE, "minted before the backup", limit=3)
         assert hits and hits[0][0].memory_id == fresh.memory_id
-        _, tok, _ = mem.verify(SITE, "delete", None, fresh.memory_id)
+        _, tok, _ = mem.verify(SITE, "delete", None, fresh.memory_id, force=True)
         assert mem.delete(SITE, fresh.memory_id, tok, force=True) is None
     assert cli("fsck", str(dest)).returncode == 0

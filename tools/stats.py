@@ -48,11 +48,17 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def format_quota(usage: Usage, quota: SiteQuota) -> str:
     """One line: the site's usage as the quota counts it, against the quota when one is set."""
-    parts = [f"{human_bytes(usage.bytes)} of logs", plural(usage.conversations, "conversation")]
+    parts = [
+        f"{human_bytes(usage.bytes)} on disk",
+        f"{usage.files} files and directories",
+        plural(usage.conversations, "conversation"),
+    ]
     if quota.max_bytes is not None:
         parts[0] += f" of {human_bytes(quota.max_bytes)} ({usage.bytes / quota.max_bytes * 100:.1f}%)"
+    if quota.max_files is not None:
+        parts[1] += f" of {quota.max_files} ({usage.files / quota.max_files * 100:.1f}%)"
     if quota.max_conversations is not None:
-        parts[1] += f" of {quota.max_conversations} ({usage.conversations / quota.max_conversations * 100:.1f}%)"
+        parts[2] += f" of {quota.max_conversations} ({usage.conversations / quota.max_conversations * 100:.1f}%)"
     label = "quota usage" if quota.active else "quota usage (no quota set)"
     return f"  {label}: {', '.join(parts)}"
 
@@ -105,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         result = site_stats(args.data_dir, args.site, args.top)
     except (MaintenanceError, OSError) as exc:
         return fail(str(exc), EXIT_OPERATIONAL)
-    quota = SiteQuota(max_bytes=args.quota_bytes or None, max_conversations=args.quota_conversations or None)
+    quota = SiteQuota.from_options(args.quota_bytes, args.quota_files, args.quota_conversations)
     usages = {s.site: site_usage(args.data_dir, s.site) for s in result}
     if args.json:
         doc = [
@@ -119,8 +125,16 @@ def run(args: argparse.Namespace) -> int:
                     for c in s.largest
                 ],
                 "damaged": [{"conversation_id": c.conversation_id, "error": c.error} for c in s.damaged],
-                "quota_usage": {"bytes": usages[s.site].bytes, "conversations": usages[s.site].conversations},
-                "quota": {"max_bytes": quota.max_bytes, "max_conversations": quota.max_conversations},
+                "quota_usage": {
+                    "bytes": usages[s.site].bytes,
+                    "files": usages[s.site].files,
+                    "conversations": usages[s.site].conversations,
+                },
+                "quota": {
+                    "max_bytes": quota.max_bytes,
+                    "max_files": quota.max_files,
+                    "max_conversations": quota.max_conversations,
+                },
             }
             for s in result
         ]

@@ -52,6 +52,7 @@ from ._forget import Forgotten, forget_conversation
 from ._permissions import (
     AccessFinding,
     check_access,
+    unsafe_data_dir,
 )
 from ._records import (
     IndexEntryInfo,
@@ -181,4 +182,5 @@ __all__ = [
     "set_aside_conversation",
     "site_has_data",
     "stats",
+    "unsafe_data_dir",
 ]

@@ -217,8 +217,8 @@ def iter_conversations(
     for name in _listdir(sdir):
         # "memories": the site's long-term memories, checked by logstore.memories.check.
         # The pool (logstore.convpool) holds no conversation: nothing there was acknowledged.
-        # site.id: the site's incarnation (logstore.incarnation).
-        known = (manifest.LOCK_FILE, layout.CONVERSATIONS_DIR, layout.POOL_DIR, "memories", SITE_ID_FILE)
+        # site.id: the site's incarnation (logstore.incarnation); usage.acct: its quota account (logstore.quota).
+        known = (manifest.LOCK_FILE, layout.CONVERSATIONS_DIR, layout.POOL_DIR, "memories", SITE_ID_FILE, "usage.acct")
         if name in known or name == RETIRED_ID_FILE or ".tmp" in name:
             continue
         stem, _, ext = name.partition(".")

@@ -71,7 +71,7 @@ def _forget_quarantined(root: str, site: str, conversation_id: str) -> int:
         for name in os.listdir(path):
             fileio.unlink(os.path.join(path, name))
         fileio.fsync_dir(path)
-        os.rmdir(path)
+        fileio.remove_tree(path)  # emptied above; through the I/O seam, as every removal
     if folders:
         fileio.fsync_dir(qroot)
     return len(folders)

@@ -58,3 +58,33 @@ def check_access(data_dir: str) -> list[AccessFinding]:
                 continue  # removed while we walked (a live directory)
         dirnames.sort()
     return findings
+
+
+def unsafe_data_dir(data_dir: str) -> str | None:
+    """Why a server must not use ``data_dir``, naming the fix; None when it may.
+
+    Refused: a data directory that is itself a symbolic link (everything below
+    it would be reached through the link, which another user may redirect), one
+    that is not a directory, and one writable by group or others (anyone who
+    may write there can plant links, replace files or delete tenants' data).
+    Readable modes are left to ``fsck``'s warnings: the files below are 0600.
+    """
+    path = os.path.abspath(data_dir)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return f"data directory {path} does not exist"
+    if stat.S_ISLNK(st.st_mode):
+        real = os.path.realpath(path)
+        return (
+            f"data directory {path} is a symbolic link (to {real}); the store follows no link under or to its "
+            f"data directory: serve the real directory instead (--data-dir \"$(realpath {path})\", here {real})"
+        )
+    if not stat.S_ISDIR(st.st_mode):
+        return f"data directory {path} is not a directory"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return (
+            f"data directory {path} has mode {stat.S_IMODE(st.st_mode):04o}: group or others may write into it "
+            f"and so plant links or delete tenants' data; fix with chmod 700 {path} (or chmod go-w {path})"
+        )
+    return None

@@ -16,7 +16,8 @@ import os
 
 import msgspec
 
-from .. import fileio
+from .. import fileio, links
+from ..errors import Unavailable
 
 ACCESS_FILE = "access.json"
 #: Seconds between two writes of the side file by one process.
@@ -27,10 +28,11 @@ _decoder = msgspec.json.Decoder(type=dict[str, int])
 
 def read_access(directory: str) -> dict[str, int]:
     try:
-        with open(os.path.join(directory, ACCESS_FILE), "rb") as f:
-            return _decoder.decode(f.read())
-    except (FileNotFoundError, msgspec.DecodeError, ValueError):
-        return {}  # derived data: a missing or damaged file only loses access times
+        return _decoder.decode(links.read_nofollow(os.path.join(directory, ACCESS_FILE)))
+    except (FileNotFoundError, msgspec.DecodeError, ValueError, Unavailable):
+        # Derived data: a missing or damaged file only loses access times, and a symbolic link
+        # there is not followed: the next write replaces the link itself (never what it points to).
+        return {}
 
 
 def write_access(directory: str, times: dict[str, int], keep: set[str]) -> None:

@@ -28,7 +28,8 @@ class VerifyRequired(StoreError):
     code = "VerifyRequired"
 
     def __init__(self, reason: str, why: str) -> None:
-        #: One of missing, malformed, other-intent, mismatch, expired, used.
+        #: One of missing, malformed, other-intent, other-force (a delete token asked with the
+        #: other ``force``), mismatch, expired, used.
         self.reason = reason
         self.why = why
         super().__init__(f"{why}; call memory_verify for this exact change and read what it returns first")

@@ -33,7 +33,7 @@ from typing import Any
 
 import msgspec
 
-from .. import fileio, frame
+from .. import fileio, frame, links
 from ..errors import Corrupted
 from ..frame import KIND_BATCH, SEGMENT_HEADER_SIZE
 from ..segment import BadRecord, Fault, Gap, classify_failure, iter_records, walk
@@ -128,7 +128,7 @@ class EventLog:
 
     def open(self, writable: bool) -> None:
         self.close()
-        fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
+        fd = links.open_nofollow(self.path, os.O_RDWR if writable else os.O_RDONLY)
         try:
             header = frame.decode_segment_header(os.pread(fd, SEGMENT_HEADER_SIZE, 0))
             if header is None or header.base_seq != 0:

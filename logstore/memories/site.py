@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from .. import fileio, layout
+from .. import fileio, layout, links
 from ..errors import Timeout
 from ..incarnation import Incarnation, SiteGuard, is_file_at
 from . import access, tokens
@@ -188,6 +188,7 @@ class SiteMemories:
         delay = 0.0005
         while True:
             if self._lock_fd is None:
+                links.refuse_symlinks(self.root, self.dir)  # nothing of the site is reached through a link
                 self._lock_fd = fileio.open_create(path)
             fd = self._lock_fd
             if fileio.try_lock(fd, exclusive):
@@ -261,6 +262,7 @@ class SiteMemories:
             self._remove_stale_temps()
             self._temps_checked = True
         if self.log.changed():
+            links.refuse_symlinks(self.root, self.dir)  # the log was replaced: look again before opening it
             self.log.open(writable=True)
             result = self.log.scan(layout_header_size(), 0)
             self._adopt(result, writable, full=True)
@@ -383,11 +385,21 @@ class SiteMemories:
     # ------------------------------------------------------------ API: writes
 
     def verify(
-        self, intent: str, candidate: Mapping[str, Any] | None, memory_id: str | None, limit: int = 5
+        self,
+        intent: str,
+        candidate: Mapping[str, Any] | None,
+        memory_id: str | None,
+        limit: int = 5,
+        force: bool = False,
     ) -> tuple[list[tuple[Memory, float | None]], str, int]:
-        """Related memories for a planned change, and the token that authorises exactly it."""
+        """Related memories for a planned change, and the token that authorises exactly it.
+
+        For a delete, the change includes ``force``: the token erases only if asked with it.
+        """
         if intent not in tokens.INTENTS:
             raise InvalidMemory("intent", "expected one of create, update, delete")
+        if force and intent != "delete":
+            raise InvalidMemory("force", "only intent delete takes force")
         fields = parse_fields(candidate, "candidate.") if candidate is not None else None
         if intent == "create":
             if fields is None:
@@ -434,7 +446,7 @@ class SiteMemories:
                     if len(related) >= limit + (1 if target is not None else 0):
                         break
         now = self._now()
-        what = tokens.digest(intent, memory_id, fields.to_json() if fields is not None else None)
+        what = tokens.digest(intent, memory_id, fields.to_json() if fields is not None else None, force)
         return related, self.book.mint(self.site, intent, what, now), tokens.expires_us(now)
 
     def create(self, raw: Mapping[str, Any], token: object) -> Memory:
@@ -492,7 +504,7 @@ class SiteMemories:
 
     def delete(self, memory_id: str, token: object, force: bool, expected_version: int | None = None) -> Memory | None:
         """Soft delete (returns the record) or, with ``force``, erase (returns None)."""
-        nonce = self.book.check(token, self.site, "delete", tokens.digest("delete", memory_id, None), self._now())
+        nonce = self.book.check_delete(token, self.site, memory_id, force, self._now())
         with self._locked(True):
             tokens.check_unused(self.dir, nonce, self._now())
             self._purge_locked()

@@ -137,11 +137,18 @@ class LongTermMemory:
     # Convenience wrappers, one per tool.
 
     def verify(
-        self, site: str, intent: str, candidate: Mapping[str, Any] | None = None, memory_id: str | None = None
+        self,
+        site: str,
+        intent: str,
+        candidate: Mapping[str, Any] | None = None,
+        memory_id: str | None = None,
+        *,
+        force: bool = False,
     ) -> tuple[list[tuple[Memory, float | None]], str, int]:
+        """Related memories and a token for exactly this change (a delete's ``force`` included)."""
         if memory_id is not None:
             check_memory_id(memory_id)
-        return self.site(site).verify(intent, candidate, memory_id)
+        return self.site(site).verify(intent, candidate, memory_id, force=force)
 
     def upsert(
         self,

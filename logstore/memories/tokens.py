@@ -26,7 +26,7 @@ from typing import Any
 
 import msgspec
 
-from .. import fileio
+from .. import fileio, links
 from ..errors import Unavailable
 from .errors import VerifyRequired
 from .limits import VERIFY_TOKEN_TTL_SECONDS
@@ -40,18 +40,23 @@ _FUTURE_SLACK_US = 60_000_000
 _TTL_US = VERIFY_TOKEN_TTL_SECONDS * 1_000_000
 
 
-def digest(intent: str, memory_id: str | None, candidate: Mapping[str, Any] | None) -> str:
-    """What a token binds besides site and intent: the memory id and/or the candidate's fields."""
-    canon = msgspec.json.encode({"intent": intent, "id": memory_id, "candidate": candidate}, order="sorted")
-    return hashlib.sha256(canon).hexdigest()
+def digest(intent: str, memory_id: str | None, candidate: Mapping[str, Any] | None, force: bool = False) -> str:
+    """What a token binds besides site and intent: the memory id and/or the candidate's fields.
+
+    A delete's token also binds ``force``: one asked for a soft delete cannot
+    erase, and one asked for an erasure cannot soft-delete.
+    """
+    what: dict[str, Any] = {"intent": intent, "id": memory_id, "candidate": candidate}
+    if intent == "delete":
+        what["force"] = force
+    return hashlib.sha256(msgspec.json.encode(what, order="sorted")).hexdigest()
 
 
 def load_secret(root: str) -> bytes:
     """The data directory's token secret, created on first use (atomically, race-free across processes)."""
     path = os.path.join(root, SECRET_FILE)
     try:
-        with open(path, "rb") as f:
-            secret = f.read()
+        secret = links.read_nofollow(path)
         if len(secret) == _SECRET_BYTES:
             return secret
         raise OSError(errno.EINVAL, f"{path} does not hold a {_SECRET_BYTES}-byte secret")
@@ -71,8 +76,8 @@ def load_secret(root: str) -> bytes:
     finally:
         fileio.unlink(tmp)
     fileio.fsync_dir(root)
-    with open(path, "rb") as f:
-        return f.read()
+    return links.read_nofollow(path)
+
 
 
 def _b64(data: bytes) -> str:
@@ -108,6 +113,30 @@ class TokenBook:
         nonce = os.urandom(16)
         mac = self._mac(site, intent, what, now_us, nonce)
         return f"v1.{intent}.{now_us}.{_b64(nonce)}.{_b64(mac)}"
+
+    def check_delete(self, token: object, site: str, memory_id: str, force: bool, now_us: int) -> str:
+        """:meth:`check` for a delete: the token must have been asked with the same ``force``.
+
+        A token that would authorise the delete with the other ``force`` is
+        refused as ``other-force``, saying which it was asked for.
+        """
+        try:
+            return self.check(token, site, "delete", digest("delete", memory_id, None, force), now_us)
+        except VerifyRequired as refused:
+            if refused.reason != "mismatch":
+                raise
+            try:
+                self.check(token, site, "delete", digest("delete", memory_id, None, not force), now_us)
+            except VerifyRequired:
+                raise refused from None
+            asked, wanted = ("an erasure (force: true)", "a soft delete") if not force else (
+                "a soft delete (force: false)", "an erasure"
+            )
+            raise VerifyRequired(
+                "other-force",
+                f"verify_token was issued for {asked}, not {wanted}; ask memory_verify for intent delete "
+                f"with force: {str(force).lower()}",
+            ) from None
 
     def check(self, token: object, site: str, intent: str, what: str, now_us: int) -> str:
         """The token's nonce (hex) when it authorises this change now; VerifyRequired otherwise.
@@ -146,8 +175,7 @@ def used_nonces(site_dir: str, now_us: int) -> set[str]:
     """Nonces used in the last token lifetime (site lock held)."""
     path = os.path.join(site_dir, USED_FILE)
     try:
-        with open(path, encoding="ascii", errors="replace") as f:
-            lines = f.read().splitlines()
+        lines = links.read_nofollow(path).decode("ascii", errors="replace").splitlines()
     except FileNotFoundError:
         return set()
     out: set[str] = set()
@@ -176,7 +204,7 @@ def consume(site_dir: str, nonce: str, now_us: int) -> None:
         raise VerifyRequired("used", "verify_token was already used (each token authorises one write)")
     line = f"{nonce} {now_us}\n".encode("ascii")
     try:
-        size = os.path.getsize(path)
+        size = os.lstat(path).st_size
     except FileNotFoundError:
         size = 0
     if size > 64 * 1024:

@@ -1345,7 +1345,7 @@ class MemWorkload:
         self._ack()
 
     def delete(self, memory_id: str, force: bool = False) -> None:
-        _, token, _ = self.store.verify(MEM_SITE, "delete", None, memory_id)
+        _, token, _ = self.store.verify(MEM_SITE, "delete", None, memory_id, force=force)
         self.store.delete(MEM_SITE, memory_id, token, force)
         if force:
             self._forget(memory_id)

@@ -20,5 +20,6 @@ Then, with ``CONVMEM_MODELS_DIR`` set to the same directory:
 ``$CONVMEM_MODELS_DIR/venv/bin/python -m bench.ltm_eval.models.eval_models``
 (recall) and ``... -m bench.ltm_eval.models.latency`` (per-query encode and
 search time, RSS); ``python3 bench/ltm_eval/models/summarize.py`` prints the
-tables. ``README.md`` here gives the exact commands; the comparison of packaged models is summarised in docs/retrieval.md.
+tables. ``README.md`` here gives the exact commands; docs/retrieval.md summarises the
+comparison of packaged models.
 """
