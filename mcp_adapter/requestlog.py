@@ -27,6 +27,7 @@ import contextvars
 import json
 import logging
 import os
+import re
 import sys
 import time
 import uuid
@@ -275,17 +276,67 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, ensure_ascii=False)
 
 
+#: Characters a text log line never carries raw: C0 controls (CR, LF and ESC among them), DEL, C1
+#: controls, the Unicode line and paragraph separators, and the backslash that starts an escape.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\\\\]")
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\"}
+#: A field value that would read as more than one ``key=value`` pair is quoted.
+_NEEDS_QUOTES = re.compile('[ "=]')
+
+
+def _escape_char(match: re.Match[str]) -> str:
+    char = match.group()
+    named = _NAMED_ESCAPES.get(char)
+    if named is not None:
+        return named
+    code = ord(char)
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def escape_text(text: str) -> str:
+    """``text`` with every control character written as a visible escape (``\\n``, ``\\x1b``, ...).
+
+    What a client sends (a path, a claimed site name, a tool name) can then
+    never start a new log line or drive the terminal that shows the log.
+    """
+    return _UNSAFE.sub(_escape_char, text) if _UNSAFE.search(text) else text
+
+
+def _field_value(value: object) -> str:
+    text = escape_text(str(value))
+    if text == "" or _NEEDS_QUOTES.search(text):
+        return '"' + text.replace('"', '\\"') + '"'
+    return text
+
+
 class TextFormatter(logging.Formatter):
-    """The plain format, with a request line's fields as ``key=value`` pairs."""
+    """The plain format, with a request line's fields as ``key=value`` pairs.
+
+    One record is one line: the message and every field have their control
+    characters escaped (:func:`escape_text`), values holding a space, ``=`` or
+    ``"`` are quoted, and a traceback's lines are escaped the same way and
+    indented under a ``|`` so none of them can pass for a record of its own.
+    """
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = escape_text(record.message)
+        return super().formatMessage(record)
+
+    def formatException(self, ei: Any) -> str:
+        lines = super().formatException(ei).split("\n")
+        return "\n".join("  | " + escape_text(line) for line in lines)
+
+    def formatStack(self, stack_info: str) -> str:
+        return "\n".join("  | " + escape_text(line) for line in stack_info.split("\n"))
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
         request = getattr(record, "request", None)
         if isinstance(request, dict):
-            text += " " + " ".join(f"{k}={v}" for k, v in request.items() if v is not None)
+            text += " " + " ".join(f"{k}={_field_value(v)}" for k, v in request.items() if v is not None)
         return text
 
 

@@ -35,6 +35,7 @@ from .http import HEALTH_PATH, MCP_PATH, build_app, is_loopback
 from .server import Backend, build_server
 from .store_select import StoreChoice, StoreConfigError, choose, credentials_for
 from .throttle import LoginThrottle, ThrottleSettings
+from .tlsgate import tls_gate_protocol
 
 logger = logging.getLogger("convmem")
 
@@ -252,6 +253,26 @@ def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
         runner.run(main)
 
 
+def gate_tls_handshakes(config: uvicorn.Config, handshake_timeout: float) -> None:
+    """Do TLS in our own protocol instead of uvicorn's listener (see :mod:`.tlsgate`); a loaded ``config``.
+
+    A handshake then counts against the per-address connection cap from the
+    moment the connection is accepted, and is abandoned after
+    ``handshake_timeout`` seconds. Nothing changes without TLS.
+    """
+    if config.ssl is None:
+        return
+    inner = config.http_protocol_class
+    config.http_protocol_class = tls_gate_protocol(
+        inner,
+        config.ssl,
+        inner.connections_per_address,  # type: ignore[attr-defined]
+        inner.max_connections_per_address,  # type: ignore[attr-defined]
+        handshake_timeout,
+    )
+    config.ssl = None  # uvicorn's listener is plain TCP now; the gate's handshake makes it HTTPS
+
+
 def _quiet_signals() -> None:
     """Make SIGINT/SIGTERM harmless once uvicorn has handled them.
 
@@ -344,6 +365,7 @@ def serve_http(args: argparse.Namespace) -> int:
     )
     config.load()  # builds the TLS context now, so SIGHUP can reload it
     on_sighup = functools.partial(tls.reload_certificate, config.ssl, args.tls_cert, args.tls_key)
+    gate_tls_handshakes(config, args.tls_handshake_timeout)  # security: handshakes counted and timed
     server = uvicorn.Server(config)
     print(_banner(args, port, demo, site_count, choice), flush=True)
     _quiet_signals()
