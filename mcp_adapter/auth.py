@@ -37,6 +37,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -123,8 +124,10 @@ class Authenticator:
         max_entries: int = MAX_ENTRIES,
         throttle: LoginThrottle | None = None,
         kdf_concurrency: int = KDF_CONCURRENCY,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._credentials = credentials
+        self._clock = clock
         self._ttl = ttl
         self._max_age = max(max_age, ttl)
         self._negative_ttl = negative_ttl
@@ -187,7 +190,7 @@ class Authenticator:
         A verified header's lifetime slides: each hit trusts it for another
         ``ttl`` seconds, up to its latest expiry.
         """
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             if generation != self._generation:
                 return False, None
@@ -210,7 +213,7 @@ class Authenticator:
 
     def _remember(self, key: bytes, site: str | None, generation: int) -> None:
         """Cache a result computed under ``generation``; dropped when the credentials changed since."""
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             if generation != self._generation:
                 return

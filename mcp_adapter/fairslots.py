@@ -5,11 +5,12 @@ queue lets whoever sends the most requests decide how long everyone waits: 48
 wrong passwords queued ahead of a correct login delay it by 24 KDF runs.
 Here a waiter is filed under two keys, the site it claims and its client
 address; when a slot frees, the next site in turn is chosen, then the next
-address in turn within that site, then that address's oldest waiter. A login
-for a site nobody is attacking is therefore admitted after at most one check
-per busy site ahead of it in the rotation, however long the flood's queue is,
-and within an attacked site a client address gets its turn between the
-attacker's.
+address in turn within that site, then that address's oldest waiter. A site
+(or, within its site, an address) that joins the rotation while holding no
+slot goes to the front of it: it has not been served lately. A login for a
+site nobody is attacking is therefore the next check admitted, however long
+the flood's queue is, and within an attacked site a client address gets its
+turn between the attacker's.
 
 Only the event loop touches an instance (no locks); waiting is cancellable,
 and a cancelled waiter that had just been granted a slot passes it on.
@@ -18,9 +19,16 @@ and a cancelled waiter that had just been granted a slot passes it on.
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
+
+
+def _decrement(counter: Counter[Any], key: object) -> None:
+    counter[key] -= 1
+    if counter[key] <= 0:
+        del counter[key]
 
 
 class FairSlots:
@@ -31,6 +39,8 @@ class FairSlots:
             raise ValueError("FairSlots needs at least one slot")
         self.capacity = capacity
         self._busy = 0
+        self._active: Counter[str] = Counter()  # slots held per site
+        self._active_addresses: Counter[tuple[str, str]] = Counter()  # slots held per (site, address)
         # site -> address -> waiters, each level in its turn order (front: next to be served)
         self._queues: OrderedDict[str, OrderedDict[str, deque[asyncio.Future[None]]]] = OrderedDict()
 
@@ -42,36 +52,55 @@ class FairSlots:
     @asynccontextmanager
     async def slot(self, site: str, address: str | None) -> AsyncIterator[None]:
         """Hold one slot for the block; wait for it in (site, address)'s turn."""
-        await self._acquire(site, address or "")
+        key = (site, address or "")
+        await self._acquire(key)
         try:
             yield
         finally:
-            self._release()
+            self._release(key)
 
-    async def _acquire(self, site: str, address: str) -> None:
+    async def _acquire(self, key: tuple[str, str]) -> None:
         if self._busy < self.capacity and not self._queues:
-            self._busy += 1
+            self._grant(key)
             return
+        site, address = key
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queues.setdefault(site, OrderedDict()).setdefault(address, deque()).append(waiter)
+        by_address = self._queues.get(site)
+        if by_address is None:
+            by_address = self._queues[site] = OrderedDict()
+            if not self._active[site]:
+                self._queues.move_to_end(site, last=False)
+        waiters = by_address.get(address)
+        if waiters is None:
+            waiters = by_address[address] = deque()
+            if not self._active_addresses[key]:
+                by_address.move_to_end(address, last=False)
+        waiters.append(waiter)
         try:
             await waiter
         except BaseException:
             if waiter.done() and not waiter.cancelled():
-                self._release()  # granted just as we were cancelled: pass the slot on
+                self._release(key)  # granted just as we were cancelled: pass the slot on
             else:
                 self._forget(site, address, waiter)
             raise
 
-    def _release(self) -> None:
+    def _grant(self, key: tuple[str, str]) -> None:
+        self._busy += 1
+        self._active[key[0]] += 1
+        self._active_addresses[key] += 1
+
+    def _release(self, key: tuple[str, str]) -> None:
         self._busy -= 1
+        _decrement(self._active, key[0])
+        _decrement(self._active_addresses, key)
         while self._busy < self.capacity and self._queues:
-            waiter = self._next()
+            granted, waiter = self._next()
             if not waiter.done():
-                self._busy += 1
+                self._grant(granted)
                 waiter.set_result(None)
 
-    def _next(self) -> asyncio.Future[None]:
+    def _next(self) -> tuple[tuple[str, str], asyncio.Future[None]]:
         """Pop the next waiter in turn; the site and the address move to the back of their rotations."""
         site, by_address = next(iter(self._queues.items()))
         address, waiters = next(iter(by_address.items()))
@@ -84,7 +113,7 @@ class FairSlots:
             self._queues.move_to_end(site)
         else:
             del self._queues[site]
-        return waiter
+        return (site, address), waiter
 
     def _forget(self, site: str, address: str, waiter: asyncio.Future[None]) -> None:
         by_address = self._queues.get(site)
