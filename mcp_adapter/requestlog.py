@@ -254,6 +254,31 @@ class RequestLog:
 
 # -- log formatting -----------------------------------------------------------------
 
+#: Matches the data directory's absolute path (and its resolved form), see :func:`name_files_relative_to`.
+_data_dir_re: re.Pattern[str] | None = None
+
+
+def name_files_relative_to(data_dir: str) -> None:
+    """From now on, log lines name files inside ``data_dir`` relative to it (the directory itself as ``.``).
+
+    Store errors and tracebacks carry absolute paths; the log needs only
+    where a file is within the data directory, like the errors clients see.
+    """
+    global _data_dir_re
+    if not data_dir:
+        return
+    roots = {os.path.abspath(data_dir).rstrip(os.sep), os.path.realpath(data_dir).rstrip(os.sep)}
+    alternatives = "|".join(re.escape(r) for r in sorted(roots, key=len, reverse=True) if r)
+    _data_dir_re = re.compile(f"(?:{alternatives})(?:{re.escape(os.sep)}+|(?![^\\s'\",:;()\\]]))")
+
+
+def relative_paths(text: str) -> str:
+    """``text`` with the data directory's prefix cut from every path inside it."""
+    pattern = _data_dir_re
+    if pattern is None:
+        return text
+    return pattern.sub(lambda m: "" if m.group().endswith(os.sep) else ".", text)
+
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, message, and a request line's fields at the top level."""
@@ -263,7 +288,7 @@ class JsonFormatter(logging.Formatter):
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": relative_paths(record.getMessage()),
         }
         request = getattr(record, "request", None)
         if isinstance(request, dict):
@@ -272,7 +297,7 @@ class JsonFormatter(logging.Formatter):
             if key not in _STANDARD_ATTRS and key != "request" and key not in out:
                 out[key] = value if isinstance(value, str | int | float | bool | type(None)) else repr(value)
         if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
+            out["exc"] = relative_paths(self.formatException(record.exc_info))
         return json.dumps(out, ensure_ascii=False)
 
 
@@ -322,15 +347,15 @@ class TextFormatter(logging.Formatter):
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     def formatMessage(self, record: logging.LogRecord) -> str:
-        record.message = escape_text(record.message)
+        record.message = escape_text(relative_paths(record.message))
         return super().formatMessage(record)
 
     def formatException(self, ei: Any) -> str:
-        lines = super().formatException(ei).split("\n")
+        lines = relative_paths(super().formatException(ei)).split("\n")
         return "\n".join("  | " + escape_text(line) for line in lines)
 
     def formatStack(self, stack_info: str) -> str:
-        return "\n".join("  | " + escape_text(line) for line in stack_info.split("\n"))
+        return "\n".join("  | " + escape_text(line) for line in relative_paths(stack_info).split("\n"))
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
