@@ -350,8 +350,8 @@ def serve_http(args: argparse.Namespace) -> int:
         body_timeout=args.body_timeout,
         metrics_token=metrics_token,
     )
-    # ops: uvicorn's lines in JSON too (no uvicorn logging config of its own)
-    json_logs: dict[str, Any] = {"log_config": None} if args.log_format == "json" else {}
+    # ops, security: uvicorn's lines go through our formatter too (JSON, or text with control characters escaped)
+    json_logs: dict[str, Any] = {"log_config": None}
     config = uvicorn.Config(
         app,
         log_level=args.log_level,
