@@ -31,6 +31,7 @@ from . import __version__, metrics, requestlog, tls
 from .auth import Authenticator
 from .connguard import guarded_protocol
 from .credentials import CredentialError, CredentialFile, generate_password
+from .cursors import CURSOR_SECRET_KEY, LazySeal, seal_for
 from .http import HEALTH_PATH, MCP_PATH, build_app, is_loopback
 from .server import Backend, build_server
 from .store_select import StoreChoice, StoreConfigError, choose, credentials_for
@@ -253,6 +254,17 @@ def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
         runner.run(main)
 
 
+def shared_cursor_seal(choice: StoreChoice, creds: Any) -> LazySeal:
+    """The listing-cursor seal every server on this store shares (security: :mod:`.cursors`).
+
+    A data directory keys it from its own secret; PostgreSQL from a secret in
+    the database, since servers sharing a database need not share a directory.
+    """
+    if choice.is_postgres and hasattr(creds, "shared_secret"):
+        return seal_for("", lambda: bytes(creds.shared_secret(CURSOR_SECRET_KEY)))
+    return seal_for(os.path.abspath(choice.target))
+
+
 def gate_tls_handshakes(config: uvicorn.Config, handshake_timeout: float) -> None:
     """Do TLS in our own protocol instead of uvicorn's listener (see :mod:`.tlsgate`); a loaded ``config``.
 
@@ -336,6 +348,7 @@ def serve_http(args: argparse.Namespace) -> int:
         store=store,
         data_dir=_memory_dir(args, choice),
         authenticator=Authenticator(creds, throttle=LoginThrottle(throttle_settings(args))),
+        cursor_seal=shared_cursor_seal(choice, creds),
         max_concurrency=args.max_concurrency,
         memory_retention_seconds=args.memory_retention_days * 86400,
         health=_health(store),
@@ -430,6 +443,7 @@ def serve_stdio(args: argparse.Namespace) -> int:
         store=store,
         data_dir=_memory_dir(args, choice),
         fixed_site=args.site,
+        cursor_seal=shared_cursor_seal(choice, creds),
         max_concurrency=args.max_concurrency,
         memory_retention_seconds=args.memory_retention_days * 86400,
     )
