@@ -157,7 +157,7 @@ def test_a_running_server_logs_store_errors_with_relative_paths(tmp_path: Path) 
         call(proc, "append_memory", {"conversation_id": "damaged-conv-01", "items": [{"text": "q" * 4000}]})
     finally:
         assert proc.stop() == 0
-    (segment,) = data.rglob(f"{'damaged-conv-01'.encode().hex()}/*.seg")
+    (segment,) = data.rglob(f"{b'damaged-conv-01'.hex()}/*.seg")
     raw = bytearray(segment.read_bytes())
     raw[2000] ^= 0xFF  # inside the item's text
     segment.write_bytes(bytes(raw))
