@@ -14,7 +14,9 @@ per client address and per site (:mod:`.throttle`).
 Logins under attack: the KDF runs through :data:`KDF_CONCURRENCY` slots
 shared round robin by claimed site and, within a site, by client address
 (:mod:`.fairslots`), so a correct login waits for at most one check per
-other busy site, not for a flood's whole queue. A check for a site name that
+other busy site, not for a flood's whole queue; and checks for a site that
+has failed logins lately (its throttle bucket is not full) share all slots
+but one, which stays free for the sites nobody is guessing at. A check for a site name that
 does not exist runs no KDF at all: it takes its turn in the same queue, then
 waits as long as a check takes here (a running measurement of the real
 ones, with some jitter), so it costs no CPU and still answers like a wrong
@@ -262,12 +264,14 @@ class Authenticator:
         previous = self._kdf_seconds
         self._kdf_seconds = seconds if previous is None else previous + _KDF_EWMA_WEIGHT * (seconds - previous)
 
-    async def _check(self, user: str, password: str, entry: PasswordHash | None, client: str | None) -> str | None:
+    async def _check(
+        self, user: str, password: str, entry: PasswordHash | None, client: str | None, suspect: bool
+    ) -> str | None:
         """One password check in its turn: the site on success, None for a wrong password or an unknown site."""
         if entry is not None:
-            async with self.slots.slot(user, client):
+            async with self.slots.slot(user, client, suspect=suspect):
                 return await anyio.to_thread.run_sync(self._verify, user, password, entry, limiter=self._kdf_limiter)
-        async with self.slots.slot(user, client):
+        async with self.slots.slot(user, client, suspect=suspect):
             pass  # wait the same turn a real check would, without holding a slot for the KDF's time
         await anyio.sleep(await self._kdf_time() * (0.9 + 0.2 * random.random()))
         return None
@@ -316,6 +320,7 @@ class Authenticator:
                 continue
             if kdf_runs == 2:
                 break  # the credentials changed twice during our checks: answer from the last one
+            suspect = self.throttle.suspect(user)  # before this check takes its own token
             wait = self.throttle.acquire(client, user)
             if wait > 0:
                 metrics.record_throttle()
@@ -324,7 +329,7 @@ class Authenticator:
                 entry = self._hashes.get(user)
             done = self._inflight[key] = anyio.Event()
             try:
-                site = await self._check(user, password, entry, client)
+                site = await self._check(user, password, entry, client, suspect)
                 kdf_runs += 1
                 if site is not None:
                     self.throttle.refund(client, user)

@@ -96,6 +96,21 @@ async def test_within_an_attacked_site_another_address_gets_its_turn(
         assert log.passwords.index(ATTACKED_PASSWORD) == 1, log.passwords
 
 
+async def test_guesses_at_one_site_leave_a_slot_free_for_the_others(
+    creds: CredentialFile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With two slots, a site with failed logins lately uses one of them at most while its guesses wait."""
+    log = KdfLog(monkeypatch)
+    authenticator = Authenticator(creds, throttle=LoginThrottle(OPEN), kdf_concurrency=2)
+    async with anyio.create_task_group() as tg:
+        for i in range(8):
+            tg.start_soon(_fails, authenticator, ATTACKED, f"guess-{i:04d}", f"203.0.113.{i}")
+        await _wait_queued(authenticator.slots, 5)
+        assert await authenticator.authenticate(header(QUIET, QUIET_PASSWORD), "198.51.100.1") == QUIET
+        assert log.passwords.index(QUIET_PASSWORD) <= 3, log.passwords  # not behind the eight
+        assert authenticator.slots.waiting >= 3
+
+
 async def test_invented_site_names_run_no_kdf_and_leave_the_slots_free(
     creds: CredentialFile, monkeypatch: pytest.MonkeyPatch
 ) -> None:
