@@ -353,6 +353,7 @@ def serve_http(args: argparse.Namespace) -> int:
         memory_retention_seconds=args.memory_retention_days * 86400,
         health=_health(store),
     )
+    requestlog.name_files_relative_to(choice.target if not choice.is_postgres else backend.data_dir)
     backend.start_memory_sweeper()
     metrics.install(store)  # ops: engine measurements into /metrics
     app = build_app(
@@ -447,6 +448,7 @@ def serve_stdio(args: argparse.Namespace) -> int:
         max_concurrency=args.max_concurrency,
         memory_retention_seconds=args.memory_retention_days * 86400,
     )
+    requestlog.name_files_relative_to(choice.target if not choice.is_postgres else backend.data_dir)
     backend.start_memory_sweeper()
     server = build_server(backend)
     logger.info("convmem %s serving site %r over stdio", __version__, args.site)
