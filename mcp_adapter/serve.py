@@ -265,15 +265,15 @@ def shared_cursor_seal(choice: StoreChoice, creds: Any) -> LazySeal:
     return seal_for(os.path.abspath(choice.target))
 
 
-def gate_tls_handshakes(config: uvicorn.Config, handshake_timeout: float) -> None:
+def gate_tls_handshakes(config: uvicorn.Config, handshake_timeout: float) -> bool:
     """Do TLS in our own protocol instead of uvicorn's listener (see :mod:`.tlsgate`); a loaded ``config``.
 
     A handshake then counts against the per-address connection cap from the
     moment the connection is accepted, and is abandoned after
-    ``handshake_timeout`` seconds. Nothing changes without TLS.
+    ``handshake_timeout`` seconds. Nothing changes without TLS. True when the gate is in place.
     """
     if config.ssl is None:
-        return
+        return False
     inner = config.http_protocol_class
     config.http_protocol_class = tls_gate_protocol(
         inner,
@@ -283,6 +283,7 @@ def gate_tls_handshakes(config: uvicorn.Config, handshake_timeout: float) -> Non
         handshake_timeout,
     )
     config.ssl = None  # uvicorn's listener is plain TCP now; the gate's handshake makes it HTTPS
+    return True
 
 
 def _quiet_signals() -> None:
@@ -379,12 +380,13 @@ def serve_http(args: argparse.Namespace) -> int:
     )
     config.load()  # builds the TLS context now, so SIGHUP can reload it
     on_sighup = functools.partial(tls.reload_certificate, config.ssl, args.tls_cert, args.tls_key)
-    gate_tls_handshakes(config, args.tls_handshake_timeout)  # security: handshakes counted and timed
+    gated = gate_tls_handshakes(config, args.tls_handshake_timeout)  # security: handshakes counted and timed
     server = uvicorn.Server(config)
     print(_banner(args, port, demo, site_count, choice), flush=True)
     _quiet_signals()
     try:
-        run_event_loop(_serve_uvicorn(server, sock, backend, on_sighup))
+        # The TLS gate is tested on asyncio's loop only (with uvloop a handshake hung after a SIGHUP reload).
+        (asyncio.run if gated else run_event_loop)(_serve_uvicorn(server, sock, backend, on_sighup))
     finally:
         sock.close()
         backend.close_memories()

@@ -22,7 +22,7 @@ import asyncio
 import logging
 import ssl
 from collections import Counter
-from typing import Any
+from typing import Any, cast
 
 logger = logging.getLogger("convmem.http")
 
@@ -52,7 +52,7 @@ def tls_gate_protocol(
             self._task: asyncio.Task[None] | None = None
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
-            assert isinstance(transport, asyncio.Transport)
+            transport = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio.Transport subclasses
             peer = transport.get_extra_info("peername")
             address = str(peer[0]) if isinstance(peer, tuple) and peer else None
             if address is not None:
