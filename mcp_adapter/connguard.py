@@ -67,6 +67,9 @@ def guarded_h11_protocol(
     per_address: Counter[str] = Counter()
 
     class GuardedH11Protocol(H11Protocol):
+        #: The address table and its cap, shared with the TLS handshake gate (:mod:`.tlsgate`).
+        connections_per_address = per_address
+        max_connections_per_address = max_per_address
         _header_timer: asyncio.TimerHandle | None = None
         _counted: str | None = None
 
@@ -173,6 +176,9 @@ def guarded_httptools_protocol(
     per_address: Counter[str] = Counter()
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
+        #: The address table and its cap, shared with the TLS handshake gate (:mod:`.tlsgate`).
+        connections_per_address = per_address
+        max_connections_per_address = max_per_address
         _header_timer: asyncio.TimerHandle | None = None
         _counted: str | None = None
         _in_head = False

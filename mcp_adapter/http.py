@@ -15,7 +15,10 @@ before the body is read; a too large body is answered 413 without reading it,
 a body that arrives too slowly 408, more than one ``Authorization`` header
 400. At most :data:`LARGE_BODY_SLOTS` large bodies are read and parsed at a
 time, which bounds both the memory they take and how long their parsing can
-hold the event loop.
+hold the event loop. Those slots go only to requests whose credentials have
+checked out: a body without ``Content-Length`` (chunked) from anyone else is
+read without a slot, under the unauthenticated cap and the body deadline, so
+slow unauthenticated uploads cannot keep a legitimate large append waiting.
 
 ``GET /mcp`` is answered 405: a stateless server has nothing to push, and an
 event stream held open for nothing would let any client tie up memory.
@@ -187,10 +190,11 @@ class RequestAdmission:
         if declared is not None and declared > limit:
             await _plain(scope, receive, send, 413, _too_large(limit))
             return
-        if declared is not None and declared <= self.unauthenticated_body:
-            await self._forward(scope, receive, send, limit)
+        if limit <= self.unauthenticated_body or (declared is not None and declared <= self.unauthenticated_body):
+            # Small, or not (yet) authenticated: no large-body slot, the small cap and the same deadline.
+            await self._forward(scope, receive, send, min(limit, self.unauthenticated_body))
             return
-        async with self._large:
+        async with self._large:  # only a request whose credentials checked out gets here
             await self._forward(scope, receive, send, limit)
 
     async def _authenticate(self, scope: Scope, auth_headers: list[bytes]) -> ToolFailure | None:

@@ -13,6 +13,7 @@ never as a wrong password.
 from __future__ import annotations
 
 import datetime as dt
+import secrets
 from typing import Any
 
 from convmem.logstore import SiteName
@@ -131,6 +132,15 @@ class PgCredentials(PasswordChecks):
             "ON CONFLICT (key) DO UPDATE SET value = excluded.value RETURNING key",
             (_DEMO_KEY, password),
         )
+
+    def shared_secret(self, key: str) -> bytes:
+        """A random 32-byte secret kept under ``key`` in the settings table, made by whoever asks first."""
+        self._rows(
+            f"INSERT INTO {self._settings} (key, value) VALUES (%s, %s) ON CONFLICT (key) DO NOTHING RETURNING key",
+            (key, secrets.token_hex(32)),
+        )
+        rows = self._rows(f"SELECT value FROM {self._settings} WHERE key = %s", (key,))
+        return bytes.fromhex(str(rows[0][0]))
 
     def forget_demo_password(self) -> None:
         self._rows(f"DELETE FROM {self._settings} WHERE key = %s RETURNING key", (_DEMO_KEY,))

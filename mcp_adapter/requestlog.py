@@ -27,6 +27,7 @@ import contextvars
 import json
 import logging
 import os
+import re
 import sys
 import time
 import uuid
@@ -253,6 +254,31 @@ class RequestLog:
 
 # -- log formatting -----------------------------------------------------------------
 
+#: Matches the data directory's absolute path (and its resolved form), see :func:`name_files_relative_to`.
+_data_dir_re: re.Pattern[str] | None = None
+
+
+def name_files_relative_to(data_dir: str) -> None:
+    """From now on, log lines name files inside ``data_dir`` relative to it (the directory itself as ``.``).
+
+    Store errors and tracebacks carry absolute paths; the log needs only
+    where a file is within the data directory, like the errors clients see.
+    """
+    global _data_dir_re
+    if not data_dir:
+        return
+    roots = {os.path.abspath(data_dir).rstrip(os.sep), os.path.realpath(data_dir).rstrip(os.sep)}
+    alternatives = "|".join(re.escape(r) for r in sorted(roots, key=len, reverse=True) if r)
+    _data_dir_re = re.compile(f"(?:{alternatives})(?:{re.escape(os.sep)}+|(?![^\\s'\",:;()\\]]))")
+
+
+def relative_paths(text: str) -> str:
+    """``text`` with the data directory's prefix cut from every path inside it."""
+    pattern = _data_dir_re
+    if pattern is None:
+        return text
+    return pattern.sub(lambda m: "" if m.group().endswith(os.sep) else ".", text)
+
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, message, and a request line's fields at the top level."""
@@ -262,7 +288,7 @@ class JsonFormatter(logging.Formatter):
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": relative_paths(record.getMessage()),
         }
         request = getattr(record, "request", None)
         if isinstance(request, dict):
@@ -271,21 +297,71 @@ class JsonFormatter(logging.Formatter):
             if key not in _STANDARD_ATTRS and key != "request" and key not in out:
                 out[key] = value if isinstance(value, str | int | float | bool | type(None)) else repr(value)
         if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
+            out["exc"] = relative_paths(self.formatException(record.exc_info))
         return json.dumps(out, ensure_ascii=False)
 
 
+#: Characters a text log line never carries raw: C0 controls (CR, LF and ESC among them), DEL, C1
+#: controls, the Unicode line and paragraph separators, and the backslash that starts an escape.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\\\\]")
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\"}
+#: A field value that would read as more than one ``key=value`` pair is quoted.
+_NEEDS_QUOTES = re.compile('[ "=]')
+
+
+def _escape_char(match: re.Match[str]) -> str:
+    char = match.group()
+    named = _NAMED_ESCAPES.get(char)
+    if named is not None:
+        return named
+    code = ord(char)
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def escape_text(text: str) -> str:
+    """``text`` with every control character written as a visible escape (``\\n``, ``\\x1b``, ...).
+
+    What a client sends (a path, a claimed site name, a tool name) can then
+    never start a new log line or drive the terminal that shows the log.
+    """
+    return _UNSAFE.sub(_escape_char, text) if _UNSAFE.search(text) else text
+
+
+def _field_value(value: object) -> str:
+    text = escape_text(str(value))
+    if text == "" or _NEEDS_QUOTES.search(text):
+        return '"' + text.replace('"', '\\"') + '"'
+    return text
+
+
 class TextFormatter(logging.Formatter):
-    """The plain format, with a request line's fields as ``key=value`` pairs."""
+    """The plain format, with a request line's fields as ``key=value`` pairs.
+
+    One record is one line: the message and every field have their control
+    characters escaped (:func:`escape_text`), values holding a space, ``=`` or
+    ``"`` are quoted, and a traceback's lines are escaped the same way and
+    indented under a ``|`` so none of them can pass for a record of its own.
+    """
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = escape_text(relative_paths(record.message))
+        return super().formatMessage(record)
+
+    def formatException(self, ei: Any) -> str:
+        lines = relative_paths(super().formatException(ei)).split("\n")
+        return "\n".join("  | " + escape_text(line) for line in lines)
+
+    def formatStack(self, stack_info: str) -> str:
+        return "\n".join("  | " + escape_text(line) for line in relative_paths(stack_info).split("\n"))
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
         request = getattr(record, "request", None)
         if isinstance(request, dict):
-            text += " " + " ".join(f"{k}={v}" for k, v in request.items() if v is not None)
+            text += " " + " ".join(f"{k}={_field_value(v)}" for k, v in request.items() if v is not None)
         return text
 
 

@@ -32,10 +32,12 @@ from . import __version__, metrics, requestlog, tls, workers
 from .auth import Authenticator
 from .connguard import guarded_protocol
 from .credentials import CredentialError, CredentialFile, generate_password
+from .cursors import CURSOR_SECRET_KEY, LazySeal, seal_for
 from .http import HEALTH_PATH, MCP_PATH, build_app, is_loopback
 from .server import Backend, build_server
 from .store_select import StoreChoice, StoreConfigError, choose, credentials_for
 from .throttle import LoginThrottle, ThrottleSettings
+from .tlsgate import tls_gate_protocol
 
 logger = logging.getLogger("convmem")
 
@@ -270,6 +272,38 @@ def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
         runner.run(main)
 
 
+def shared_cursor_seal(choice: StoreChoice, creds: Any) -> LazySeal:
+    """The listing-cursor seal every server on this store shares (security: :mod:`.cursors`).
+
+    A data directory keys it from its own secret; PostgreSQL from a secret in
+    the database, since servers sharing a database need not share a directory.
+    """
+    if choice.is_postgres and hasattr(creds, "shared_secret"):
+        return seal_for("", lambda: bytes(creds.shared_secret(CURSOR_SECRET_KEY)))
+    return seal_for(os.path.abspath(choice.target))
+
+
+def gate_tls_handshakes(config: uvicorn.Config, handshake_timeout: float) -> bool:
+    """Do TLS in our own protocol instead of uvicorn's listener (see :mod:`.tlsgate`); a loaded ``config``.
+
+    A handshake then counts against the per-address connection cap from the
+    moment the connection is accepted, and is abandoned after
+    ``handshake_timeout`` seconds. Nothing changes without TLS. True when the gate is in place.
+    """
+    if config.ssl is None:
+        return False
+    inner = config.http_protocol_class
+    config.http_protocol_class = tls_gate_protocol(
+        inner,
+        config.ssl,
+        inner.connections_per_address,  # type: ignore[attr-defined]
+        inner.max_connections_per_address,  # type: ignore[attr-defined]
+        handshake_timeout,
+    )
+    config.ssl = None  # uvicorn's listener is plain TCP now; the gate's handshake makes it HTTPS
+    return True
+
+
 def _quiet_signals() -> None:
     """Make SIGINT/SIGTERM harmless once uvicorn has handled them.
 
@@ -343,10 +377,12 @@ def serve_http(args: argparse.Namespace) -> int:
         store=store,
         data_dir=_memory_dir(args, choice),
         authenticator=Authenticator(creds, throttle=LoginThrottle(throttle_settings(args))),
+        cursor_seal=shared_cursor_seal(choice, creds),
         max_concurrency=args.max_concurrency,
         memory_retention_seconds=args.memory_retention_days * 86400,
         health=_health(store),
     )
+    requestlog.name_files_relative_to(choice.target if not choice.is_postgres else backend.data_dir)
     backend.start_memory_sweeper()
     metrics.install(store)  # ops: engine measurements into /metrics
     app = build_app(
@@ -359,8 +395,8 @@ def serve_http(args: argparse.Namespace) -> int:
     )
     if worker is not None:
         app = workers.tag_worker(app)
-    # ops: uvicorn's lines in JSON too (no uvicorn logging config of its own)
-    json_logs: dict[str, Any] = {"log_config": None} if args.log_format == "json" else {}
+    # ops, security: uvicorn's lines go through our formatter too (JSON, or text with control characters escaped)
+    json_logs: dict[str, Any] = {"log_config": None}
     config = uvicorn.Config(
         app,
         log_level=args.log_level,
@@ -374,12 +410,14 @@ def serve_http(args: argparse.Namespace) -> int:
     )
     config.load()  # builds the TLS context now, so SIGHUP can reload it
     on_sighup = functools.partial(tls.reload_certificate, config.ssl, args.tls_cert, args.tls_key)
+    gated = gate_tls_handshakes(config, args.tls_handshake_timeout)  # security: handshakes counted and timed
     server = uvicorn.Server(config)
     if worker is None:
         print(_banner(args, port, demo, site_count, choice), flush=True)
     _quiet_signals()
     try:
-        run_event_loop(_serve_uvicorn(server, sock, backend, on_sighup))
+        # The TLS gate is tested on asyncio's loop only (with uvloop a handshake hung after a SIGHUP reload).
+        (asyncio.run if gated else run_event_loop)(_serve_uvicorn(server, sock, backend, on_sighup))
     finally:
         sock.close()
         backend.close_memories()
@@ -450,9 +488,11 @@ def serve_stdio(args: argparse.Namespace) -> int:
         store=store,
         data_dir=_memory_dir(args, choice),
         fixed_site=args.site,
+        cursor_seal=shared_cursor_seal(choice, creds),
         max_concurrency=args.max_concurrency,
         memory_retention_seconds=args.memory_retention_days * 86400,
     )
+    requestlog.name_files_relative_to(choice.target if not choice.is_postgres else backend.data_dir)
     backend.start_memory_sweeper()
     server = build_server(backend)
     logger.info("convmem %s serving site %r over stdio", __version__, args.site)

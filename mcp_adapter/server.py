@@ -26,12 +26,13 @@ import msgspec
 from mcp.server import Server, ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
-from convmem.logstore import ListCursor, ListSelector, MemoryStore, Range, RawMemoryItem, ReadSelector, StoreError, Tail
+from convmem.logstore import ListSelector, MemoryStore, Range, RawMemoryItem, ReadSelector, StoreError, Tail
 from convmem.logstore.memories import LongTermMemory
 from convmem.logstore.memories.limits import DEFAULT_RETENTION_SECONDS
 
 from . import __version__, requestlog
 from .auth import Authenticator
+from .cursors import LazySeal, seal_for
 from .errors import ToolFailure, from_store_error, internal_error, unauthenticated
 from .follow import FollowLimits, replay_waiting
 from .memory_calls import parse_memory_arguments, relevant_text, run_memory_call, surface, try_surface
@@ -67,6 +68,9 @@ class Backend:
     memory_retention_seconds: float = DEFAULT_RETENTION_SECONDS
     #: Probe for ``/healthz`` when the store is a database (None: check ``data_dir``).
     health: Callable[[], bool] | None = None
+    #: Seals listing cursors (security: :mod:`.cursors`); by default keyed from ``data_dir``'s secret.
+    cursor_seal: LazySeal | None = None
+    seal: LazySeal = field(init=False)
     limiter: anyio.CapacityLimiter = field(init=False)
     #: Bounds of replay_memory calls waiting with ``wait_ms`` (see mcp_adapter.follow).
     followers: FollowLimits = field(default_factory=FollowLimits)
@@ -74,6 +78,7 @@ class Backend:
 
     def __post_init__(self) -> None:
         self.limiter = anyio.CapacityLimiter(self.max_concurrency)
+        self.seal = self.cursor_seal if self.cursor_seal is not None else seal_for(self.data_dir)
 
     def memory_store(self) -> LongTermMemory:
         """The long-term memory store, opened on first use (blocking)."""
@@ -228,7 +233,7 @@ async def _execute(backend: Backend, site: str, args: ToolArgs) -> dict[str, Any
             return Prepared.from_json(_encode_items(found))
         return await _read(backend, site, args.conversation_id, Range(args.offset, args.limit))
     assert isinstance(args, ListArgs)
-    cursor = ListCursor.from_token(args.cursor, site) if args.cursor is not None else None
+    cursor = backend.seal.open(args.cursor, site) if args.cursor is not None else None
     listing = await backend.run(store.list_conversations, site, ListSelector(cursor=cursor, limit=args.limit))
     return {
         "conversations": [
@@ -239,7 +244,7 @@ async def _execute(backend: Backend, site: str, args: ToolArgs) -> dict[str, Any
             }
             for s in listing.summaries
         ],
-        "next_cursor": listing.next_cursor.to_token(site) if listing.next_cursor is not None else None,
+        "next_cursor": backend.seal.seal(listing.next_cursor, site) if listing.next_cursor is not None else None,
     }
 
 

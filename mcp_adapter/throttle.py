@@ -26,6 +26,8 @@ DEFAULT_ADDRESS_RATE = 0.5
 #: Failed attempts against one site name in a burst (from every address together), and the refill rate.
 DEFAULT_SITE_BURST = 30
 DEFAULT_SITE_RATE = 1.0
+#: Tokens a site's bucket must lack for its checks to count as suspect (see :class:`.fairslots.FairSlots`).
+SUSPECT_MISSING = 2.0
 #: Most buckets kept per table.
 DEFAULT_MAX_KEYS = 65_536
 
@@ -68,6 +70,10 @@ class _Buckets:
         level = self._level(key, now)
         return 0.0 if level >= 1.0 else (1.0 - level) / self.rate
 
+    def missing(self, key: str, now: float) -> float:
+        """How many tokens ``key``'s bucket lacks (0 when full, or never touched)."""
+        return self.burst - self._level(key, now)
+
     def give(self, key: str, now: float) -> None:
         if key in self._table:
             self._table[key] = (min(self._level(key, now) + 1.0, self.burst), now)
@@ -108,6 +114,15 @@ class LoginThrottle:
             if address is not None:
                 self._addresses.take(address, now)
         return 0.0
+
+    def suspect(self, site: str) -> bool:
+        """True when ``site`` has had failed logins lately: two or more tokens short of a full bucket.
+
+        (One token short is a check in progress, or one mistyped password.)
+        """
+        now = time.monotonic()
+        with self._lock:
+            return self._sites.missing(site, now) >= SUSPECT_MISSING
 
     def refund(self, address: str | None, site: str) -> None:
         """Give back the token :meth:`acquire` took: the check succeeded."""

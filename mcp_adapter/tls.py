@@ -23,6 +23,8 @@ import os
 import ssl
 from typing import Any
 
+from .tlsgate import DEFAULT_HANDSHAKE_TIMEOUT
+
 logger = logging.getLogger("convmem.tls")
 
 
@@ -40,6 +42,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=env("CONVMEM_TLS_KEY"),
         metavar="FILE",
         help="PEM private key of --tls-cert (env CONVMEM_TLS_KEY)",
+    )
+    parser.add_argument(
+        "--tls-handshake-timeout",
+        type=float,
+        default=float(env("CONVMEM_TLS_HANDSHAKE_TIMEOUT") or DEFAULT_HANDSHAKE_TIMEOUT),
+        metavar="SECONDS",
+        help="seconds a client has to finish its TLS handshake; a handshake in progress counts against "
+        "--max-connections-per-address (env CONVMEM_TLS_HANDSHAKE_TIMEOUT)",
     )
     parser.add_argument(
         "--trust-proxy",
