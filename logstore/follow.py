@@ -24,8 +24,6 @@ watch limit is reached) a follower re-checks once every
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import errno
 import os
 import struct
@@ -65,7 +63,11 @@ class _Inotify:
     """The process's inotify instance: watches shared by directory, events dispatched to waiters."""
 
     def __init__(self) -> None:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        # Imported here, not at module load: a process that only reads never pays for ctypes, and
+        # the interpreter's own symbols hold libc's inotify calls (ctypes.util would start a subprocess).
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
         self._add = libc.inotify_add_watch
         self._add.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
         self._rm = libc.inotify_rm_watch

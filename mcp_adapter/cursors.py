@@ -85,7 +85,7 @@ class CursorSeal:
     def open(self, token: str, site: str) -> ListCursor:
         """The cursor ``token`` seals for ``site``; :class:`InvalidCursor` for anything else."""
         if not isinstance(token, str) or not 0 < len(token) <= MAX_TOKEN_CHARS or not token.startswith(_VERSION):
-            raise InvalidCursor("the cursor is not one this listing issued; pass back next_cursor exactly as received")
+            raise InvalidCursor("the cursor is not one this listing issued")
         body = token[len(_VERSION) :]
         try:
             sealed = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
@@ -93,20 +93,17 @@ class CursorSeal:
         except (binascii.Error, ValueError):
             canonical = False
         if not canonical:  # also refuses the variants of the last character that decode to the same bytes
-            raise InvalidCursor("the cursor is malformed; pass back next_cursor exactly as received")
+            raise InvalidCursor("the cursor is malformed")
         tag, encrypted = sealed[:_TAG_BYTES], sealed[_TAG_BYTES:]
         plain = self._keystream_xor(tag, encrypted)
         if len(tag) != _TAG_BYTES or not hmac.compare_digest(tag, self._tag(site, plain)):
-            raise InvalidCursor(
-                "the cursor was not issued to this site by this server, or was changed; "
-                "pass back next_cursor exactly as received"
-            )
+            raise InvalidCursor("the cursor was not issued to this site by this server, or was changed")
         try:
             ts, conv = msgspec.json.decode(plain, type=tuple[int, str])
             ConversationId(conv)
             stamp = format_us(ts)
         except (msgspec.DecodeError, ValueError, OverflowError, InvalidCursor, Exception) as exc:
-            raise InvalidCursor("the cursor is malformed; pass back next_cursor exactly as received") from exc
+            raise InvalidCursor("the cursor is malformed") from exc
         return ListCursor(stamp, conv)
 
 

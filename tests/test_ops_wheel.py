@@ -217,6 +217,7 @@ async def test_every_command_and_an_mcp_session_from_the_wheel(installed: Instal
         run("migrate", "--dst-schema", schema, str(data), pg_server)
     finally:
         drop_schema(pg_server, schema)
+    run("forget", SITE, CONV, "--data-dir", str(data))
     run("site", "passwd", SITE, "--data-dir", str(data), "--password-stdin", stdin=PASSWORD + "-new\n")
     run("site", "remove", SITE, "--data-dir", str(data), "--force")
     assert SITE not in run("site", "list", "--data-dir", str(data)).stdout
