@@ -165,7 +165,10 @@ class Retriever:
         query_vectors_kept: int = QUERY_VECTORS_KEPT,
     ) -> None:
         self.index_dir = index_dir
-        fileio.makedirs(index_dir)
+        # Durably: this may be the first thing to create the site's directories (a verify before
+        # the first write builds the retriever), and the writers' makedirs_durable trusts any
+        # directory it finds; an unsynced ``sites/<hex>`` entry would lose acknowledged memories.
+        fileio.makedirs_durable(index_dir)
         self._tuning = tuning or Tuning()
         if embedder == "default":
             from .encoder import default_encoder

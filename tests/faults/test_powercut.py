@@ -513,13 +513,20 @@ def _extend_ahead_steps(w: Writer) -> None:
     w.run_jobs = False
     assert w.rec is not None
     ops = w.rec.disk.ops
-    conv = w.store._conversation(SITE, CONVS[0])
+
+    def live(c: str) -> Any:
+        """The store's conversation object for ``c`` now: the first write of this store learns the
+        site's incarnation (``site.id``) and closes the objects made before it, so an object is
+        only looked at after an append (never kept from before one)."""
+        obj = w.store._conversation(SITE, c)
+        assert not obj.closed
+        return obj
 
     def until_job(c: str, pad: int, room: int = 0) -> Callable[[], None]:
         """Append to ``c`` until a job is handed over with at least ``room`` bytes still free (others run)."""
-        target = w.store._conversation(SITE, c)
         for _ in range(60):
             w.append(c, 1, pad)
+            target = live(c)
             if _JOBS and target._alloc - target._end >= room:
                 job = _JOBS.pop()
                 run_extensions()
@@ -536,6 +543,7 @@ def _extend_ahead_steps(w: Writer) -> None:
     w.append(CONVS[1], 1, 20)
     paused.finish()
     w.append(CONVS[0], 2, 60)
+    conv = live(CONVS[0])  # the object the steps below watch (it stays open: max_open is not reached)
 
     # 2. An append that needs more than the synced space waits for the job's step (or its end).
     paused = _PausedJob(until_job(CONVS[0], 40))
