@@ -293,6 +293,12 @@ class Authenticator:
                 self._measuring = None
         return self._kdf_seconds
 
+    async def _current(self) -> int:
+        """:meth:`_refresh`, off the event loop when the credentials live in a database."""
+        if self._credentials.remote:
+            return await anyio.to_thread.run_sync(self._refresh)
+        return self._refresh()
+
     async def authenticate(self, header: str | None, client: str | None = None) -> str:
         """The site the header proves, or raise ``Unauthenticated`` (or ``Throttled``).
 
@@ -309,7 +315,7 @@ class Authenticator:
         key = self._digest(header)
         kdf_runs = 0
         while True:
-            generation = self._refresh()
+            generation = await self._current()
             hit, site = self._cached(key, generation)
             if hit:
                 break
@@ -333,7 +339,7 @@ class Authenticator:
                 kdf_runs += 1
                 if site is not None:
                     self.throttle.refund(client, user)
-                if self._refresh() == generation:
+                if await self._current() == generation:
                     self._remember(key, site, generation)
                     break
                 # The credentials changed while the KDF ran: check again against the new ones.

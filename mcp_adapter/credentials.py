@@ -135,6 +135,12 @@ class PasswordChecks:
     tell the two apart by timing.
     """
 
+    #: True when ``stamp()`` and ``load()`` ask a database server: the authenticator
+    #: then calls them from a worker thread, never from the event loop, so a slow or
+    #: unreachable database cannot stall the server's other requests (health checks
+    #: included). A local file's ``stat`` is cheaper than the thread hop.
+    remote: bool = False
+
     def load(self) -> dict[str, PasswordHash]:
         raise NotImplementedError
 

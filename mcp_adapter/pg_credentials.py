@@ -27,6 +27,8 @@ _DEMO_KEY = "demo-site.password"
 class PgCredentials(PasswordChecks):
     """Read and change site credentials stored in the database of ``store``."""
 
+    remote = True
+
     def __init__(self, store: PgStore) -> None:
         self.store = store
         s = store.schema.replace('"', '""')

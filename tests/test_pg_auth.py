@@ -83,3 +83,39 @@ def test_a_stdio_login_checks_and_upgrades(two_processes: tuple[PgCredentials, P
     assert operator.load()[SITE].n == 2**14
     assert server.login(SITE, PASSWORD)
     assert operator.load()[SITE].n == SCRYPT_N
+
+
+async def test_a_stalled_credential_query_never_stalls_the_event_loop(
+    pg_server: str, two_processes: tuple[PgCredentials, PgCredentials]
+) -> None:
+    """The credential check asks the database from a worker thread.
+
+    Another session holds the credential table locked, so the check waits on
+    the lock. Meanwhile the event loop must keep running its other tasks, such
+    as health checks and calls for other sites. Before the fix, the check ran on
+    the loop and one unreachable database froze the whole server.
+    """
+    import anyio
+    import psycopg
+
+    server, operator = two_processes
+    operator.add(SITE, PASSWORD)
+    authenticator = Authenticator(server)
+    results: list[str] = []
+    with psycopg.connect(pg_server, autocommit=True) as blocker:
+        blocker.execute("BEGIN")
+        blocker.execute(f"LOCK TABLE {server._t} IN ACCESS EXCLUSIVE MODE".encode())
+
+        async def login() -> None:
+            results.append(await authenticator.authenticate(header(SITE, PASSWORD)))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(login)
+            ticks = 0
+            with anyio.fail_after(5):
+                while ticks < 20:  # the loop keeps turning while the login waits on the lock
+                    await anyio.sleep(0.01)
+                    ticks += 1
+            assert results == []  # still waiting on the lock: the check really is blocked
+            blocker.execute("ROLLBACK")
+    assert results == [SITE]
