@@ -172,7 +172,7 @@ class Recovery(ConversationState):
             except BadRecord as bad:
                 # A valid record out of place is damage, never a torn write or the end.
                 after_seal = bad.fault is Fault.AFTER_SEAL
-                verdict = classify_tail(fd, bad.offset, size, self._salt) if bad.fault.framing else None
+                verdict = classify_tail(fd, bad.offset, size, self._salt, self._next_seq) if bad.fault.framing else None
                 if verdict == "end":
                     # Only zeros follow: preallocated space, the clean end of the log.
                     break

@@ -252,7 +252,7 @@ def zero_from(fd: int, offset: int, size: int) -> bool:
 TailVerdict = Literal["end", "torn", "corrupt"]
 
 
-def classify_tail(fd: int, bad_offset: int, file_size: int, salt: int) -> TailVerdict:
+def classify_tail(fd: int, bad_offset: int, file_size: int, salt: int, expected_seq: int | None = None) -> TailVerdict:
     """What a failed record at ``bad_offset`` of the last segment of a conversation is.
 
     ``"end"`` when every byte from it to the end of the file is zero: the
@@ -263,22 +263,26 @@ def classify_tail(fd: int, bad_offset: int, file_size: int, salt: int) -> TailVe
     end = data_end(fd, bad_offset, file_size)
     if end == bad_offset:
         return "end"
-    return classify_failure(fd, bad_offset, end, salt)
+    return classify_failure(fd, bad_offset, end, salt, expected_seq)
 
 
-def classify_failure(fd: int, bad_offset: int, file_size: int, salt: int) -> Verdict:
+def classify_failure(fd: int, bad_offset: int, file_size: int, salt: int, expected_seq: int | None = None) -> Verdict:
     """Decide whether a failed record at ``bad_offset`` of the last segment is a torn tail.
 
     It is damage to acknowledged data ("corrupt") when a valid record follows
-    it anywhere in the file, or when the file ends with an intact record
+    it in the file (unless the two were one unsynced write, see
+    :func:`_torn_group_write`; that needs ``expected_seq``, the seq the failed
+    record should start at), or when the file ends with an intact record
     trailer that belongs to the failed record (it was written whole, then
     damaged) and holds no run of zero bytes (see ``_ZERO_RUN``) and no zeroed
     first sector piece (see ``_SECTOR``). Otherwise it
     is a torn tail: a write that never completed, and so was never
     acknowledged.
     """
-    if find_next_record(fd, bad_offset, file_size, salt) is not None:
-        return "corrupt"
+    nxt = find_next_record(fd, bad_offset, file_size, salt)
+    if nxt is not None:
+        group = expected_seq is not None and nxt[1].first_seq > expected_seq
+        return "torn" if group and _torn_group_write(fd, bad_offset, nxt[0], file_size, salt) else "corrupt"
     if file_size - bad_offset >= frame.RECORD_OVERHEAD:
         _check, body_len, magic = frame.TRAILER.unpack(os.pread(fd, frame.TRAILER_SIZE, file_size - frame.TRAILER_SIZE))
         if magic == frame.TRAILER_MAGIC and file_size - frame.RECORD_OVERHEAD - body_len == bad_offset:
@@ -286,6 +290,36 @@ def classify_failure(fd: int, bad_offset: int, file_size: int, salt: int) -> Ver
             if _ZERO_RUN not in written and any(written[: _SECTOR - bad_offset % _SECTOR]):
                 return "corrupt"
     return "torn"
+
+
+def _torn_group_write(fd: int, bad_offset: int, next_offset: int, end: int, salt: int) -> bool:
+    """True when a failed record and the valid records after it can only be one write that was never synced.
+
+    A group commit writes several batches' records with one ``write`` and
+    acknowledges them after one sync. A power cut before that sync can keep
+    the later sectors of the write and lose an earlier one (they reach the
+    disk in any order); the lost sector reads as zeros. Valid records then
+    follow a failed one, yet none of them was acknowledged: any sync after
+    their write would have made the failed record's sectors durable too.
+
+    So the failure counts as torn when the next valid record starts past the
+    seq the failed one should hold (the caller checks), the failed bytes (up
+    to it) carry the mark of a sector that never reached the disk (a run of
+    zero bytes no record holds, or a zeroed first sector piece, see
+    ``_ZERO_RUN`` and ``_SECTOR``), and every byte after them, up to ``end``,
+    is whole valid records followed only by zeros: a clean tail, which is what
+    the write left. Anything else after them is damage.
+    """
+    failed = os.pread(fd, next_offset - bad_offset, bad_offset)
+    if _ZERO_RUN not in failed and any(failed[: _SECTOR - bad_offset % _SECTOR]):
+        return False
+    pos = next_offset
+    try:
+        for off, h, _body in iter_records(fd, next_offset, end, salt):
+            pos = off + h.size
+    except BadRecord as bad:
+        pos = bad.offset
+    return pos >= end or zero_from(fd, pos, end)
 
 
 #: The unit a disk writes atomically. A record rarely starts on a sector boundary: its

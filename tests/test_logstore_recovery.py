@@ -341,6 +341,56 @@ def test_a_valid_record_after_zeros_makes_the_zeros_damage(pristine, tmp_path) -
     assert open(seg, "rb").read() == bytes(data), "damage was cut away"
 
 
+def test_a_torn_group_write_is_cut_with_the_valid_records_after_it(pristine, tmp_path) -> None:
+    """A power cut before a group commit's sync kept its later sectors and lost one of its first record.
+
+    The first record then fails (zeros where a sector never arrived) and valid
+    records follow it, up to the zeros of preallocated space. None of them was
+    acknowledged (their one sync never completed), so this is a torn tail:
+    recovery cuts it, and every tool agrees.
+    """
+    from convmem.logstore.maintenance import CORRUPT_RECORD, TORN_TAIL, check
+
+    src, counts, bounds = pristine
+    seg = damaged_copy(src, tmp_path / "d")
+    torn_start = bounds[-2][0]
+    data = bytearray(open(seg, "rb").read())
+    data[torn_start : torn_start + 16] = bytes(16)  # an unwritten sector reads as zeros
+    open(seg, "wb").write(bytes(data))
+    # The index is written after the sync, so it never points into an unsynced write: drop it.
+    for idx in Path(seg).parent.glob("*.idx"):
+        idx.unlink()
+    kept = sum(counts[:-2])
+    report = check(str(tmp_path / "d"))
+    kinds = [p.kind for p in report.problems]
+    assert TORN_TAIL in kinds and CORRUPT_RECORD not in kinds, report.problems
+    store = FileStore(tmp_path / "d")
+    try:
+        assert [i.payload for i in store.read(SITE, CONV, Range(0, 100))] == all_payloads()[:kept]
+        assert store.append(SITE, CONV, [{"after": True}]).first == kept
+    finally:
+        store.close()
+    assert data_size(seg) < bounds[-1][1], "the torn write was not cut"
+
+
+def test_a_failed_record_without_a_lost_sector_before_valid_ones_is_damage(pristine, tmp_path) -> None:
+    """The same shape with a flipped byte instead of zeros: damage to acknowledged data, never cut."""
+    src, _counts, bounds = pristine
+    seg = damaged_copy(src, tmp_path / "d")
+    start, end = bounds[-2]
+    data = bytearray(open(seg, "rb").read())
+    data[(start + end) // 2] ^= 0x40
+    open(seg, "wb").write(bytes(data))
+    store = FileStore(tmp_path / "d")
+    try:
+        with pytest.raises(Corrupted) as info:
+            store.read(SITE, CONV, Range(0, 100))
+        assert info.value.offset == start
+    finally:
+        store.close()
+    assert open(seg, "rb").read() == bytes(data), "damage was cut away"
+
+
 def test_garbage_in_preallocated_space_is_a_torn_tail(pristine, tmp_path) -> None:
     """Non-zero bytes after the zeros that follow the log: an unfinished write, cut by the next append."""
     src, _counts, bounds = pristine

@@ -61,8 +61,8 @@ def iter_conversation_items(
                 raise Corrupted(path, 0, f"segment starts at seq {base}, expected {expected}")
             for rec in walk(fd, SEGMENT_HEADER_SIZE, size, header.salt):
                 if isinstance(rec, Gap):
-                    if i == len(segs) - 1 and rec.resume is None:
-                        if classify_failure(fd, rec.offset, size, header.salt) == "torn":
+                    if i == len(segs) - 1:
+                        if classify_failure(fd, rec.offset, size, header.salt, expected) == "torn":
                             return
                     raise Corrupted(path, rec.offset, rec.why)
                 offset, h, body = rec

@@ -200,6 +200,8 @@ def _find_stretches(
         if isinstance(rec, Gap):
             upper: int | None = None
             if rec.resume is not None:
+                if next_base is None and classify_failure(fd, rec.offset, size, salt, expected) == "torn":
+                    return out, last_ts  # a torn group write, never acknowledged: check --repair cuts it
                 end, end_seq = rec.resume[0], rec.resume[1].first_seq
                 upper = rec.resume[1].recorded_at_us
                 if end_seq <= expected:

@@ -335,7 +335,7 @@ class _ConvScanner:
     def _bad(
         self, fd: int, path: str, seg_i: int, last_seg: bool, size: int, salt: int, rec: Gap, expected: int | None
     ) -> None:
-        if last_seg and rec.resume is None and classify_failure(fd, rec.offset, size, salt) == "torn":
+        if last_seg and classify_failure(fd, rec.offset, size, salt, expected) == "torn":
             p = self.problem(
                 path,
                 rec.offset,

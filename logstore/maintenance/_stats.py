@@ -65,7 +65,7 @@ def _probe_items(conv_dir: str, lock_timeout: float) -> tuple[int, int, str | No
                 break
         for rec in walk(fd, start, size, header.salt):
             if isinstance(rec, Gap):
-                torn = rec.resume is None and classify_failure(fd, rec.offset, size, header.salt) == "torn"
+                torn = classify_failure(fd, rec.offset, size, header.salt, seq) == "torn"
                 return seq, total, None if torn else f"{path} is damaged at byte {rec.offset}: {rec.why}"
             if rec[1].kind in (KIND_BATCH, KIND_KEYED, KIND_LOSS):  # lost seqs still count: seqs never move
                 seq = rec[1].end_seq

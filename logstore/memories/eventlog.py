@@ -165,7 +165,7 @@ class EventLog:
                 end = off + h.size
         except BadRecord as bad:
             # A valid record out of place is damage; only bytes that fail may be a torn write.
-            if not bad.fault.framing or classify_failure(self.fd, bad.offset, size, self.salt) == "corrupt":
+            if not bad.fault.framing or classify_failure(self.fd, bad.offset, size, self.salt, next_seq) == "corrupt":
                 raise Corrupted(self.path, bad.offset, bad.why) from None
             return ScanResult(events, end, next_seq, torn_at=bad.offset)
         return ScanResult(events, end, next_seq)
@@ -235,7 +235,8 @@ def salvage(path: str) -> tuple[list[Event], list[tuple[int, str]], int | None]:
         damaged: list[tuple[int, str]] = []
         for rec in walk(log.fd, SEGMENT_HEADER_SIZE, size, log.salt):
             if isinstance(rec, Gap):
-                if rec.resume is None and classify_failure(log.fd, rec.offset, size, log.salt) == "torn":
+                expected = events[-1].seq + 1 if events else None
+                if classify_failure(log.fd, rec.offset, size, log.salt, expected) == "torn":
                     return events, damaged, rec.offset
                 damaged.append((rec.offset, rec.why))
                 continue
