@@ -49,6 +49,44 @@ MAX_HEAD_BYTES = 16 * 1024
 _INVALID = "Invalid HTTP request received."
 
 
+class AddressTable:
+    """How many connections each client address holds, and the cap on that number.
+
+    One table per listening server; the HTTP protocols and the TLS handshake
+    gate count in the same table. Touched only from the event loop.
+    """
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self._held: Counter[str] = Counter()
+
+    def admit(self, address: str | None, transport: asyncio.Transport) -> bool:
+        """Count a new connection from ``address``; when the address is at its cap, abort it and return False.
+
+        A connection without a known address (a Unix socket) is admitted and not counted.
+        """
+        if address is None:
+            return True
+        if self._held[address] >= self.cap:
+            logger.warning("refused a connection from %s: it already holds %d", address, self.cap)
+            transport.abort()
+            return False
+        self._held[address] += 1
+        return True
+
+    def release(self, address: str | None) -> None:
+        """Stop counting one connection of ``address`` (None: nothing was counted)."""
+        if address is None:
+            return
+        self._held[address] -= 1
+        if self._held[address] <= 0:
+            del self._held[address]
+
+    def held(self, address: str) -> int:
+        """Connections ``address`` holds now."""
+        return self._held[address]
+
+
 def guarded_protocol(
     header_timeout: float = DEFAULT_HEADER_TIMEOUT,
     max_per_address: int = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
@@ -64,12 +102,11 @@ def guarded_h11_protocol(
     max_per_address: int = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
 ) -> type[H11Protocol]:
     """An :class:`H11Protocol` subclass enforcing the limits above (one address table per call)."""
-    per_address: Counter[str] = Counter()
+    table = AddressTable(max_per_address)
 
     class GuardedH11Protocol(H11Protocol):
-        #: The address table and its cap, shared with the TLS handshake gate (:mod:`.tlsgate`).
-        connections_per_address = per_address
-        max_connections_per_address = max_per_address
+        #: The address table, shared with the TLS handshake gate (:mod:`.tlsgate`).
+        address_table = table
         _header_timer: asyncio.TimerHandle | None = None
         _counted: str | None = None
 
@@ -77,22 +114,15 @@ def guarded_h11_protocol(
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             address = self.client[0] if self.client else None
-            if address is not None:
-                if per_address[address] >= max_per_address:
-                    logger.warning("refused a connection from %s: it already holds %d", address, max_per_address)
-                    transport.abort()
-                    return
-                per_address[address] += 1
-                self._counted = address
+            if not table.admit(address, transport):
+                return
+            self._counted = address
             self._arm_header_timer()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm_header_timer()
-            if self._counted is not None:
-                per_address[self._counted] -= 1
-                if per_address[self._counted] <= 0:
-                    del per_address[self._counted]
-                self._counted = None
+            table.release(self._counted)
+            self._counted = None
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
@@ -173,12 +203,11 @@ def guarded_httptools_protocol(
     (httptools buffers an unfinished header field itself, unbounded).
     """
     assert HttpToolsProtocol is not None
-    per_address: Counter[str] = Counter()
+    table = AddressTable(max_per_address)
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
-        #: The address table and its cap, shared with the TLS handshake gate (:mod:`.tlsgate`).
-        connections_per_address = per_address
-        max_connections_per_address = max_per_address
+        #: The address table, shared with the TLS handshake gate (:mod:`.tlsgate`).
+        address_table = table
         _header_timer: asyncio.TimerHandle | None = None
         _counted: str | None = None
         _in_head = False
@@ -188,22 +217,15 @@ def guarded_httptools_protocol(
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             address = self.client[0] if self.client else None
-            if address is not None:
-                if per_address[address] >= max_per_address:
-                    logger.warning("refused a connection from %s: it already holds %d", address, max_per_address)
-                    transport.abort()
-                    return
-                per_address[address] += 1
-                self._counted = address
+            if not table.admit(address, transport):
+                return
+            self._counted = address
             self._await_head()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm_header_timer()
-            if self._counted is not None:
-                per_address[self._counted] -= 1
-                if per_address[self._counted] <= 0:
-                    del per_address[self._counted]
-                self._counted = None
+            table.release(self._counted)
+            self._counted = None
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:

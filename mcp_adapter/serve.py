@@ -296,8 +296,7 @@ def gate_tls_handshakes(config: uvicorn.Config, handshake_timeout: float) -> boo
     config.http_protocol_class = tls_gate_protocol(
         inner,
         config.ssl,
-        inner.connections_per_address,  # type: ignore[attr-defined]
-        inner.max_connections_per_address,  # type: ignore[attr-defined]
+        inner.address_table,  # type: ignore[attr-defined]
         handshake_timeout,
     )
     config.ssl = None  # uvicorn's listener is plain TCP now; the gate's handshake makes it HTTPS

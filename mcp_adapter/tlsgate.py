@@ -19,12 +19,10 @@ accepted connection the gate
 from __future__ import annotations
 
 import asyncio
-import logging
 import ssl
-from collections import Counter
 from typing import Any, cast
 
-logger = logging.getLogger("convmem.http")
+from .connguard import AddressTable
 
 #: Seconds a client has to complete its TLS handshake.
 DEFAULT_HANDSHAKE_TIMEOUT = 10.0
@@ -33,14 +31,13 @@ DEFAULT_HANDSHAKE_TIMEOUT = 10.0
 def tls_gate_protocol(
     inner: Any,
     context: ssl.SSLContext,
-    per_address: Counter[str],
-    max_per_address: int,
+    table: AddressTable,
     handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
 ) -> type[asyncio.Protocol]:
     """A protocol class for uvicorn's ``http`` setting that does the TLS handshake before ``inner`` runs.
 
     ``inner`` is the HTTP protocol class (called with uvicorn's keyword
-    arguments once the handshake is done); ``per_address`` is the address
+    arguments once the handshake is done); ``table`` is the address
     table it counts its connections in.
     """
 
@@ -55,21 +52,14 @@ def tls_gate_protocol(
             transport = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio.Transport subclasses
             peer = transport.get_extra_info("peername")
             address = str(peer[0]) if isinstance(peer, tuple) and peer else None
-            if address is not None:
-                if per_address[address] >= max_per_address:
-                    logger.warning("refused a connection from %s: it already holds %d", address, max_per_address)
-                    transport.abort()
-                    return
-                per_address[address] += 1
-                self._counted = address
+            if not table.admit(address, transport):
+                return
+            self._counted = address
             self._task = asyncio.get_running_loop().create_task(self._handshake(transport))
 
         def _release(self) -> None:
-            if self._counted is not None:
-                per_address[self._counted] -= 1
-                if per_address[self._counted] <= 0:
-                    del per_address[self._counted]
-                self._counted = None
+            table.release(self._counted)
+            self._counted = None
 
         async def _handshake(self, transport: asyncio.Transport) -> None:
             loop = asyncio.get_running_loop()
