@@ -343,10 +343,14 @@ def test_site_limit(tmp_path: Path) -> None:
     events = []
     with LongTermMemory(tmp_path / "scratch") as scratch:
         template = create(scratch, fields(0, dedupe_key=None))
+    # The template's stored vector goes into every event (they share its text), so that opening
+    # the full site reads vectors instead of encoding 10,000 texts.
+    [made] = eventlog.salvage(os.path.join(memories_dir(str(tmp_path / "scratch"), SITE), LOG_NAME))[0]
+    vec = made.body["vec"]
     for i in range(limits.MAX_MEMORIES_PER_SITE):
         body = record_body(template)
         body["id"] = f"mem_{i:026d}"
-        events.append((at, {"op": "create", "id": body["id"], "at": at, "record": body}))
+        events.append((at, {"op": "create", "id": body["id"], "at": at, "record": body, "vec": vec}))
     eventlog.rewrite_file(path, events)
     with LongTermMemory(tmp_path) as store:
         assert len(store.all(SITE)) == limits.MAX_MEMORIES_PER_SITE
