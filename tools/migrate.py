@@ -366,9 +366,9 @@ def _memories_left(src: Side, args: argparse.Namespace) -> str:
             what = "long-term memory" if n == 1 else "long-term memories"
             print(f"not copied: {site}: {n} {what}, left in {src.memories_place(site)}", file=sys.stderr)
     total = sum(held.values())
-    what = "long-term memory" if total == 1 else "long-term memories"
+    what, stay = ("long-term memory", "it stays") if total == 1 else ("long-term memories", "they stay")
     return (
-        f"NOT copied: {total} {what} of {plural(len(held), 'site')}; they stay in {args.src} "
+        f"NOT copied: {total} {what} of {plural(len(held), 'site')}; {stay} in {args.src} "
         "(sites/*/memories): migrate does not carry long-term memories to PostgreSQL yet. Keep that directory "
         f"and serve with --data-dir {args.src} beside --store to keep using them (exit status {EXIT_MEMORIES_LEFT})"
     )
