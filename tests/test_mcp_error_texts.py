@@ -38,6 +38,7 @@ from convmem.logstore import (
     InvalidConversationId,
     InvalidCursor,
     InvalidIdempotencyKey,
+    InvalidPayload,
     Io,
     ItemsLost,
     Loss,
@@ -51,7 +52,15 @@ from convmem.logstore import (
 from convmem.logstore.memories import LongTermMemory
 from convmem.logstore.memories.errors import MEMORY_LOCK
 from convmem.logstore.memories.retrieval import Retriever
-from convmem.mcp_adapter.errors import ToolFailure, memory_not_configured
+from convmem.mcp_adapter.errors import (
+    ToolFailure,
+    from_store_error,
+    internal_error,
+    invalid_arguments,
+    memory_not_configured,
+    throttled,
+    unauthenticated,
+)
 from convmem.mcp_adapter.server import Backend, build_server
 
 pytestmark = pytest.mark.anyio
@@ -290,3 +299,26 @@ async def test_the_errors_of_a_real_memory_store_say_one_thing(real_memories: Ba
         await failing("memory_delete", {"memory_id": mid, "verify_token": "x", "force": True})
     assert {"VerifyRequired", "NotFound", "InvalidArguments", "LooksLikeSecret", "DuplicateMemory"} <= seen, seen
     assert "VersionConflict" in seen, seen
+
+
+ADAPTER_FAILURES = [
+    unauthenticated(),
+    unauthenticated(bearer=True),
+    throttled(2.5),
+    internal_error("0123456789abcdef"),
+    memory_not_configured(),
+    invalid_arguments("count", "expected an integer"),
+]
+BUILT = [(f, [*LOG_CALLS, *MEMORY_CALLS]) for f in ADAPTER_FAILURES]
+BUILT += [(from_store_error(InvalidPayload(2, "nesting too deep")), ["append_memory"])]
+BUILT += [(from_store_error(e, "/srv/data"), list(LOG_CALLS)) for e in _log_errors()]
+BUILT += [(from_store_error(e, "/srv/data"), list(MEMORY_CALLS)) for e in _memory_errors()]
+
+
+@pytest.mark.parametrize(("failure", "tools"), BUILT, ids=[f"{f.code}-{t[0]}" for f, t in BUILT])
+def test_every_failure_the_adapter_builds_says_one_thing(failure: ToolFailure, tools: list[str]) -> None:
+    """Also the failures built outside a store call (logins, throttling, arguments), as each tool answers them."""
+    for tool in tools:
+        text = failure.text(tool)
+        assert text.startswith(f"{failure.code} ({'retryable' if failure.retryable else 'permanent'}): ")
+        assert_says_one_thing(text, failure.retryable, tool)

@@ -146,7 +146,8 @@ def test_migrate_says_which_memories_it_leaves_behind(tmp_path: Path, pg: tuple[
     quiet = run_convmem("migrate", str(src), dsn, "--dst-schema", schema, "--quiet", "--site", SITES[1])
     assert quiet.returncode == 0 and "NOT copied" not in quiet.stdout, (quiet.stdout, quiet.stderr)
     one = run_convmem("migrate", str(src), dsn, "--dst-schema", schema, "--quiet", "--site", only_memories)
-    assert one.returncode == 1 and f"NOT copied: 1 long-term memory of 1 site; it stays in {src}" in one.stdout, one.stdout
+    assert one.returncode == 1, (one.stdout, one.stderr)
+    assert f"NOT copied: 1 long-term memory of 1 site; it stays in {src}" in one.stdout, one.stdout
     assert one.stderr == ""
 
     back = run_convmem("migrate", dsn, str(tmp_path / "back"), "--src-schema", schema)
