@@ -200,7 +200,35 @@ def _failing(exc: BaseException, data_dir: str = "/srv/data") -> Backend:
     return Backend(store=FailingStore(exc), data_dir=data_dir, fixed_site=SITE, memories=FailingMemories(exc))  # type: ignore[arg-type]
 
 
-ALL_FAILURES: list[BaseException] = [*_log_errors(), *_memory_errors(), RuntimeError("/private/path details")]
+def _driver_errors() -> list[StoreError]:
+    """What PostgreSQL failures become, message-less ones included (the text must not fall back to a class name)."""
+    import psycopg
+    import psycopg_pool
+    from psycopg import errors as pgerr
+
+    from convmem.logstore.postgres._errors import translate
+
+    raised = [
+        psycopg.OperationalError(),
+        psycopg.OperationalError("server closed the connection unexpectedly\nThis probably means..."),
+        psycopg.InterfaceError(),
+        pgerr.AdminShutdown(),
+        pgerr.DeadlockDetected(),
+        pgerr.ReadOnlySqlTransaction(),
+        pgerr.QueryCanceled(),
+        pgerr.LockNotAvailable(),
+        psycopg_pool.PoolTimeout("couldn't get a connection after 5.00 sec"),
+        psycopg.DataError(),
+    ]
+    return [translate(exc, 0.5, writing=writing) for exc in raised for writing in (True, False)]
+
+
+ALL_FAILURES: list[BaseException] = [
+    *_log_errors(),
+    *_memory_errors(),
+    *_driver_errors(),
+    RuntimeError("/private/path details"),
+]
 
 
 @pytest.mark.parametrize("exc", ALL_FAILURES, ids=lambda e: type(e).__name__)
