@@ -149,14 +149,18 @@ class Unavailable(StoreError):
 
 
 class Timeout(StoreError):
-    """Waiting for a conversation's lock took longer than the configured timeout."""
+    """Waiting for a lock took longer than the configured timeout; nothing was written.
+
+    ``lock`` names what was waited for: a conversation's lock by default, a
+    site's long-term memories for the memory store.
+    """
 
     code = "Timeout"
     retryable = True
 
-    def __init__(self, waited: float) -> None:
+    def __init__(self, waited: float, lock: str = "the conversation lock") -> None:
         self.waited = waited
-        super().__init__(f"gave up waiting for the conversation lock after {waited:.3f}s; nothing was written")
+        super().__init__(f"gave up waiting for {lock} after {waited:.3f}s; nothing was written")
 
     def details(self) -> dict[str, object]:
         return {"waited_seconds": round(self.waited, 3)}

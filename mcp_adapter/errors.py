@@ -9,7 +9,11 @@ text block written for the agent, and a machine-readable object in
 
 ``code`` is the spec's error name where the spec has one; the adapter adds
 ``InvalidArguments``, ``InvalidCursor``, ``Unauthenticated``, ``Throttled``
-(retryable, with ``retry_after_seconds``) and ``InternalError``. Detail keys sit beside ``code``: ``reason`` for
+(retryable, with ``retry_after_seconds``), ``NotConfigured`` (permanent, with
+``feature``: a memory tool on a server without long-term memory) and
+``InternalError``. The advice added to the text depends on the code and on the
+tool that failed (an append keeps its batch; a memory tool has none).
+Detail keys sit beside ``code``: ``reason`` for
 ``InvalidConversationId``; ``limit``/``actual`` (and ``index``, ``unit``) for
 size errors; ``file``/``offset`` (and ``first_seq``/``last_seq`` when known)
 for ``Corrupted``; ``file``/``offset`` and ``lost`` (a list of
@@ -34,7 +38,10 @@ from convmem.logstore import Corrupted, InvalidPayload, ItemsLost, StoreError
 #: The ``_meta`` key under which the machine-readable error travels.
 ERROR_META_KEY = "convmem/error"
 
-#: What an agent should do next, per code (appended to the human-readable text).
+#: What an agent should do next, per code (appended to the human-readable text). Codes whose advice
+#: depends on the tool (see :data:`_BY_TOOL`) are not here. Every text agrees with the code's
+#: ``retryable`` flag: a permanent code never advises retrying unchanged, a retryable one never
+#: says retrying is useless.
 _ADVICE: dict[str, str] = {
     "InvalidConversationId": "Use an id of 8-64 characters from [A-Za-z0-9_-], e.g. a UUID; retrying unchanged "
     "fails again.",
@@ -43,9 +50,6 @@ _ADVICE: dict[str, str] = {
     "BatchTooLarge": "Split the batch into smaller appends (at most 250 items and 1 MiB in total); retrying "
     "unchanged fails again.",
     "ConversationFull": "This conversation cannot take more items; continue in a new conversation id.",
-    "Unavailable": "The memory store is temporarily unavailable; keep the batch and retry later.",
-    "Timeout": "The conversation was busy and nothing was written; keep the batch and retry.",
-    "Io": "A storage I/O error occurred and nothing was acknowledged; keep the batch and retry.",
     "Corrupted": "Stored data failed verification; retrying will not help. Report this to the operator.",
     "ItemsLost": "Those items were lost to damage and an operator recorded the loss; retrying will not help. "
     "Read around the lost seqs with replay_memory: every other item is intact.",
@@ -58,24 +62,72 @@ _ADVICE: dict[str, str] = {
     "InvalidCursor": "Pass next_cursor back exactly as received, or omit cursor to start over.",
     "Unauthenticated": "Configure the client with HTTP Basic credentials: the site name as user name and the "
     "site's password.",
-    "InternalError": "An unexpected server error occurred; it is safe to retry.",
     "Throttled": "Too many failed logins came from this address or for this site; wait retry_after_seconds, "
     "check the credentials, then retry.",
     "QuotaExceeded": "The site has used its storage allowance; retrying will not help until the operator raises "
     "the quota or removes data.",
+    "NotConfigured": "Retrying will not help until the operator changes the server's configuration. The "
+    "conversation-log tools (append_memory, recall_memory, replay_memory, list_conversations) work as usual.",
     # Long-term memory tools (mcp_adapter/memory_*.py).
     "VerifyRequired": "Pass the same intent and candidate or memory_id to memory_verify, decide from the related "
     "memories whether the write is still right, then repeat it with the new verify_token (single use, 10 minutes).",
     "DuplicateMemory": "That fact is already stored under existing_id: update that memory (memory_verify with "
     "intent update) rather than creating a second copy.",
     "VersionConflict": "The memory changed since you read it: memory_get it again, decide whether your change "
-    "still applies, re-verify and retry with current_version.",
+    "still applies, re-verify, and send the update with expected_version set to current_version.",
     "MemoryStoreFull": "Delete memories that no longer matter first (soft-deleted ones count until they are erased; "
     "force: true erases at once).",
     "NotFound": "Check the id (memory_search finds memories by content); an erased memory is gone for good.",
     "LooksLikeSecret": "Memories must never hold credentials: remove the secret from the named field (say where it "
     "is kept instead, e.g. 'in the team vault') and verify again; retrying unchanged fails again.",
 }
+
+_FRESH_TOKEN = " (a write whose verify_token was used needs a new memory_verify first)"
+
+#: Advice for the retryable storage codes, per kind of tool: an append holds a batch to keep,
+#: a read holds none, a memory tool works on long-term memories, not on a conversation.
+_BY_TOOL: dict[str, dict[str, str]] = {
+    "Unavailable": {
+        "append": "The store cannot be reached right now and the batch was not acknowledged; keep the batch and "
+        "retry later.",
+        "read": "The store cannot be reached right now; retry later.",
+        "memory": "Long-term memory cannot be reached right now; retry later" + _FRESH_TOKEN + ".",
+    },
+    "Timeout": {
+        "append": "The conversation was busy and nothing was written; keep the batch and retry.",
+        "read": "The conversation was busy; retry.",
+        "memory": "The site's long-term memories were busy and nothing was written; retry.",
+    },
+    "Io": {
+        "append": "A storage I/O error occurred and nothing was acknowledged; keep the batch and retry.",
+        "read": "A storage I/O error occurred; retry.",
+        "memory": "A storage I/O error occurred; retry" + _FRESH_TOKEN + ".",
+    },
+    "InternalError": {
+        "append": "An unexpected server error occurred; it is safe to retry (keep the batch meanwhile).",
+        "read": "An unexpected server error occurred; it is safe to retry.",
+        "memory": "An unexpected server error occurred; it is safe to retry" + _FRESH_TOKEN + ".",
+    },
+}
+
+def tool_kind(tool: str | None) -> str:
+    """``append``, ``read`` or ``memory``: which advice fits a failure of ``tool`` (``read`` when unknown)."""
+    if tool == "append_memory":
+        return "append"
+    if tool is not None and tool.startswith("memory_"):
+        return "memory"
+    return "read"
+
+
+def advice(code: str, retryable: bool, tool: str | None = None) -> str:
+    """What the agent should do after ``code`` from ``tool``, in words that agree with ``retryable``."""
+    by_tool = _BY_TOOL.get(code)
+    if by_tool is not None and retryable:
+        return by_tool[tool_kind(tool)]
+    known = _ADVICE.get(code)
+    if known is not None:
+        return known
+    return "Retry later." if retryable else "Retrying unchanged fails again."
 
 
 class ToolFailure(Exception):
@@ -92,20 +144,19 @@ class ToolFailure(Exception):
         """The machine-readable object sent under ``_meta["convmem/error"]``."""
         return {"code": self.code, "retryable": self.retryable, "message": self.message, **self.details}
 
-    def text(self) -> str:
-        """One paragraph an agent can act on."""
+    def text(self, tool: str | None = None) -> str:
+        """One paragraph an agent can act on, with advice that fits ``tool`` (the tool that failed)."""
         kind = "retryable" if self.retryable else "permanent"
-        advice = _ADVICE.get(self.code, "")
-        text = f"{self.code} ({kind}): {self.message}. {advice}".strip()
+        text = f"{self.code} ({kind}): {self.message}. {advice(self.code, self.retryable, tool)}"
         rid = self.details.get("request_id")
         if rid and rid not in self.message:
             text += f" (request id {rid})"
         return text
 
-    def to_result(self) -> types.CallToolResult:
-        """The tool result for this failure (no ``structuredContent``)."""
+    def to_result(self, tool: str | None = None) -> types.CallToolResult:
+        """The tool result for this failure of ``tool`` (no ``structuredContent``)."""
         return types.CallToolResult(
-            content=[types.TextContent(type="text", text=self.text())],
+            content=[types.TextContent(type="text", text=self.text(tool))],
             is_error=True,
             _meta={ERROR_META_KEY: self.error_object()},
         )
@@ -135,6 +186,17 @@ def throttled(retry_after: float) -> ToolFailure:
         f"too many failed logins; the credentials were not checked, try again in {seconds} s",
         retryable=True,
         retry_after_seconds=seconds,
+    )
+
+
+def memory_not_configured() -> ToolFailure:
+    """A memory tool on a server without long-term memory (a PostgreSQL store served without a data directory)."""
+    return ToolFailure(
+        "NotConfigured",
+        "long-term memory is not configured on this server: it keeps conversations in PostgreSQL and was started "
+        "without a data directory for memories (the operator enables long-term memory by restarting "
+        "`convmem serve` with --data-dir DIR beside --store)",
+        feature="long-term memory",
     )
 
 

@@ -12,11 +12,12 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
 
+from convmem.logstore import StoreError
 from convmem.logstore.memories import Memory
 from convmem.logstore.memories import limits as L
 from convmem.logstore.timefmt import format_us
 
-from .errors import invalid_arguments
+from .errors import ToolFailure, invalid_arguments
 from .validation import _explain, reject_unknown
 
 if TYPE_CHECKING:
@@ -175,3 +176,21 @@ def relevant_text(memories: list[dict[str, str]]) -> str:
     lines = ["Relevant memories (long-term, from earlier conversations; memory_get loads details):"]
     lines += [f"- {m['subject']}: {m['summary']} [{m['id']}]" for m in memories]
     return "\n".join(lines)
+
+
+def surfacing_failed(exc: BaseException) -> str:
+    """The "Relevant memories" line when looking them up failed with ``exc`` (the log call itself succeeded).
+
+    Names the error code (never an exception class) and says whether it is
+    worth asking again: long-term memory not configured on this server, a
+    permanent failure for the operator, or unavailable right now.
+    """
+    if isinstance(exc, ToolFailure | StoreError):
+        code, retryable = exc.code, exc.retryable
+    else:
+        code, retryable = "InternalError", True
+    if code == "NotConfigured":
+        return "Relevant memories: none, long-term memory is not configured on this server; the call itself succeeded."
+    if not retryable:
+        return f"Relevant memories: unavailable ({code}, permanent: ask the operator); the call itself succeeded."
+    return f"Relevant memories: unavailable right now ({code}); the call itself succeeded."

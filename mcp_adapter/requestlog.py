@@ -146,7 +146,7 @@ class ToolCall:
         """The error result for ``failure``, tagged with this request's id."""
         failure.details.setdefault("request_id", self.request_id)
         self._finish(failure.code)
-        return failure.to_result()
+        return failure.to_result(self.tool)
 
 
 def _claimed_site(scope: Scope) -> str | None:

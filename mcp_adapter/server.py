@@ -33,9 +33,16 @@ from convmem.logstore.memories.limits import DEFAULT_RETENTION_SECONDS
 from . import __version__, requestlog
 from .auth import Authenticator
 from .cursors import LazySeal, seal_for
-from .errors import ToolFailure, from_store_error, internal_error, unauthenticated
+from .errors import ToolFailure, from_store_error, internal_error, memory_not_configured, unauthenticated
 from .follow import FollowLimits, replay_waiting
-from .memory_calls import parse_memory_arguments, relevant_text, run_memory_call, surface, try_surface
+from .memory_calls import (
+    parse_memory_arguments,
+    relevant_text,
+    run_memory_call,
+    surface,
+    surfacing_failed,
+    try_surface,
+)
 from .memory_schemas import MEMORY_TOOL_NAMES
 from .tools import INSTRUCTIONS, tool_definitions
 from .validation import AppendArgs, ListArgs, RecallArgs, ReplayArgs, ToolArgs, parse_arguments
@@ -86,11 +93,7 @@ class Backend:
             if self.memories is None:
                 if not self.data_dir:
                     # A PostgreSQL store served without --data-dir: the memory store needs a directory.
-                    raise ToolFailure(
-                        "Unavailable",
-                        "long-term memory is not enabled on this server: it keeps memories in a data directory, "
-                        "and this server uses PostgreSQL without one (the operator can add --data-dir)",
-                    )
+                    raise memory_not_configured()
                 self.memories = LongTermMemory(self.data_dir, retention_seconds=self.memory_retention_seconds)
                 self.memories.start_sweeper()
             return self.memories
@@ -101,7 +104,7 @@ class Backend:
         Otherwise the sweeper starts with the memory store, on the first memory call.
         """
         if not self.data_dir:
-            return  # no data directory (PostgreSQL without --data-dir): memory tools answer Unavailable
+            return  # no data directory (PostgreSQL without --data-dir): memory tools answer NotConfigured
         sites = os.path.join(self.data_dir, "sites")
         names = os.listdir(sites) if os.path.isdir(sites) else []
         if any(os.path.isdir(os.path.join(sites, name, "memories")) for name in names):
@@ -283,10 +286,12 @@ async def _execute_with_memories(
             found = await backend.run(surface, backend, site, context)
             section = relevant_text(found)
         except Exception as exc:
-            code = exc.code if isinstance(exc, StoreError) else type(exc).__name__
-            logger.warning("memory_context lookup failed: %s: %s", code, exc)
+            section = surfacing_failed(exc)
+            if isinstance(exc, StoreError | ToolFailure):
+                logger.warning("memory_context lookup failed: %s: %s", exc.code, exc)
+            else:
+                logger.exception("memory_context lookup failed unexpectedly")
             found = []
-            section = f"Relevant memories: unavailable right now ({code}); the call itself succeeded."
 
     failure: Exception | None = None
     payload: dict[str, Any] | Prepared = {}

@@ -286,7 +286,7 @@ async def test_a_failing_memory_store_never_fails_the_log_call(server: ServerPro
         )
         assert not result.is_error
         assert result.structured_content == {"first_seq": 0, "last_seq": 0, "memories": []}
-        assert "Relevant memories: unavailable right now (Corrupted)" in result.content[0].text
+        assert "Relevant memories: unavailable (Corrupted, permanent: ask the operator)" in result.content[0].text
         error = error_of(await client.call_tool("memory_search", {"query": "damaged"}))
         assert error["code"] == "Corrupted" and error["offset"] == 0
         assert not error["file"].startswith("/")

@@ -187,8 +187,8 @@ def test_serve_refuses_quotas_with_postgres(pg: tuple[str, str]) -> None:
 
 
 @pytest.mark.anyio
-async def test_memory_tools_without_a_data_dir_answer_unavailable(pg: tuple[str, str], tmp_path: Path) -> None:
-    """PostgreSQL without --data-dir: the memory store has nowhere to live, and says so; nothing lands in cwd."""
+async def test_memory_tools_without_a_data_dir_answer_not_configured(pg: tuple[str, str], tmp_path: Path) -> None:
+    """PostgreSQL without --data-dir: long-term memory is not configured, permanently; nothing lands in cwd."""
     assert _site(pg, "add", SITE, "--password-stdin", stdin=PASSWORD + "\n").returncode == 0
     argv = convmem_cmd("serve", "--stdio", "--site", SITE, "--store", pg[0], "--pg-schema", pg[1])
     params = StdioServerParameters(
@@ -198,9 +198,18 @@ async def test_memory_tools_without_a_data_dir_answer_unavailable(pg: tuple[str,
         res = await client.call_tool("memory_search", {"query": "anything"})
         assert res.is_error
         error = (res.meta or {})["convmem/error"]
-        assert error["code"] == "Unavailable" and "--data-dir" in error["message"], error
+        assert error["code"] == "NotConfigured" and error["retryable"] is False, error
+        assert "long-term memory is not configured on this server" in error["message"]
+        assert "--data-dir" in error["message"]
+        text = res.content[0].text
+        assert text.startswith("NotConfigured (permanent): ") and "retry later" not in text.lower(), text
         ok = await client.call_tool("append_memory", {"conversation_id": "mem-less-1", "items": [{"a": 1}]})
         assert ok.structured_content == {"first_seq": 0, "last_seq": 0}
+        with_context = await client.call_tool(
+            "append_memory", {"conversation_id": "mem-less-1", "items": [{"a": 2}], "memory_context": "anything"}
+        )
+        assert with_context.structured_content == {"first_seq": 1, "last_seq": 1, "memories": []}
+        assert "long-term memory is not configured on this server" in with_context.content[0].text
     assert list(tmp_path.iterdir()) == []
 
 

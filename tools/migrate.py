@@ -15,6 +15,11 @@ of items and a CRC-32 over ``seq``, ``recorded_at`` and the payload bytes must
 be the same on both sides; any difference is reported and the exit status is
 non-zero. A destination holding *more* than the source for a conversation is
 refused (it is not a copy of this source).
+
+Long-term memories are not carried (PostgreSQL does not hold them yet): they
+stay in the source data directory, and the summary says how many, of how many
+sites, and where; the exit status is then 1, so a script that goes on to
+delete the source stops first.
 """
 
 from __future__ import annotations
@@ -29,11 +34,29 @@ import msgspec
 
 from convmem.logstore import MAX_BATCH_BYTES, MAX_BATCH_ITEMS, FileStore, StoreError, Tail
 from convmem.logstore.maintenance import Restorer, iter_conversation_items, iter_conversations, list_sites
+from convmem.logstore.memories.check import memory_sites
+from convmem.logstore.memories.drop import memories_held
+from convmem.logstore.memories.site import memories_dir
 from convmem.logstore.postgres import DEFAULT_SCHEMA, PgStore, is_dsn, item_crc
 
 from .common import EXIT_PROBLEMS_LEFT, fail, plural
 
 _decoder = msgspec.json.Decoder(type=dict[str, Any])
+
+#: Exit status when everything was copied and verified but SRC holds long-term memories that were not.
+EXIT_MEMORIES_LEFT = 1
+
+_EPILOG = """\
+Long-term memories (the memory_* tools) are NOT copied: PostgreSQL does not hold them yet. They stay in
+SRC's sites/*/memories directories; the summary counts them. To keep using them after moving the
+conversations to PostgreSQL, keep SRC and serve with --data-dir SRC beside --store.
+
+exit status:
+  0  everything SRC holds was copied and verified
+  1  conversations and passwords copied and verified, but SRC holds long-term memories that were not copied
+  4  verification found a difference (printed)
+  8  could not start, or stopped midway (re-run the same command to continue)
+"""
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -44,6 +67,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         "and the site password hashes) from SRC to DST. SRC and DST are each a data directory or a "
         "postgresql:// URI. Re-running after an interruption continues where it stopped. Ends with a "
         "per-conversation count and checksum comparison.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("src", metavar="SRC")
     p.add_argument("dst", metavar="DST")
@@ -85,6 +110,14 @@ class Side:
     def credentials(self) -> Any:
         raise NotImplementedError
 
+    def memories_held(self) -> dict[str, int]:
+        """Long-term memories (active and soft-deleted) per site, for the sites that hold any."""
+        raise NotImplementedError
+
+    def memories_place(self, site: str) -> str:
+        """Where ``site``'s long-term memories are kept on this side (for the summary)."""
+        raise NotImplementedError
+
     def close(self) -> None:
         raise NotImplementedError
 
@@ -119,6 +152,13 @@ class DirSide(Side):
         from convmem.mcp_adapter.credentials import CredentialFile
 
         return CredentialFile(self.path)
+
+    def memories_held(self) -> dict[str, int]:
+        held = {site: memories_held(self.path, site) for site in memory_sites(self.path)}
+        return {site: n for site, n in held.items() if n}
+
+    def memories_place(self, site: str) -> str:
+        return memories_dir(self.path, site)
 
     def close(self) -> None:
         if self._restorer is not None:
@@ -155,6 +195,12 @@ class PgSide(Side):
         from convmem.mcp_adapter.pg_credentials import PgCredentials
 
         return PgCredentials(self.store)
+
+    def memories_held(self) -> dict[str, int]:
+        return {}  # long-term memories do not live in PostgreSQL yet
+
+    def memories_place(self, site: str) -> str:  # pragma: no cover - never holds any (above)
+        raise NotImplementedError
 
     def close(self) -> None:
         self.store.close()
@@ -295,8 +341,34 @@ def _migrate(src: Side, dst: Side, args: argparse.Namespace) -> int:
         f"migrated {plural(len(sites), 'site')}, {plural(convs, 'conversation')} "
         f"({plural(items, 'item')} copied in this run, {plural(n_creds, 'site password')}); "
     )
+    left = _memories_left(src, args)
     if problems:
         print(summary + f"verification FAILED for {plural(problems, 'conversation')}", file=sys.stderr)
+        if left:
+            print(left, file=sys.stderr)
         return EXIT_PROBLEMS_LEFT
     print(summary + "verified: every conversation has the same item count and checksum on both sides")
+    if left:
+        print(left)
+        return EXIT_MEMORIES_LEFT
     return 0
+
+
+def _memories_left(src: Side, args: argparse.Namespace) -> str:
+    """The summary line about the long-term memories SRC holds and migrate does not copy ("" when none)."""
+    held = src.memories_held()
+    if args.site:
+        held = {site: n for site, n in held.items() if site in set(args.site)}
+    if not held:
+        return ""
+    if not args.quiet:
+        for site, n in sorted(held.items()):
+            what = "long-term memory" if n == 1 else "long-term memories"
+            print(f"not copied: {site}: {n} {what}, left in {src.memories_place(site)}", file=sys.stderr)
+    total = sum(held.values())
+    what, stay = ("long-term memory", "it stays") if total == 1 else ("long-term memories", "they stay")
+    return (
+        f"NOT copied: {total} {what} of {plural(len(held), 'site')}; {stay} in {args.src} "
+        "(sites/*/memories): migrate does not carry long-term memories to PostgreSQL yet. Keep that directory "
+        f"and serve with --data-dir {args.src} beside --store to keep using them (exit status {EXIT_MEMORIES_LEFT})"
+    )

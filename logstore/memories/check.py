@@ -31,7 +31,7 @@ from typing import Any
 from .. import fileio, layout
 from ..errors import Corrupted, Timeout
 from . import access, tokens
-from .errors import InvalidMemory
+from .errors import MEMORY_LOCK, InvalidMemory
 from .eventlog import Event, EventLog, rewrite_file, salvage
 from .limits import MAX_MEMORIES_PER_SITE
 from .record import STATUS_DELETED, WRITABLE_FIELDS, Memory, check_memory_id, parse_fields
@@ -96,7 +96,7 @@ def site_lock(directory: str, exclusive: bool, timeout: float) -> Iterator[None]
         started = time.monotonic()
         while not fileio.try_lock(fd, exclusive):
             if time.monotonic() - started > timeout:
-                raise Timeout(time.monotonic() - started)
+                raise Timeout(time.monotonic() - started, MEMORY_LOCK)
             time.sleep(0.01)
         try:
             yield

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from ..errors import StoreError
 
+#: What a memory call waits for when it times out (the text of its ``Timeout``).
+MEMORY_LOCK = "the lock on the site's long-term memories"
+
 
 class InvalidMemory(StoreError):
     """A field of a memory (or of a call about one) breaks its rule; nothing was written.

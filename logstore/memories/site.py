@@ -25,7 +25,7 @@ from .. import fileio, layout, links
 from ..errors import Timeout
 from ..incarnation import Incarnation, SiteGuard, is_file_at
 from . import access, tokens
-from .errors import DuplicateMemory, InvalidMemory, MemoryStoreFull, NotFound, VersionConflict
+from .errors import MEMORY_LOCK, DuplicateMemory, InvalidMemory, MemoryStoreFull, NotFound, VersionConflict
 from .eventlog import EventLog, ScanResult
 from .limits import MAX_MEMORIES_PER_SITE
 from .record import STATUS_ACTIVE, STATUS_DELETED, Fields, Memory, new_memory_id, parse_fields
@@ -200,7 +200,7 @@ class SiteMemories:
                 continue
             now = time.monotonic()
             if now >= deadline:
-                raise Timeout(now - started)
+                raise Timeout(now - started, MEMORY_LOCK)
             time.sleep(min(delay, deadline - now))
             delay = min(delay * 2, 0.02)
         try:

@@ -39,14 +39,22 @@ def translate(exc: BaseException, waited: float, *, writing: bool) -> StoreError
             "the PostgreSQL server is read-only (a standby, or a failover is under way); nothing written"
         )
     if isinstance(exc, (psycopg.OperationalError, pgerr.AdminShutdown, pgerr.CannotConnectNow)):
-        return Unavailable(f"lost the PostgreSQL server: {outcome}{_first_line(exc)}")
+        return Unavailable(f"lost the PostgreSQL server: {outcome}{first_line(exc)}")
     if isinstance(exc, psycopg.InterfaceError):
-        return Unavailable(f"the PostgreSQL connection is not usable: {outcome}{_first_line(exc)}")
+        return Unavailable(f"the PostgreSQL connection is not usable: {outcome}{first_line(exc)}")
     if isinstance(exc, pgerr.SerializationFailure | pgerr.DeadlockDetected):
         return Unavailable(f"PostgreSQL aborted the transaction ({exc.sqlstate}); nothing written; retry")
-    return Unavailable(f"PostgreSQL failed: {outcome}{_first_line(exc)}")
+    return Unavailable(f"PostgreSQL failed: {outcome}{first_line(exc)}")
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """The first line of a driver error's message, for an error text a client sees.
+
+    Never the exception's class name (an internal detail): a message-less
+    error is described by its SQLSTATE when it has one.
+    """
     text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+    if text:
+        return text[0]
+    sqlstate = getattr(exc, "sqlstate", None)
+    return f"SQLSTATE {sqlstate}" if sqlstate else "the driver gave no reason"

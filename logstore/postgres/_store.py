@@ -53,7 +53,7 @@ from ..model import (
 )
 from ..store import MemoryStore
 from ..timefmt import format_us, parse_rfc3339
-from ._errors import translate
+from ._errors import first_line, translate
 from ._follow import Listener
 from ._schema import SCHEMA_VERSION, SQLSTATE_FULL, SQLSTATE_KEY_CONFLICT, SQLSTATE_SEQ_CONFLICT, ddl, keys_ddl
 
@@ -128,7 +128,7 @@ class PgStore(MemoryStore):
         except StoreError:
             raise
         except psycopg.Error as exc:
-            raise Unavailable(f"cannot use PostgreSQL at {_redact(dsn)}: {_one_line(exc)}") from exc
+            raise Unavailable(f"cannot use PostgreSQL at {_redact(dsn)}: {first_line(exc)}") from exc
         self._pool.open(wait=False)
         self._listener = Listener(dsn, schema, kwargs)
 
@@ -523,11 +523,6 @@ def _decode_one(site: str, conversation_id: str, row: Any) -> dict[str, Any]:
         0,
         "the stored payload is not one JSON object",
     )
-
-
-def _one_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
 
 
 def _redact(dsn: str) -> str:
