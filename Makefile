@@ -24,10 +24,12 @@ check-lock:
 serve: $(STAMP)
 	$(BIN)/convmem serve --data-dir ./data --demo-site $(if $(PORT),--port $(PORT))
 
+# The suite runs on two pytest-xdist workers, a test file per worker at a time (its module fixtures stay
+# in one process); `pytest -q tests/...` alone runs serially.
 test: check-lock $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

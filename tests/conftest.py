@@ -8,6 +8,34 @@ from typing import Any
 
 import pytest
 
+# -- the fault suite's one-line summary ------------------------------------------
+# Its counters live in faults._common.STATS of the process that ran the checks.
+# Under pytest-xdist (`make test` runs two workers) each worker hands its
+# counters to the controller, which adds them up and prints the line.
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        from faults._common import STATS
+
+        workeroutput["convmem_fault_stats"] = dict(STATS)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    from faults._common import STATS
+
+    STATS.update(getattr(node, "workeroutput", {}).get("convmem_fault_stats", {}))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    from faults._common import STATS, summary_line
+
+    line = summary_line(STATS)
+    if line is not None:
+        terminalreporter.write_line(line)
+
 
 @pytest.fixture
 def anyio_backend() -> str:

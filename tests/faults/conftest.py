@@ -1,4 +1,4 @@
-"""Fault-injection suite: soak switch and the one-line summary of what it did.
+"""Fault-injection suite: the soak switch (the one-line summary is printed by tests/conftest.py).
 
 Soak mode (thousands of crash rounds, many more sampled flips) is switched on
 with ``CONVMEM_SOAK=1`` (works from any directory), or ``--soak`` when pytest
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ._common import STATS, soak, summary_line
+from ._common import soak
 
 HERE = Path(__file__).parent
 #: Per-test timeout in soak mode (seconds): a hang is still caught, eventually.
@@ -37,9 +37,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if item.path.is_relative_to(HERE):
                 item.add_marker(pytest.mark.timeout(SOAK_TIMEOUT))
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    line = summary_line(STATS)
-    if line is not None:
-        terminalreporter.write_line(line)

@@ -136,7 +136,7 @@ ROUNDS_PER_DIR = 30
 
 
 def test_sigkill_writers(tmp_path: Path) -> None:
-    n_rounds = rounds(12, 2000)
+    n_rounds = rounds(24, 2000)
     rng = fault_rng("test_sigkill_writers")
     for start in range(0, n_rounds, ROUNDS_PER_DIR):
         stop = min(start + ROUNDS_PER_DIR, n_rounds)

@@ -56,7 +56,7 @@ ROUNDS_PER_DIR = 30
 
 
 def test_sigkill_server(tmp_path: Path) -> None:
-    n_rounds = rounds(3, 500)
+    n_rounds = rounds(6, 500)
     rng = fault_rng("test_sigkill_server")
     for start in range(0, n_rounds, ROUNDS_PER_DIR):
         stop = min(start + ROUNDS_PER_DIR, n_rounds)
