@@ -27,7 +27,7 @@ from mcp.server import Server, ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
 from convmem.logstore import ListSelector, MemoryStore, Range, RawMemoryItem, ReadSelector, StoreError, Tail
-from convmem.logstore.memories import LongTermMemory
+from convmem.logstore.memories import LongTermMemory, LongTermStore
 from convmem.logstore.memories.limits import DEFAULT_RETENTION_SECONDS
 
 from . import __version__, requestlog
@@ -63,7 +63,7 @@ class Backend:
     fixed_site: str | None = None
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY
     #: Long-term memories; opened on first use over ``data_dir`` when not given.
-    memories: LongTermMemory | None = None
+    memories: LongTermStore | None = None
     #: Seconds a soft-deleted memory is kept before it is erased.
     memory_retention_seconds: float = DEFAULT_RETENTION_SECONDS
     #: Probe for ``/healthz`` when the store is a database (None: check ``data_dir``).
@@ -80,7 +80,7 @@ class Backend:
         self.limiter = anyio.CapacityLimiter(self.max_concurrency)
         self.seal = self.cursor_seal if self.cursor_seal is not None else seal_for(self.data_dir)
 
-    def memory_store(self) -> LongTermMemory:
+    def memory_store(self) -> LongTermStore:
         """The long-term memory store, opened on first use (blocking)."""
         with self._memories_lock:
             if self.memories is None:

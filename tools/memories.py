@@ -192,7 +192,7 @@ def restore(args: argparse.Namespace) -> int:
         return fail("nothing imported: the input holds one id twice", EXIT_BAD_INPUT)
     try:
         with LongTermMemory(args.data_dir) as store:
-            added, present = store.site(args.site).import_records(records)
+            added, present = store.import_records(args.site, records)
     except InvalidMemory as exc:
         return fail(f"import stopped: {exc} (records before it were imported)", EXIT_BAD_INPUT)
     except StoreError as exc:

@@ -15,14 +15,17 @@ from ..ids import SiteName
 from ..incarnation import SiteGuard
 from ..timefmt import now_us
 from . import tokens
+from .indexing import RetrieverFactory, default_retriever
+from .interface import LongTermStore
 from .limits import DEFAULT_RETENTION_SECONDS, INDEX_BUDGET
+from .planning import surface_pick
 from .record import Memory, check_memory_id
-from .site import MEMORIES_DIR, Config, RetrieverFactory, SiteMemories, default_retriever, surface_pick
+from .site import MEMORIES_DIR, Config, SiteMemories
 
 logger = logging.getLogger("convmem.memories")
 
 
-class LongTermMemory:
+class LongTermMemory(LongTermStore):
     """Verify-first long-term memories, per site, on a logstore data directory.
 
     Safe for many threads and for several processes sharing the directory.
@@ -213,6 +216,9 @@ class LongTermMemory:
     def all(self, site: str) -> list[Memory]:
         return self._read(site).all()
 
+    def import_records(self, site: str, records: Sequence[Memory]) -> tuple[int, int]:
+        return self.site(site).import_records(records)
+
     def purge_expired(self, site: str) -> list[str]:
         return self.site(site).purge_expired()
 
@@ -243,6 +249,3 @@ class LongTermMemory:
 
     def __enter__(self) -> LongTermMemory:
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
