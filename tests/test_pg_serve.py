@@ -245,3 +245,21 @@ async def test_a_data_dir_beside_postgres_does_not_hold_memories(pg: tuple[str, 
 
         with PgLongTermMemory(store, listen=False) as memories:
             assert [m.fields.dedupe_key for m in memories.all(SITE)] == ["units"]
+
+
+def test_site_remove_covers_the_memories_in_postgres(pg: tuple[str, str]) -> None:
+    from memories_support import create
+
+    from convmem.logstore.postgres import PgLongTermMemory
+
+    assert _site(pg, "add", SITE, "--password-stdin", stdin=PASSWORD + "\n").returncode == 0
+    with PgStore(pg[0], schema=pg[1]) as store, PgLongTermMemory(store) as memories:
+        create(memories, _memory(), site=SITE)
+        refused = _site(pg, "remove", SITE)
+        assert refused.returncode == 1 and "1 long-term memories" in refused.stderr, refused.stderr
+        removed = _site(pg, "remove", SITE, "--force", "--grace", "0")
+        assert removed.returncode == 0, removed.stderr
+        assert memories.all(SITE) == []  # this server, holding the site, sees the erasure at once
+    assert _site(pg, "add", SITE, "--password-stdin", stdin=PASSWORD + "\n").returncode == 0
+    with PgStore(pg[0], schema=pg[1]) as store, PgLongTermMemory(store, listen=False) as memories:
+        assert memories.all(SITE) == []

@@ -9,7 +9,7 @@ memories in the same database (``_memories``).
 
 from __future__ import annotations
 
-from ._memories import PgLongTermMemory
+from ._memories import PgLongTermMemory, drop_site_memories, held_memories
 from ._schema import SCHEMA_VERSION
 from ._store import DEFAULT_SCHEMA, AsyncCommitRefused, PgStore, is_dsn, item_crc
 
@@ -19,6 +19,8 @@ __all__ = [
     "AsyncCommitRefused",
     "PgLongTermMemory",
     "PgStore",
+    "drop_site_memories",
+    "held_memories",
     "is_dsn",
     "item_crc",
 ]

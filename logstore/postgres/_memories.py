@@ -523,3 +523,27 @@ def _insert_args(site: str, m: Memory, vec: bytes | None, change: int) -> tuple[
 
 def _nothing(tx: _Tx) -> None:
     """A write that changes nothing but what every write does (retention)."""
+
+
+def held_memories(store: PgStore, site: str) -> int:
+    """How many memories (active and soft-deleted) ``site`` holds in the database of ``store``."""
+    sql_ = MemoryStatements(store.schema)
+    with store._conn() as conn:
+        row = conn.execute(sql_.count, (SiteName(site),)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def drop_site_memories(store: PgStore, site: str) -> bool:
+    """Delete every memory of ``site`` and its used tokens in one transaction (``site remove``); False if none.
+
+    Counted as an erasure of the site, so every server holding the site reads it again on its next call.
+    """
+    site = SiteName(site)
+    sql_ = MemoryStatements(store.schema)
+    with store._conn(writing=True) as conn, conn.transaction():
+        conn.execute(sql_.bump, (site,))
+        gone = conn.execute(sql_.drop_site, (site,)).fetchall()
+        conn.execute(sql_.drop_tokens, (site,))
+        conn.execute(sql_.mark_erased, (site,))
+        conn.execute(sql_.notify, (f"{store.schema}/{site}",))
+    return bool(gone)

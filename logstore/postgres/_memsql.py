@@ -40,6 +40,8 @@ class MemoryStatements:
         self.purge = q(
             "DELETE FROM {s}.memories WHERE site = %s AND status = 'deleted' AND deleted_at <= %s RETURNING memory_id"
         )
+        self.drop_site = q("DELETE FROM {s}.memories WHERE site = %s RETURNING memory_id")
+        self.drop_tokens = q("DELETE FROM {s}.memory_tokens WHERE site = %s")
         self.count = q("SELECT count(*) FROM {s}.memories WHERE site = %s")
         self.insert = q(
             "INSERT INTO {s}.memories (site, memory_id, status, version, created_at, updated_at, last_accessed_at, "
