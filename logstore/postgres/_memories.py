@@ -123,9 +123,10 @@ class PgLongTermMemory(LongTermStore):
 
     def _stamp(self) -> int:
         """The time of a change: the clock, never before this server's previous change."""
-        at = max(self._now(), self._last_at)
-        self._last_at = at
-        return at
+        with self._lock:
+            at = max(self._now(), self._last_at)
+            self._last_at = at
+            return at
 
     def _view(self, site: str) -> SiteView:
         site = SiteName(site)
