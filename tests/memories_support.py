@@ -96,7 +96,6 @@ class MemoryStores:
 
         assert self.dsn is not None
         lock_timeout = options.pop("lock_timeout", 5.0)
-        options.pop("index_budget", None)
         logs = PgStore(self.dsn, schema=self.schema, pool_min=1, pool_max=4, lock_timeout=lock_timeout)
         self.opened.append(logs)
         store = PgLongTermMemory(logs, **options)

@@ -190,3 +190,19 @@ def test_a_schema_made_before_memories_gets_their_tables(pg_server: str, tmp_pat
         assert create(store, fields(1)).version == 1
     finally:
         stores.cleanup()
+
+
+def test_site_indexes_are_released_least_recently_used_first(servers: MemoryStores) -> None:
+    sites = [f"lru-site-{i:02d}" for i in range(3)]
+    store = servers.open(index_budget=4)
+    for s in sites:
+        for i in range(2):
+            create(store, fields(i, summary=f"the {s} user likes quokka{i} facts"), site=s)
+        store.search(s, "quokka facts", limit=1)
+    store.all(sites[-1])  # a use: the budget is checked
+    assert {s: store._sites[s].indexed() for s in sites} == {sites[0]: 0, sites[1]: 2, sites[2]: 2}
+    hits = store.search(sites[0], "quokka facts", limit=2)  # rebuilt on use, from the rows' stored vectors
+    assert len(hits) == 2 and store._sites[sites[0]].indexed() == 2
+    assert store._sites[sites[0]].retriever().recomputed == 0
+    store.search(sites[0], "quokka facts", limit=2)  # the next call brings the total back under the budget
+    assert [store._sites[s].indexed() for s in sites] == [2, 0, 2]

@@ -9,7 +9,7 @@ they live here, once.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from . import tokens
 from .errors import DuplicateMemory, InvalidMemory, NotFound
@@ -134,4 +134,32 @@ def surface_pick(hits: Sequence[tuple[Memory, float]], limit: int) -> list[Memor
         out.append(m)
         if len(out) >= limit:
             break
+    return out
+
+
+class Indexed(Protocol):
+    """A site as the index budget sees it."""
+
+    def indexed(self) -> int: ...
+
+
+_S = TypeVar("_S", bound=Indexed)
+
+
+def over_budget(sites: Mapping[str, _S], recent: Sequence[str] | Any, current: str, budget: int) -> list[_S]:
+    """The least recently used sites whose indexes must go for the rest to fit ``budget`` memories.
+
+    ``recent`` names the sites by last use, least recent first. The site in
+    use is never released; its own index may be built after this check, so
+    the total can exceed the budget by one site's index until the next call.
+    """
+    total = sum(s.indexed() for s in sites.values())
+    out = []
+    for name in recent:
+        if total <= budget:
+            break
+        s = sites[name]
+        if name != current and s.indexed():
+            total -= s.indexed()
+            out.append(s)
     return out

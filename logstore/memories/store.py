@@ -18,7 +18,7 @@ from . import tokens
 from .indexing import RetrieverFactory, default_retriever
 from .interface import LongTermStore
 from .limits import DEFAULT_RETENTION_SECONDS, INDEX_BUDGET
-from .planning import surface_pick
+from .planning import over_budget, surface_pick
 from .record import Memory, check_memory_id
 from .site import MEMORIES_DIR, Config, SiteMemories
 
@@ -115,27 +115,10 @@ class LongTermMemory(LongTermStore):
                 self._sites[site] = s
             self._recent[site] = None
             self._recent.move_to_end(site)
-            victims = self._over_budget(site)
+            victims = over_budget(self._sites, self._recent, site, self._index_budget)
         for v in victims:
             v.drop_index()
         return s
-
-    def _over_budget(self, current: str) -> list[SiteMemories]:
-        """The least recently used sites whose indexes must go for the rest to fit ``index_budget`` (lock held).
-
-        The site in use is never released; its own index may be built after this check, so the total can
-        exceed the budget by one site's index until the next call.
-        """
-        total = sum(s.indexed() for s in self._sites.values())
-        out = []
-        for name in self._recent:
-            if total <= self._index_budget:
-                break
-            s = self._sites[name]
-            if name != current and s.indexed():
-                total -= s.indexed()
-                out.append(s)
-        return out
 
     # Convenience wrappers, one per tool.
 

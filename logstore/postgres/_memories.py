@@ -30,7 +30,9 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import msgspec
@@ -50,8 +52,8 @@ from ..memories.errors import (
 )
 from ..memories.indexing import RetrieverFactory, default_retriever, fields_doc
 from ..memories.interface import LongTermStore
-from ..memories.limits import DEFAULT_RETENTION_SECONDS, MAX_MEMORIES_PER_SITE
-from ..memories.planning import check_verify, ranked, related, surface_pick
+from ..memories.limits import DEFAULT_RETENTION_SECONDS, INDEX_BUDGET, MAX_MEMORIES_PER_SITE
+from ..memories.planning import check_verify, over_budget, ranked, related, surface_pick
 from ..memories.record import (
     STATUS_ACTIVE,
     Fields,
@@ -76,8 +78,8 @@ _Conn = psycopg.Connection[Any]
 class PgLongTermMemory(LongTermStore):
     """Long-term memories in PostgreSQL, through the connections of ``store`` (not closed by :meth:`close`).
 
-    ``retention_seconds``, ``clock`` and ``retriever_factory`` mean what they
-    mean for :class:`~logstore.memories.LongTermMemory`; ``listen`` starts the
+    ``retention_seconds``, ``clock``, ``retriever_factory`` and ``index_budget``
+    mean what they mean for :class:`~logstore.memories.LongTermMemory`; ``listen`` starts the
     thread that refreshes sites early when another server changed them.
     """
 
@@ -89,6 +91,7 @@ class PgLongTermMemory(LongTermStore):
         clock: Callable[[], int] = now_us,
         retriever_factory: RetrieverFactory | None = None,
         listen: bool = True,
+        index_budget: int = INDEX_BUDGET,
     ) -> None:
         if retention_seconds < 0:
             raise ValueError("retention_seconds must not be negative")
@@ -99,6 +102,9 @@ class PgLongTermMemory(LongTermStore):
         self._factory = retriever_factory or default_retriever
         self._book = tokens.TokenBook(f"PostgreSQL schema {store.schema}", secret=self._load_secret)
         self._sites: dict[str, SiteView] = {}
+        #: Sites by last use, least recent first (whose ranking index to release past ``index_budget``).
+        self._recent: OrderedDict[str, None] = OrderedDict()
+        self._index_budget = index_budget
         self._lock = threading.Lock()
         self._closed = False
         self._stop = threading.Event()
@@ -150,15 +156,26 @@ class PgLongTermMemory(LongTermStore):
         with view.mutex, self._store._conn() as conn:
             view.refresh(conn)
 
-    def _current(self, site: str) -> SiteView:
-        """The site's view brought up to date, with its expired soft-deleted memories erased (mutex not held)."""
+    @contextmanager
+    def _held(self, site: str) -> Iterator[SiteView]:
+        """The site's view brought up to date, its expired soft-deleted memories erased, with its mutex held.
+
+        The site counts as used now: the ranking indexes of the least recently used sites are released
+        when all of them together hold more than ``index_budget`` memories.
+        """
         view = self._view(site)
+        with self._lock:
+            self._recent[view.site] = None
+            self._recent.move_to_end(view.site)
+            victims = over_budget(self._sites, self._recent, view.site, self._index_budget)
+        for victim in victims:
+            victim.drop_index()
         with view.mutex:
             with self._store._conn() as conn:
                 view.refresh(conn)
             if self._due(view):
                 self._write(view, None, _nothing)
-        return view
+            yield view
 
     def _due(self, view: SiteView) -> bool:
         cutoff = self._now() - self._retention_us
@@ -235,10 +252,9 @@ class PgLongTermMemory(LongTermStore):
     ) -> tuple[list[tuple[Memory, float | None]], str, int]:
         if memory_id is not None:
             check_memory_id(memory_id)
-        view = self._view(site)
+        self._view(site)
         fields = check_verify(intent, candidate, memory_id, force)
-        view = self._current(site)
-        with view.mutex:
+        with self._held(site) as view:
             found = related(view.state, view.retriever, intent, fields, memory_id, 5)
         now = self._now()
         what = tokens.digest(intent, memory_id, fields.to_json() if fields is not None else None, force)
@@ -375,8 +391,7 @@ class PgLongTermMemory(LongTermStore):
 
     def get(self, site: str, memory_id: str) -> Memory:
         check_memory_id(memory_id)
-        view = self._current(site)
-        with view.mutex:
+        with self._held(site) as view:
             m = view.state.get(memory_id)
             if m is None:
                 raise NotFound(memory_id)
@@ -399,8 +414,7 @@ class PgLongTermMemory(LongTermStore):
 
     def _ranked(self, site: str, query: str, limit: int, category: str | None, tags: Sequence[str],
                 include_deleted: bool, relevant_only: bool) -> list[tuple[Memory, float]]:
-        view = self._current(site)
-        with view.mutex:
+        with self._held(site) as view:
             if not view.state:
                 return []
             return ranked(view.state, view.retriever(), query, limit, category, tags, include_deleted, relevant_only)
@@ -414,8 +428,7 @@ class PgLongTermMemory(LongTermStore):
         return None
 
     def all(self, site: str) -> list[Memory]:
-        view = self._current(site)
-        with view.mutex:
+        with self._held(site) as view:
             return sorted(view.state.values(), key=lambda m: (m.created_us, m.memory_id))
 
     def sites(self) -> list[str]:

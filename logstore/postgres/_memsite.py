@@ -144,6 +144,19 @@ class SiteView:
         conn.execute(self.sql.touch, (ids, times, self.site))
         self.touched.clear()
 
+    def indexed(self) -> int:
+        """How many memories this site's ranking index holds now (0 when it is not built)."""
+        return len(self.state) if self._retriever is not None else 0
+
+    def drop_index(self) -> None:
+        """Release the ranking index; the next ranking builds it again from the rows' stored vectors."""
+        with self.mutex:
+            if self._retriever is not None:
+                self._retriever.close()
+                self._retriever = None
+                # The vectors went with the index: the next refresh reads every row (and vector) again.
+                self.state, self._vecs, self.seen = {}, {}, -1
+
     def close(self) -> None:
         if self._retriever is not None:
             self._retriever.close()
