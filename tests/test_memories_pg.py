@@ -206,3 +206,22 @@ def test_site_indexes_are_released_least_recently_used_first(servers: MemoryStor
     assert store._sites[sites[0]].retriever().recomputed == 0
     store.search(sites[0], "quokka facts", limit=2)  # the next call brings the total back under the budget
     assert [store._sites[s].indexed() for s in sites] == [2, 0, 2]
+
+
+def test_a_write_waiting_too_long_for_the_site_times_out_and_writes_nothing(
+    servers: MemoryStores, pg_server: str
+) -> None:
+    from convmem.logstore.errors import Timeout
+
+    store = servers.open(lock_timeout=0.3)
+    create(store, fields(1))
+    raw = fields(2)
+    _, token, _ = store.verify(SITE, "create", raw)
+    with psycopg.connect(pg_server) as other:  # another server's write of the site, in progress
+        other.execute(f'SELECT 1 FROM "{servers.schema}".memory_sites WHERE site = %s FOR UPDATE'.encode(), (SITE,))
+        before = servers.snapshot()
+        with pytest.raises(Timeout, match="another write of the site's memories"):
+            store.upsert(SITE, raw, token)
+        other.rollback()
+    assert servers.snapshot() == before
+    assert store.upsert(SITE, raw, token).version == 1  # the token was not used up

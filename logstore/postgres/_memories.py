@@ -64,6 +64,7 @@ from ..memories.record import (
 )
 from ..memories.state import record_body
 from ..timefmt import now_us
+from ._errors import DatabaseTimeout
 from ._memnotify import ChangeListener
 from ._memsite import SiteView, memory_from_row
 from ._memsql import SWEEP_LOCK, TOKEN_SECRET_KEY, MemoryStatements
@@ -190,6 +191,7 @@ class PgLongTermMemory(LongTermStore):
         site = view.site
         with view.mutex, self._store._conn(writing=True) as conn:
             before = view.seen
+            started = time.monotonic()
             tx: _Tx | None = None
             try:
                 with conn.transaction():
@@ -217,6 +219,9 @@ class PgLongTermMemory(LongTermStore):
                 key = tx.key if tx is not None else None
                 row = conn.execute(self._sql.owner, (site, key)).fetchone() if key is not None else None
                 raise DuplicateMemory(str(row[0]) if row else "", key or "") from None
+            except pgerr.LockNotAvailable:
+                waited = time.monotonic() - started
+                raise DatabaseTimeout(waited, "waiting for another write of the site's memories") from None
             # Committed. When the view was current just before, only this change is new: apply it here.
             if before == n - 1:
                 for mid in purged:
