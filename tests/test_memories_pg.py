@@ -225,3 +225,36 @@ def test_a_write_waiting_too_long_for_the_site_times_out_and_writes_nothing(
         other.rollback()
     assert servers.snapshot() == before
     assert store.upsert(SITE, raw, token).version == 1  # the token was not used up
+
+
+def test_memories_move_between_a_data_directory_and_postgres_by_export_and_import(
+    servers: MemoryStores, pg_server: str, tmp_path: Path
+) -> None:
+    from mcp_helpers import run_convmem
+
+    from convmem.logstore.memories import LongTermMemory
+
+    data = tmp_path / "files"
+    with LongTermMemory(data) as files:
+        made = [create(files, fields(i)) for i in range(3)]
+        update(files, made[0].memory_id, fields(0, summary="changed once"))
+        delete(files, made[1].memory_id)
+        originals = {m.memory_id: m.to_json() for m in files.all(SITE)}
+    out, back = tmp_path / "export.json", tmp_path / "back.json"
+    pg_args = (pg_server, "--pg-schema", servers.schema, "--site", SITE, "--memories")
+    assert run_convmem("export", str(data), "--site", SITE, "--memories", "--output", str(out)).returncode == 0
+    done = run_convmem("import", *pg_args, "--input", str(out))
+    assert done.returncode == 0 and "imported 3 memories" in done.stderr, done.stderr
+    store = servers.open()
+    def same(rec: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in rec.items() if k != "last_accessed_at"}
+    assert {m.memory_id: same(m.to_json()) for m in store.all(SITE)} == {k: same(v) for k, v in originals.items()}
+    rows = servers.snapshot()["memories"]
+    assert len(rows) == 3 and all(r[10] is not None for r in rows)  # each with its vector
+    done = run_convmem("export", *pg_args, "--output", str(back))
+    assert done.returncode == 0, done.stderr
+    import json
+
+    assert [same(m) for m in json.loads(back.read_text())["memories"]] == [same(v) for v in originals.values()]
+    again = run_convmem("import", *pg_args, "--input", str(out))
+    assert again.returncode == 0 and "0 memories; 3 already present" in again.stderr, again.stderr
