@@ -234,7 +234,10 @@ class PgLongTermMemory(LongTermStore):
                         view.put(*item)
                 view.seen = n
             else:
-                view.refresh(conn)
+                try:
+                    view.refresh(conn)
+                except psycopg.Error:  # committed all the same: the next call's counter check catches up
+                    logger.warning("refreshing site %s after a write failed", site, exc_info=True)
             return out
 
     def _vector(self, view: SiteView, memory_id: str, fields: Fields) -> bytes | None:
