@@ -237,6 +237,52 @@ SELECT create_distributed_function(
     distribution_arg_name := 'p_site',
     colocate_with := 'convmem.conversations');
 
+-- Long-term memories: same DDL as logstore/postgres/_schema.py (_DDL_MEMORIES). Every statement of a
+-- memory call filters on one site, and a write's transaction touches only that site's rows of these three
+-- co-located tables, so it runs on one node. The retention sweep's `SELECT DISTINCT site` of due memories
+-- and `sites()` are the multi-shard reads. A write's pg_notify is sent by the coordinator (it is not inside
+-- a delegated function); correctness never depends on it (every call checks the site's change counter).
+CREATE TABLE IF NOT EXISTS convmem.memories (
+    site             text COLLATE "C" NOT NULL,
+    memory_id        text COLLATE "C" NOT NULL,
+    status           text NOT NULL,
+    version          bigint NOT NULL,
+    created_at       bigint NOT NULL,
+    updated_at       bigint NOT NULL,
+    last_accessed_at bigint NOT NULL,
+    deleted_at       bigint,
+    dedupe_key       text COLLATE "C",
+    record           bytea NOT NULL,
+    vec              bytea,
+    change           bigint NOT NULL,
+    PRIMARY KEY (site, memory_id)
+);
+
+CREATE UNIQUE INDEX IF NOT EXISTS memories_dedupe
+    ON convmem.memories (site, dedupe_key) WHERE status = 'active' AND dedupe_key IS NOT NULL;
+
+CREATE INDEX IF NOT EXISTS memories_by_change ON convmem.memories (site, change);
+
+CREATE INDEX IF NOT EXISTS memories_deleted
+    ON convmem.memories (deleted_at) WHERE status = 'deleted';
+
+CREATE TABLE IF NOT EXISTS convmem.memory_sites (
+    site    text COLLATE "C" PRIMARY KEY,
+    changes bigint NOT NULL,
+    erased  bigint NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS convmem.memory_tokens (
+    site    text COLLATE "C" NOT NULL,
+    nonce   text COLLATE "C" NOT NULL,
+    used_at bigint NOT NULL,
+    PRIMARY KEY (site, nonce)
+);
+
+SELECT create_distributed_table('convmem.memories', 'site', colocate_with => 'convmem.conversations');
+SELECT create_distributed_table('convmem.memory_sites', 'site', colocate_with => 'convmem.conversations');
+SELECT create_distributed_table('convmem.memory_tokens', 'site', colocate_with => 'convmem.conversations');
+
 INSERT INTO convmem.meta (key, value) VALUES ('schema_version', '1');
 
 -- A very large site: give it shards of its own (in both co-located tables at once,

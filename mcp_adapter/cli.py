@@ -124,7 +124,6 @@ def _site_command(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse
 def cmd_site_add(args: argparse.Namespace) -> int:
     """``convmem site add NAME``: create a site; print its password once (or take it from stdin)."""
     from convmem.logstore import StoreError
-    from convmem.logstore.memories.drop import drop_memories, memories_held
 
     from .credentials import CredentialError, generate_password
 
@@ -141,14 +140,13 @@ def cmd_site_add(args: argparse.Namespace) -> int:
         memory_root = _memory_root(args, store, where)
         try:
             leftover = _leftover_site_data(store, where, site)
-            memories = memories_held(memory_root, site) if memory_root else 0
+            memories = _memories_held(memory_root, store, site)
             if (leftover == "conversations" or memories) and not args.purge_data:
                 return _fail(
                     f"{place} still holds data of an earlier site named {site!r}; a new owner would see it. "
                     "Add --purge-data to delete that data first, or choose another name"
                 )
-            if memory_root:
-                drop_memories(memory_root, site)
+            _drop_memories(memory_root, store, site)
             if leftover is not None:
                 # Conversations only with --purge-data; a site without any (e.g. listing files) always.
                 with _data_store(store, where) as data:
@@ -206,7 +204,6 @@ def cmd_site_passwd(args: argparse.Namespace) -> int:
 def cmd_site_remove(args: argparse.Namespace) -> int:
     """``convmem site remove NAME [--force]``: delete a site (and, with --force, its conversations)."""
     from convmem.logstore import ListSelector, StoreError
-    from convmem.logstore.memories.drop import drop_memories, memories_held
 
     from .credentials import CredentialError
 
@@ -222,7 +219,7 @@ def cmd_site_remove(args: argparse.Namespace) -> int:
         try:
             with _data_store(store, where) as data:
                 holds = bool(data.list_conversations(site, ListSelector(limit=1)).summaries)
-            memories = memories_held(memory_root, site) if memory_root else 0
+            memories = _memories_held(memory_root, store, site)
         except StoreError as exc:
             return _fail(f"cannot open the store ({where}): {exc}")
         if (holds or memories) and not args.force:
@@ -244,8 +241,7 @@ def cmd_site_remove(args: argparse.Namespace) -> int:
             # let them finish (they are bounded by the server's lock timeout) before deleting.
             time.sleep(args.grace)
             try:
-                if memory_root:
-                    drop_memories(memory_root, site)
+                _drop_memories(memory_root, store, site)
                 with _data_store(store, where) as data:
                     data.drop_site(site)
             except (StoreError, OSError) as exc:
@@ -284,8 +280,34 @@ def _leftover_site_data(store: MemoryStore | None, data_dir: str, site: str) -> 
     return "conversations" if store.list_conversations(site, ListSelector(limit=1)).summaries else "empty"
 
 
+def _memories_held(memory_root: str | None, store: MemoryStore | None, site: str) -> int:
+    """How many long-term memories ``site`` holds: in the data directory, and in the database."""
+    from convmem.logstore.memories.drop import memories_held
+
+    held = memories_held(memory_root, site) if memory_root else 0
+    if store is not None:  # a database (psycopg is loaded only then)
+        from convmem.logstore.postgres import PgStore, held_memories
+
+        held += held_memories(store, site) if isinstance(store, PgStore) else 0
+    return held
+
+
+def _drop_memories(memory_root: str | None, store: MemoryStore | None, site: str) -> None:
+    """Delete every long-term memory of ``site``: in the data directory, and in the database."""
+    from convmem.logstore.memories.drop import drop_memories
+
+    if memory_root:
+        drop_memories(memory_root, site)
+    if store is not None:  # a database (psycopg is loaded only then)
+        from convmem.logstore.postgres import PgStore, drop_site_memories
+
+        if isinstance(store, PgStore):
+            drop_site_memories(store, site)
+
+
 def _memory_root(args: argparse.Namespace, store: MemoryStore | None, where: str) -> str | None:
-    """The data directory holding the sites' long-term memories: the store's, or PostgreSQL's ``--data-dir``."""
+    """The data directory that may hold the sites' long-term memories: the store's, or PostgreSQL's ``--data-dir``
+    (memories of an earlier version; today they live in the database with PostgreSQL)."""
     root = where if store is None else getattr(args, "data_dir", None)
     return str(root) if root else None
 

@@ -190,12 +190,11 @@ def throttled(retry_after: float) -> ToolFailure:
 
 
 def memory_not_configured() -> ToolFailure:
-    """A memory tool on a server without long-term memory (a PostgreSQL store served without a data directory)."""
+    """A memory tool on a server built without a long-term memory store (neither a data directory nor a database)."""
     return ToolFailure(
         "NotConfigured",
-        "long-term memory is not configured on this server: it keeps conversations in PostgreSQL and was started "
-        "without a data directory for memories (the operator enables long-term memory by restarting "
-        "`convmem serve` with --data-dir DIR beside --store)",
+        "long-term memory is not configured on this server: it was started without a place to keep memories "
+        "(the operator serves with a data directory or a postgresql:// store)",
         feature="long-term memory",
     )
 

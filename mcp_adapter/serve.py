@@ -35,7 +35,7 @@ from .credentials import CredentialError, CredentialFile, generate_password
 from .cursors import CURSOR_SECRET_KEY, LazySeal, seal_for
 from .http import HEALTH_PATH, MCP_PATH, build_app, is_loopback
 from .server import Backend, build_server
-from .store_select import StoreChoice, StoreConfigError, choose, credentials_for
+from .store_select import StoreChoice, StoreConfigError, choose, credentials_for, memory_opener
 from .throttle import LoginThrottle, ThrottleSettings
 from .tlsgate import tls_gate_protocol
 
@@ -118,9 +118,10 @@ def _unsafe_data_dir(args: argparse.Namespace, choice: StoreChoice) -> bool:
 
 
 def _memory_dir(args: argparse.Namespace, choice: StoreChoice) -> str:
-    """The directory of the long-term memory store: the data directory, or with PostgreSQL ``--data-dir``.
+    """The data directory of the server: ``--data-dir`` (or the store's directory); "" for PostgreSQL without one.
 
-    "" (PostgreSQL without ``--data-dir``) disables long-term memory: its tools then answer Unavailable.
+    With PostgreSQL the long-term memories live in the database (``store_select.memory_opener``); a
+    ``--data-dir`` that still holds memories of an earlier version is left untouched, with a warning.
     """
     if not choice.is_postgres:
         return os.path.abspath(choice.target)
@@ -128,7 +129,20 @@ def _memory_dir(args: argparse.Namespace, choice: StoreChoice) -> str:
         return ""
     data_dir = str(args.data_dir)
     Path(data_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+    held = _sites_with_memories(data_dir)
+    if held:
+        print(
+            f"convmem: warning: {len(held)} site(s) have long-term memories in {data_dir}, which this server does "
+            "not serve: with a PostgreSQL store memories live in the database (the files are left as they are)",
+            file=sys.stderr,
+        )
     return os.path.abspath(data_dir)
+
+
+def _sites_with_memories(data_dir: str) -> list[str]:
+    sites = os.path.join(data_dir, "sites")
+    names = os.listdir(sites) if os.path.isdir(sites) else []
+    return [n for n in names if os.path.isdir(os.path.join(sites, n, "memories"))]
 
 
 def _health(store: MemoryStore) -> Any:
@@ -379,6 +393,7 @@ def serve_http(args: argparse.Namespace) -> int:
         cursor_seal=shared_cursor_seal(choice, creds),
         max_concurrency=args.max_concurrency,
         memory_retention_seconds=args.memory_retention_days * 86400,
+        memory_opener=memory_opener(choice, store, args.memory_retention_days * 86400),
         health=_health(store),
     )
     requestlog.name_files_relative_to(choice.target if not choice.is_postgres else backend.data_dir)
@@ -490,6 +505,7 @@ def serve_stdio(args: argparse.Namespace) -> int:
         cursor_seal=shared_cursor_seal(choice, creds),
         max_concurrency=args.max_concurrency,
         memory_retention_seconds=args.memory_retention_days * 86400,
+        memory_opener=memory_opener(choice, store, args.memory_retention_days * 86400),
     )
     requestlog.name_files_relative_to(choice.target if not choice.is_postgres else backend.data_dir)
     backend.start_memory_sweeper()

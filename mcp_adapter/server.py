@@ -27,7 +27,7 @@ from mcp.server import Server, ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
 from convmem.logstore import ListSelector, MemoryStore, Range, RawMemoryItem, ReadSelector, StoreError, Tail
-from convmem.logstore.memories import LongTermMemory
+from convmem.logstore.memories import LongTermMemory, LongTermStore
 from convmem.logstore.memories.limits import DEFAULT_RETENTION_SECONDS
 
 from . import __version__, requestlog
@@ -69,8 +69,10 @@ class Backend:
     authenticator: Authenticator | None = None
     fixed_site: str | None = None
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY
-    #: Long-term memories; opened on first use over ``data_dir`` when not given.
-    memories: LongTermMemory | None = None
+    #: Long-term memories; opened on first use (by ``memory_opener``, else over ``data_dir``) when not given.
+    memories: LongTermStore | None = None
+    #: Opens the long-term memory store when it is not kept in ``data_dir`` (PostgreSQL).
+    memory_opener: Callable[[], LongTermStore] | None = None
     #: Seconds a soft-deleted memory is kept before it is erased.
     memory_retention_seconds: float = DEFAULT_RETENTION_SECONDS
     #: Probe for ``/healthz`` when the store is a database (None: check ``data_dir``).
@@ -87,9 +89,12 @@ class Backend:
         self.limiter = anyio.CapacityLimiter(self.max_concurrency)
         self.seal = self.cursor_seal if self.cursor_seal is not None else seal_for(self.data_dir)
 
-    def memory_store(self) -> LongTermMemory:
+    def memory_store(self) -> LongTermStore:
         """The long-term memory store, opened on first use (blocking)."""
         with self._memories_lock:
+            if self.memories is None and self.memory_opener is not None:
+                self.memories = self.memory_opener()
+                self.memories.start_sweeper()
             if self.memories is None:
                 if not self.data_dir:
                     # A PostgreSQL store served without --data-dir: the memory store needs a directory.
@@ -103,8 +108,11 @@ class Backend:
 
         Otherwise the sweeper starts with the memory store, on the first memory call.
         """
+        if self.memory_opener is not None:
+            self.memory_store()  # in the database: its sweeper sweeps every site, once per database at a time
+            return
         if not self.data_dir:
-            return  # no data directory (PostgreSQL without --data-dir): memory tools answer NotConfigured
+            return  # no data directory and no database for memories: memory tools answer NotConfigured
         sites = os.path.join(self.data_dir, "sites")
         names = os.listdir(sites) if os.path.isdir(sites) else []
         if any(os.path.isdir(os.path.join(sites, name, "memories")) for name in names):

@@ -2,20 +2,23 @@
 
 ``--store`` (env ``CONVMEM_STORE``) takes either a directory or a
 ``postgresql://`` URI; ``--data-dir`` (env ``CONVMEM_DATA_DIR``) names a
-directory. With a PostgreSQL store the sites and their passwords are in the
-database too, so every server process sharing it sees the same sites.
+directory. With a PostgreSQL store the sites and their passwords, and the
+long-term memories, are in the database too, so every server process sharing
+it sees the same sites and memories.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from convmem.logstore import MemoryStore, open_store
-from convmem.logstore.postgres import DEFAULT_SCHEMA, PgStore, is_dsn
+from convmem.logstore.memories import LongTermStore
+from convmem.logstore.postgres import DEFAULT_SCHEMA, PgLongTermMemory, PgStore, is_dsn
 
 from .credentials import CredentialFile
 
@@ -145,6 +148,17 @@ def open_chosen(choice: StoreChoice, args: argparse.Namespace) -> MemoryStore:
         )
     Path(choice.target).mkdir(parents=True, exist_ok=True)
     return open_store(choice.target, lock_timeout=lock_timeout)
+
+
+def memory_opener(
+    choice: StoreChoice, store: MemoryStore | None, retention_seconds: float
+) -> Callable[[], LongTermStore] | None:
+    """How to open the long-term memory store when it lives in the database; None for a data directory."""
+    if not choice.is_postgres:
+        return None
+    assert isinstance(store, PgStore)
+    pg: PgStore = store
+    return lambda: PgLongTermMemory(pg, retention_seconds=retention_seconds)
 
 
 def credentials_for(choice: StoreChoice, store: MemoryStore | None) -> Any:

@@ -75,3 +75,14 @@ def store_factory(backend_kind: str, tmp_path: Path, request: pytest.FixtureRequ
     factory = pg_support.StoreFactory(backend_kind, tmp_path, dsn)
     yield factory
     factory.cleanup()
+
+
+@pytest.fixture
+def memory_stores(backend_kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """Opens long-term memory stores of the parametrised backend over one set of memories (closed after)."""
+    from memories_support import MemoryStores
+
+    dsn = request.getfixturevalue("pg_server") if backend_kind == "postgres" else None
+    stores = MemoryStores(backend_kind, tmp_path, dsn)
+    yield stores
+    stores.cleanup()

@@ -6,7 +6,10 @@ convmem is built in layers, each importing only those below it:
   sibling packages and nothing of MCP or HTTP;
 * ``logstore.maintenance``, ``logstore.memories`` and ``logstore.postgres``
   build on the core; ``memories`` may use ``maintenance`` (its backup copier
-  plugs into the backup), never the reverse; ``postgres`` uses neither;
+  plugs into the backup), never the reverse; ``postgres`` may use
+  ``memories`` (its long-term memory store implements ``memories``' interface
+  with ``memories``' own rules and ranking), never the reverse, and never
+  ``maintenance``;
 * ``convmem.mcp_adapter`` (the server) builds on ``logstore``;
 * ``convmem.tools`` (operator commands) builds on ``logstore``'s public API.
 
@@ -32,7 +35,7 @@ LOGSTORE_LAYERS = {
     "core": {"core"},
     "maintenance": {"core", "maintenance"},
     "memories": {"core", "maintenance", "memories"},
-    "postgres": {"core", "postgres"},
+    "postgres": {"core", "memories", "postgres"},
 }
 #: What remains to be moved; each entry is a known exception, to be emptied.
 KNOWN = {

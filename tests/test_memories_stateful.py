@@ -5,6 +5,11 @@ erase, reopen, and "kill": the store is abandoned without closing (as a
 killed process leaves it) and a torn, half-written record is left at the end
 of the log. After every step the store must hold exactly what the model
 holds, and an erased memory's unique marker must be in no file.
+
+The same machine runs against PostgreSQL (``PgMemoriesVsModel``): there
+"reopen" and "kill" open a new server on the same schema (a killed server
+leaves no torn write behind: its transaction rolled back), and an erased
+marker must be in no row of the memory tables.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import hypothesis.strategies as st
@@ -32,11 +38,17 @@ class MemoriesVsModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="convmem-mem-stateful-")
-        self.abandoned: list[LongTermMemory] = []
-        self.store = LongTermMemory(self.dir, lock_timeout=2.0)
+        self.abandoned: list[Any] = []
+        self.store = self._open()
         self.model: dict[str, dict[str, Any]] = {}  # id -> {"fields", "status", "version", "marker"}
         self.erased_markers: list[bytes] = []
         self.counter = 0
+
+    def _open(self) -> Any:
+        return LongTermMemory(self.dir, lock_timeout=2.0)
+
+    def _holding(self, needles: list[bytes]) -> list[Any]:
+        return files_holding(self.dir, needles)
 
     def teardown(self) -> None:
         self.store.close()
@@ -121,22 +133,25 @@ class MemoriesVsModel(RuleBasedStateMachine):
         _, token, _ = self.store.verify(SITE, "delete", None, mid, force=True)
         assert self.store.delete(SITE, mid, token, force=True) is None
         self.erased_markers.append(self.model.pop(mid)["marker"].encode())
-        assert files_holding(self.dir, self.erased_markers) == []
+        assert self._holding(self.erased_markers) == []
 
     @rule()
     def reopen(self) -> None:
         self.store.close()
-        self.store = LongTermMemory(self.dir, lock_timeout=2.0)
+        self.store = self._open()
 
     @rule(torn=st.binary(min_size=1, max_size=60))
     def kill_and_reopen(self, torn: bytes) -> None:
         # The old "process" is gone without closing anything; it left half a record behind.
         self.abandoned.append(self.store)
+        self._tear(torn)
+        self.store = self._open()
+
+    def _tear(self, torn: bytes) -> None:
         path = os.path.join(memories_dir(self.dir, SITE), LOG_NAME)
         if os.path.exists(path):
             with open(path, "ab") as f:
                 f.write(torn)
-        self.store = LongTermMemory(self.dir, lock_timeout=2.0)
 
     @invariant()
     def store_matches_model(self) -> None:
@@ -162,3 +177,40 @@ MemoriesVsModel.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 TestMemoriesVsModel = MemoriesVsModel.TestCase
+
+
+class PgMemoriesVsModel(MemoriesVsModel):
+    """The same rules against PostgreSQL: every store is another server on one schema."""
+
+    def __init__(self) -> None:
+        from memories_support import MemoryStores
+
+        from tests import node_support, pg_support
+
+        dsn = pg_support.session_dsn()
+        if dsn is None:
+            node_support.cannot_run(pg_support.missing_reason())
+        self.stores = MemoryStores("postgres", Path(tempfile.mkdtemp(prefix="convmem-mem-stateful-pg-")), dsn)
+        super().__init__()
+
+    def _open(self) -> Any:
+        return self.stores.open(lock_timeout=2.0)
+
+    def _holding(self, needles: list[bytes]) -> list[Any]:
+        return list(self.stores.holding(needles))
+
+    def _tear(self, torn: bytes) -> None:
+        pass  # an unfinished transaction of a killed server is rolled back: nothing of it remains
+
+    def teardown(self) -> None:
+        self.stores.cleanup()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+PgMemoriesVsModel.TestCase.settings = settings(
+    max_examples=int(os.environ.get("CONVMEM_MEMORY_PG_EXAMPLES", "10")),
+    stateful_step_count=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+TestPgMemoriesVsModel = PgMemoriesVsModel.TestCase

@@ -32,8 +32,8 @@ from convmem.logstore.memories.state import parse_ts, record_body
 from convmem.logstore.timefmt import format_us, now_us, parse_rfc3339
 
 
-def test_create_get_update_round_trip(tmp_path: Path) -> None:
-    with LongTermMemory(tmp_path) as store:
+def test_create_get_update_round_trip(memory_stores: Any) -> None:
+    with memory_stores.open() as store:
         m = create(store, fields(1))
         assert is_memory_id(m.memory_id) and m.version == 1 and m.status == "active"
         rec = m.to_json()
@@ -44,14 +44,14 @@ def test_create_get_update_round_trip(tmp_path: Path) -> None:
         m2 = update(store, m.memory_id, fields(1, summary="changed summary"), expected_version=1)
         assert m2.version == 2 and m2.fields.summary == "changed summary"
         assert m2.created_us == m.created_us and m2.updated_us >= m.updated_us
-    with LongTermMemory(tmp_path) as store:
+    with memory_stores.open() as store:
         got = store.get(SITE, m.memory_id)
         assert record_body(got) == record_body(m2)
         assert got.last_accessed_us >= m2.updated_us
 
 
-def test_version_conflict_carries_current_version(tmp_path: Path) -> None:
-    with LongTermMemory(tmp_path) as store:
+def test_version_conflict_carries_current_version(memory_stores: Any) -> None:
+    with memory_stores.open() as store:
         m = create(store, fields(1))
         update(store, m.memory_id, fields(1, summary="v2"))
         with pytest.raises(VersionConflict) as info:
@@ -60,8 +60,8 @@ def test_version_conflict_carries_current_version(tmp_path: Path) -> None:
         assert store.get(SITE, m.memory_id).fields.summary == "v2"
 
 
-def test_dedupe_key_unique_among_active(tmp_path: Path) -> None:
-    with LongTermMemory(tmp_path) as store:
+def test_dedupe_key_unique_among_active(memory_stores: Any) -> None:
+    with memory_stores.open() as store:
         a = create(store, fields(1, dedupe_key="units"))
         with pytest.raises(DuplicateMemory) as info:
             create(store, fields(2, dedupe_key="units"))
@@ -75,8 +75,8 @@ def test_dedupe_key_unique_among_active(tmp_path: Path) -> None:
         assert len(store.all(SITE)) == 3
 
 
-def test_soft_delete_hides_from_search_and_surface(tmp_path: Path) -> None:
-    with LongTermMemory(tmp_path) as store:
+def test_soft_delete_hides_from_search_and_surface(memory_stores: Any) -> None:
+    with memory_stores.open() as store:
         m = create(store, fields(1))
         assert [x.memory_id for x, _ in store.search(SITE, "quokka1")] == [m.memory_id]
         deleted = delete(store, m.memory_id)
@@ -90,8 +90,8 @@ def test_soft_delete_hides_from_search_and_surface(tmp_path: Path) -> None:
             update(store, m.memory_id, fields(1))
 
 
-def test_sites_are_isolated(tmp_path: Path) -> None:
-    with LongTermMemory(tmp_path) as store:
+def test_sites_are_isolated(memory_stores: Any) -> None:
+    with memory_stores.open() as store:
         m = create(store, fields(1))
         assert store.search(OTHER, "quokka1") == []
         with pytest.raises(NotFound):
@@ -102,8 +102,8 @@ def test_sites_are_isolated(tmp_path: Path) -> None:
         assert len(store.all(SITE)) == 1 and len(store.all(OTHER)) == 1
 
 
-def test_surface_returns_at_most_two_and_repeats(tmp_path: Path) -> None:
-    with LongTermMemory(tmp_path) as store:
+def test_surface_returns_at_most_two_and_repeats(memory_stores: Any) -> None:
+    with memory_stores.open() as store:
         ids = [
             create(store, fields(i, summary=f"deploys go out from the release branch {i}")).memory_id for i in range(4)
         ]
@@ -116,9 +116,9 @@ def test_surface_returns_at_most_two_and_repeats(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- verify tokens
 
 
-def test_token_rules(tmp_path: Path) -> None:
+def test_token_rules(memory_stores: Any) -> None:
     clock = [now_us()]
-    with LongTermMemory(tmp_path, clock=lambda: clock[0]) as store:
+    with memory_stores.open(clock=lambda: clock[0]) as store:
         raw = fields(1)
         _, token, _ = store.verify(SITE, "create", raw)
         with pytest.raises(VerifyRequired):
@@ -151,12 +151,12 @@ def test_token_rules(tmp_path: Path) -> None:
         assert len(store.all(SITE)) == 2
 
 
-def test_token_single_use_survives_restart(tmp_path: Path) -> None:
-    with LongTermMemory(tmp_path) as store:
+def test_token_single_use_survives_restart(memory_stores: Any) -> None:
+    with memory_stores.open() as store:
         m = create(store, fields(1))
         _, token, _ = store.verify(SITE, "delete", None, m.memory_id)
         assert store.delete(SITE, m.memory_id, token) is not None
-    with LongTermMemory(tmp_path) as store:
+    with memory_stores.open() as store:
         with pytest.raises(VerifyRequired, match="already used"):
             store.delete(SITE, m.memory_id, token)
         assert store.get(SITE, m.memory_id).status == "deleted"
@@ -205,11 +205,11 @@ def _bad_values() -> list[tuple[str, dict[str, Any], str]]:
 
 @pytest.mark.parametrize(("case", "raw", "field"), _bad_values(), ids=[c for c, _, _ in _bad_values()])
 def test_every_bad_field_is_rejected_by_name_and_nothing_written(
-    tmp_path: Path, case: str, raw: dict[str, Any], field: str
+    memory_stores: Any, case: str, raw: dict[str, Any], field: str
 ) -> None:
-    with LongTermMemory(tmp_path) as store:
+    with memory_stores.open() as store:
         existing = create(store, fields(0))
-        before = tree_bytes(tmp_path)
+        before = memory_stores.snapshot()
         with pytest.raises(InvalidMemory) as info:
             store.verify(SITE, "create", raw)
         assert info.value.field == field.replace("memory.", "candidate."), case
@@ -219,10 +219,10 @@ def test_every_bad_field_is_rejected_by_name_and_nothing_written(
         with pytest.raises(InvalidMemory) as info:
             store.upsert(SITE, raw, "v1.x", memory_id=existing.memory_id)
         assert info.value.field == field, case
-        assert tree_bytes(tmp_path) == before
+        assert memory_stores.snapshot() == before
 
 
-def test_exact_bounds_are_accepted(tmp_path: Path) -> None:
+def test_exact_bounds_are_accepted(memory_stores: Any) -> None:
     raw = fields(
         1,
         category="c" * limits.CATEGORY_MAX,
@@ -233,7 +233,7 @@ def test_exact_bounds_are_accepted(tmp_path: Path) -> None:
         source_uris=["https://e/" + "a" * (limits.SOURCE_URI_MAX - 10)] * limits.SOURCE_URIS_MAX,
         dedupe_key="k" * limits.DEDUPE_KEY_MAX,
     )
-    with LongTermMemory(tmp_path) as store:
+    with memory_stores.open() as store:
         m = create(store, raw)
         assert m.fields.to_json() == raw
 
@@ -249,8 +249,8 @@ def test_exact_bounds_are_accepted(tmp_path: Path) -> None:
         (lambda s: s.upsert(SITE, fields(1), "t", expected_version=3), "expected_version"),
     ],
 )
-def test_malformed_call_arguments_name_the_field(tmp_path: Path, call: Any, field: str) -> None:
-    with LongTermMemory(tmp_path) as store:
+def test_malformed_call_arguments_name_the_field(memory_stores: Any, call: Any, field: str) -> None:
+    with memory_stores.open() as store:
         with pytest.raises(InvalidMemory) as info:
             call(store)
         assert info.value.field == field
@@ -310,10 +310,10 @@ def test_force_delete_erases_every_byte(tmp_path: Path) -> None:
     assert files_holding(tmp_path, vec_needles) == []
 
 
-def test_retention_erases_soft_deleted_after_the_window(tmp_path: Path) -> None:
+def test_retention_erases_soft_deleted_after_the_window(memory_stores: Any) -> None:
     clock = [now_us()]
     secret = fields(5, summary="retained-kiwi-4411 summary")
-    with LongTermMemory(tmp_path, clock=lambda: clock[0], retention_seconds=3600) as store:
+    with memory_stores.open(clock=lambda: clock[0], retention_seconds=3600) as store:
         m = create(store, secret)
         other = create(store, fields(6))
         delete(store, m.memory_id)
@@ -322,18 +322,18 @@ def test_retention_erases_soft_deleted_after_the_window(tmp_path: Path) -> None:
         assert store.get(SITE, m.memory_id).status == "deleted"
         clock[0] += 2 * 1_000_000
         assert store.purge_expired(SITE) == [m.memory_id]
-        assert files_holding(tmp_path, [b"retained-kiwi-4411"]) == []
+        assert memory_stores.holding([b"retained-kiwi-4411"]) == []
         assert [x.memory_id for x in store.all(SITE)] == [other.memory_id]
 
 
-def test_retention_runs_before_writes(tmp_path: Path) -> None:
+def test_retention_runs_before_writes(memory_stores: Any) -> None:
     clock = [now_us()]
-    with LongTermMemory(tmp_path, clock=lambda: clock[0], retention_seconds=60) as store:
+    with memory_stores.open(clock=lambda: clock[0], retention_seconds=60) as store:
         m = create(store, fields(1, summary="short-lived-emu-9"))
         delete(store, m.memory_id)
         clock[0] += 61 * 1_000_000
         create(store, fields(2))
-        assert files_holding(tmp_path, [b"short-lived-emu-9"]) == []
+        assert memory_stores.holding([b"short-lived-emu-9"]) == []
 
 
 def test_site_limit(tmp_path: Path) -> None:
@@ -403,14 +403,14 @@ def test_export_shape_is_json(tmp_path: Path) -> None:
     assert m.memory_id in dumped
 
 
-def test_retention_runs_on_reads_too(tmp_path: Path) -> None:
+def test_retention_runs_on_reads_too(memory_stores: Any) -> None:
     clock = [now_us()]
-    with LongTermMemory(tmp_path, clock=lambda: clock[0], retention_seconds=60) as store:
+    with memory_stores.open(clock=lambda: clock[0], retention_seconds=60) as store:
         m = create(store, fields(1, summary="read-only-site-gecko-3"))
         delete(store, m.memory_id)
         clock[0] += 61 * 1_000_000
         assert store.search(SITE, "gecko", include_deleted=True) == []
-        assert files_holding(tmp_path, [b"read-only-site-gecko-3"]) == []
+        assert memory_stores.holding([b"read-only-site-gecko-3"]) == []
 
 
 def test_stale_rewrite_temp_is_removed_before_the_next_write(tmp_path: Path) -> None:
@@ -453,19 +453,19 @@ def test_reads_update_last_accessed_without_syncing(tmp_path: Path) -> None:
         assert store.all(SITE)[0].last_accessed_us == seen
 
 
-def test_the_sweeper_erases_expired_memories_of_untouched_sites(tmp_path: Path) -> None:
+def test_the_sweeper_erases_expired_memories_of_untouched_sites(memory_stores: Any) -> None:
     clock = [now_us()]
-    with LongTermMemory(tmp_path, clock=lambda: clock[0], retention_seconds=60) as store:
+    with memory_stores.open(clock=lambda: clock[0], retention_seconds=60) as store:
         m = create(store, fields(1, summary="swept-away-marmot-7"))
         delete(store, m.memory_id)
     clock[0] += 61 * 1_000_000
     # Another process (here: another store object) only runs its sweeper; nobody calls the site.
-    with LongTermMemory(tmp_path, clock=lambda: clock[0], retention_seconds=60) as sweeper:
+    with memory_stores.open(clock=lambda: clock[0], retention_seconds=60) as sweeper:
         sweeper.start_sweeper(interval_seconds=0.05)
         deadline = time.monotonic() + 30
-        while files_holding(tmp_path, [b"swept-away-marmot-7"]) and time.monotonic() < deadline:
+        while memory_stores.holding([b"swept-away-marmot-7"]) and time.monotonic() < deadline:
             time.sleep(0.05)
-    assert files_holding(tmp_path, [b"swept-away-marmot-7"]) == []
+    assert memory_stores.holding([b"swept-away-marmot-7"]) == []
 
 
 def test_memory_files_are_owner_only(tmp_path: Path) -> None:

@@ -138,7 +138,7 @@ def test_migrate_says_which_memories_it_leaves_behind(tmp_path: Path, pg: tuple[
     assert out.returncode == 1, (out.stdout, out.stderr)
     assert "verified" in out.stdout
     assert f"NOT copied: 3 long-term memories of 2 sites; they stay in {src}" in out.stdout, out.stdout
-    assert f"--data-dir {src}" in out.stdout
+    assert "convmem export SRC --site S --memories" in out.stdout
     for site in (SITES[0], only_memories):
         assert f"not copied: {site}: " in out.stderr and memories_dir(str(src), site) in out.stderr, out.stderr
     assert memories_held(str(src), SITES[0]) == 2 and memories_held(str(src), only_memories) == 1

@@ -186,45 +186,80 @@ def test_serve_refuses_quotas_with_postgres(pg: tuple[str, str]) -> None:
     assert done.returncode == 2 and "not enforced with a PostgreSQL store" in done.stderr, done.stderr
 
 
-@pytest.mark.anyio
-async def test_memory_tools_without_a_data_dir_answer_not_configured(pg: tuple[str, str], tmp_path: Path) -> None:
-    """PostgreSQL without --data-dir: long-term memory is not configured, permanently; nothing lands in cwd."""
-    assert _site(pg, "add", SITE, "--password-stdin", stdin=PASSWORD + "\n").returncode == 0
-    argv = convmem_cmd("serve", "--stdio", "--site", SITE, "--store", pg[0], "--pg-schema", pg[1])
-    params = StdioServerParameters(
-        command=argv[0], args=argv[1:], env=subprocess_env(CONVMEM_PASSWORD=PASSWORD), cwd=str(tmp_path)
+def _stdio(pg: tuple[str, str], cwd: Path, *extra: str) -> StdioServerParameters:
+    argv = convmem_cmd("serve", "--stdio", "--site", SITE, "--store", pg[0], "--pg-schema", pg[1], *extra)
+    return StdioServerParameters(
+        command=argv[0], args=argv[1:], env=subprocess_env(CONVMEM_PASSWORD=PASSWORD), cwd=str(cwd)
     )
-    async with Client(params, mode="legacy") as client:
-        res = await client.call_tool("memory_search", {"query": "anything"})
-        assert res.is_error
-        error = (res.meta or {})["convmem/error"]
-        assert error["code"] == "NotConfigured" and error["retryable"] is False, error
-        assert "long-term memory is not configured on this server" in error["message"]
-        assert "--data-dir" in error["message"]
-        text = res.content[0].text
-        assert text.startswith("NotConfigured (permanent): ") and "retry later" not in text.lower(), text
-        ok = await client.call_tool("append_memory", {"conversation_id": "mem-less-1", "items": [{"a": 1}]})
-        assert ok.structured_content == {"first_seq": 0, "last_seq": 0}
-        with_context = await client.call_tool(
-            "append_memory", {"conversation_id": "mem-less-1", "items": [{"a": 2}], "memory_context": "anything"}
+
+
+def _memory() -> dict[str, object]:
+    return {"category": "preference", "subject": "Units on the shared database",
+            "summary": "The user wants metric units, kept in PostgreSQL", "dedupe_key": "units"}
+
+
+@pytest.mark.anyio
+async def test_memory_tools_keep_memories_in_postgres_without_a_data_dir(pg: tuple[str, str], tmp_path: Path) -> None:
+    """PostgreSQL without --data-dir: memories live in the database; every server sees them; nothing lands in cwd."""
+    assert _site(pg, "add", SITE, "--password-stdin", stdin=PASSWORD + "\n").returncode == 0
+    async with Client(_stdio(pg, tmp_path), mode="legacy") as one, Client(_stdio(pg, tmp_path), mode="legacy") as two:
+        verified = await one.call_tool("memory_verify", {"intent": "create", "candidate": _memory()})
+        assert not verified.is_error, verified
+        token = verified.structured_content["verify_token"]
+        made = await one.call_tool("memory_upsert", {"memory": _memory(), "verify_token": token})
+        assert not made.is_error, made
+        mid = made.structured_content["memory"]["id"]
+        again = await two.call_tool("memory_upsert", {"memory": _memory(), "verify_token": token})
+        assert again.is_error and (again.meta or {})["convmem/error"]["code"] == "VerifyRequired"
+        found = await two.call_tool("memory_search", {"query": "metric units"})
+        assert [m["id"] for m in found.structured_content["memories"]] == [mid]
+        erase = await two.call_tool("memory_verify", {"intent": "delete", "memory_id": mid, "force": True})
+        gone = await two.call_tool(
+            "memory_delete", {"memory_id": mid, "force": True, "verify_token": erase.structured_content["verify_token"]}
         )
-        assert with_context.structured_content == {"first_seq": 1, "last_seq": 1, "memories": []}
-        assert "long-term memory is not configured on this server" in with_context.content[0].text
+        assert gone.structured_content["status"] == "erased"
+        missing = await one.call_tool("memory_get", {"memory_id": mid})
+        assert missing.is_error and (missing.meta or {})["convmem/error"]["code"] == "NotFound"
+        ok = await one.call_tool("append_memory", {"conversation_id": "mem-less-1", "items": [{"a": 1}]})
+        assert ok.structured_content == {"first_seq": 0, "last_seq": 0}
     assert list(tmp_path.iterdir()) == []
+    with PgStore(pg[0], schema=pg[1]) as store:
+        from convmem.logstore.postgres import PgLongTermMemory
+
+        with PgLongTermMemory(store, listen=False) as memories:
+            assert memories.all(SITE) == []
 
 
 @pytest.mark.anyio
-async def test_memory_tools_use_the_data_dir_given_beside_postgres(pg: tuple[str, str], tmp_path: Path) -> None:
+async def test_a_data_dir_beside_postgres_does_not_hold_memories(pg: tuple[str, str], tmp_path: Path) -> None:
     assert _site(pg, "add", SITE, "--password-stdin", stdin=PASSWORD + "\n").returncode == 0
-    mem = tmp_path / "memories-here"
-    argv = convmem_cmd(
-        "serve", "--stdio", "--site", SITE, "--store", pg[0], "--pg-schema", pg[1], "--data-dir", str(mem)
-    )
-    params = StdioServerParameters(
-        command=argv[0], args=argv[1:], env=subprocess_env(CONVMEM_PASSWORD=PASSWORD), cwd=str(tmp_path)
-    )
-    async with Client(params, mode="legacy") as client:
-        res = await client.call_tool("memory_search", {"query": "anything"})
-        assert not res.is_error, res
-        assert res.structured_content == {"memories": []}
-    assert mem.is_dir()
+    mem = tmp_path / "data-here"
+    async with Client(_stdio(pg, tmp_path, "--data-dir", str(mem)), mode="legacy") as client:
+        verified = await client.call_tool("memory_verify", {"intent": "create", "candidate": _memory()})
+        token = verified.structured_content["verify_token"]
+        made = await client.call_tool("memory_upsert", {"memory": _memory(), "verify_token": token})
+        assert not made.is_error, made
+    assert mem.is_dir() and not (mem / "sites").exists()
+    with PgStore(pg[0], schema=pg[1]) as store:
+        from convmem.logstore.postgres import PgLongTermMemory
+
+        with PgLongTermMemory(store, listen=False) as memories:
+            assert [m.fields.dedupe_key for m in memories.all(SITE)] == ["units"]
+
+
+def test_site_remove_covers_the_memories_in_postgres(pg: tuple[str, str]) -> None:
+    from memories_support import create
+
+    from convmem.logstore.postgres import PgLongTermMemory
+
+    assert _site(pg, "add", SITE, "--password-stdin", stdin=PASSWORD + "\n").returncode == 0
+    with PgStore(pg[0], schema=pg[1]) as store, PgLongTermMemory(store) as memories:
+        create(memories, _memory(), site=SITE)
+        refused = _site(pg, "remove", SITE)
+        assert refused.returncode == 1 and "1 long-term memories" in refused.stderr, refused.stderr
+        removed = _site(pg, "remove", SITE, "--force", "--grace", "0")
+        assert removed.returncode == 0, removed.stderr
+        assert memories.all(SITE) == []  # this server, holding the site, sees the erasure at once
+    assert _site(pg, "add", SITE, "--password-stdin", stdin=PASSWORD + "\n").returncode == 0
+    with PgStore(pg[0], schema=pg[1]) as store, PgLongTermMemory(store, listen=False) as memories:
+        assert memories.all(SITE) == []

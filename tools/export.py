@@ -37,7 +37,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="export conversations as JSON Lines",
         description="Write a site's conversations as JSON Lines, one item per line.",
     )
-    p.add_argument("data_dir", metavar="DATA_DIR")
+    p.add_argument("data_dir", metavar="DATA_DIR", help="a data directory (with --memories also postgresql://...)")
+    p.add_argument("--pg-schema", default="convmem", help="the PostgreSQL schema, when DATA_DIR is postgresql://...")
     p.add_argument("--site", metavar="S", required=True)
     p.add_argument("--conversation", metavar="ID", help="export only this conversation")
     p.add_argument("--output", metavar="FILE", help="write here instead of stdout")

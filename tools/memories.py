@@ -14,13 +14,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from convmem.logstore import StoreError
-from convmem.logstore.memories import LongTermMemory, Memory
+from convmem.logstore.memories import LongTermMemory, LongTermStore, Memory
 from convmem.logstore.memories import check as mcheck
 from convmem.logstore.memories.errors import InvalidMemory
 from convmem.logstore.memories.record import STATUS_ACTIVE, STATUS_DELETED, check_memory_id, parse_fields
@@ -84,8 +86,33 @@ def _not_a_data_dir(data_dir: str) -> int | None:
     return None
 
 
+@contextlib.contextmanager
+def _memories_of(args: argparse.Namespace) -> Iterator[LongTermStore]:
+    """The long-term memory store named by DATA_DIR: a data directory, or a ``postgresql://`` DSN."""
+    from convmem.logstore.postgres import PgLongTermMemory, PgStore
+
+    pg = PgStore(args.data_dir, schema=args.pg_schema)
+    with pg, PgLongTermMemory(pg, listen=False) as store:
+        yield store
+
+
+def _is_dsn(target: str) -> bool:
+    from convmem.logstore.postgres import is_dsn
+
+    return is_dsn(target)
+
+
 def export(args: argparse.Namespace) -> int:
-    """``convmem export --memories``: the site's memories (active and soft-deleted) as one JSON document."""
+    """``convmem export --memories``: the site's memories (active and soft-deleted) as one JSON document.
+
+    DATA_DIR may be a ``postgresql://`` DSN (with ``--pg-schema``): the memories a PostgreSQL store keeps.
+    """
+    if _is_dsn(args.data_dir):
+        try:
+            with _memories_of(args) as pg:
+                return _write_export(args, [m.to_json() for m in pg.all(args.site)])
+        except (StoreError, OSError) as exc:
+            return fail(f"export failed: {exc}", EXIT_OPERATIONAL)
     bad = _not_a_data_dir(args.data_dir)
     if bad is not None:
         return bad
@@ -94,6 +121,10 @@ def export(args: argparse.Namespace) -> int:
             records = [m.to_json() for m in store.site(args.site).all()]
     except (StoreError, OSError) as exc:
         return fail(f"export failed: {exc}", EXIT_OPERATIONAL)
+    return _write_export(args, records)
+
+
+def _write_export(args: argparse.Namespace, records: list[dict[str, Any]]) -> int:
     doc = {
         "format": EXPORT_FORMAT,
         "version": EXPORT_VERSION,
@@ -164,7 +195,7 @@ def parse_record(raw: Any, i: int) -> Memory:
 
 def restore(args: argparse.Namespace) -> int:
     """``convmem import --memories``: add an export's memories to a site (ids, timestamps, versions kept)."""
-    bad = _not_a_data_dir(args.data_dir)
+    bad = None if _is_dsn(args.data_dir) else _not_a_data_dir(args.data_dir)
     if bad is not None:
         return bad
     try:
@@ -191,8 +222,8 @@ def restore(args: argparse.Namespace) -> int:
     if len({m.memory_id for m in records}) != len(records):
         return fail("nothing imported: the input holds one id twice", EXIT_BAD_INPUT)
     try:
-        with LongTermMemory(args.data_dir) as store:
-            added, present = store.site(args.site).import_records(records)
+        with _memories_of(args) if _is_dsn(args.data_dir) else LongTermMemory(args.data_dir) as store:
+            added, present = store.import_records(args.site, records)
     except InvalidMemory as exc:
         return fail(f"import stopped: {exc} (records before it were imported)", EXIT_BAD_INPUT)
     except StoreError as exc:

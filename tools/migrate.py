@@ -16,10 +16,11 @@ be the same on both sides; any difference is reported and the exit status is
 non-zero. A destination holding *more* than the source for a conversation is
 refused (it is not a copy of this source).
 
-Long-term memories are not carried (PostgreSQL does not hold them yet): they
-stay in the source data directory, and the summary says how many, of how many
-sites, and where; the exit status is then 1, so a script that goes on to
-delete the source stops first.
+Long-term memories are not carried (yet): they stay where they are, and the
+summary says how many, of how many sites, and where; the exit status is then
+1, so a script that goes on to delete the source stops first. ``convmem
+export --memories`` and ``convmem import --memories`` move them, a site at a
+time, in either direction.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from convmem.logstore.maintenance import Restorer, iter_conversation_items, iter
 from convmem.logstore.memories.check import memory_sites
 from convmem.logstore.memories.drop import memories_held
 from convmem.logstore.memories.site import memories_dir
-from convmem.logstore.postgres import DEFAULT_SCHEMA, PgStore, is_dsn, item_crc
+from convmem.logstore.postgres import DEFAULT_SCHEMA, PgStore, is_dsn, item_crc, memories_per_site
 
 from .common import EXIT_PROBLEMS_LEFT, fail, plural
 
@@ -47,9 +48,10 @@ _decoder = msgspec.json.Decoder(type=dict[str, Any])
 EXIT_MEMORIES_LEFT = 1
 
 _EPILOG = """\
-Long-term memories (the memory_* tools) are NOT copied: PostgreSQL does not hold them yet. They stay in
-SRC's sites/*/memories directories; the summary counts them. To keep using them after moving the
-conversations to PostgreSQL, keep SRC and serve with --data-dir SRC beside --store.
+Long-term memories (the memory_* tools) are NOT copied; the summary counts them, per site. Move them a
+site at a time, with their ids and versions:
+  convmem export SRC --site S --memories --output s.json
+  convmem import DST --site S --memories --input s.json   (with --pg-schema for a postgresql:// side)
 
 exit status:
   0  everything SRC holds was copied and verified
@@ -197,10 +199,10 @@ class PgSide(Side):
         return PgCredentials(self.store)
 
     def memories_held(self) -> dict[str, int]:
-        return {}  # long-term memories do not live in PostgreSQL yet
+        return memories_per_site(self.store)
 
-    def memories_place(self, site: str) -> str:  # pragma: no cover - never holds any (above)
-        raise NotImplementedError
+    def memories_place(self, site: str) -> str:
+        return f"the PostgreSQL schema {self.store.schema}"
 
     def close(self) -> None:
         self.store.close()
@@ -368,7 +370,7 @@ def _memories_left(src: Side, args: argparse.Namespace) -> str:
     total = sum(held.values())
     what, stay = ("long-term memory", "it stays") if total == 1 else ("long-term memories", "they stay")
     return (
-        f"NOT copied: {total} {what} of {plural(len(held), 'site')}; {stay} in {args.src} "
-        "(sites/*/memories): migrate does not carry long-term memories to PostgreSQL yet. Keep that directory "
-        f"and serve with --data-dir {args.src} beside --store to keep using them (exit status {EXIT_MEMORIES_LEFT})"
+        f"NOT copied: {total} {what} of {plural(len(held), 'site')}; {stay} in {args.src}: migrate does not "
+        "carry long-term memories yet. Move them a site at a time with `convmem export SRC --site S --memories` "
+        f"and `convmem import DST --site S --memories` (exit status {EXIT_MEMORIES_LEFT})"
     )

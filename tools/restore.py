@@ -87,7 +87,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         description="Load a JSON Lines export into an empty site, preserving seqs and recorded_at; "
         "with --conversation, restore only that conversation into a site that may hold others.",
     )
-    p.add_argument("data_dir", metavar="DATA_DIR")
+    p.add_argument("data_dir", metavar="DATA_DIR", help="a data directory (with --memories also postgresql://...)")
+    p.add_argument("--pg-schema", default="convmem", help="the PostgreSQL schema, when DATA_DIR is postgresql://...")
     p.add_argument("--site", metavar="S", required=True)
     p.add_argument("--input", metavar="FILE", help="read this file instead of stdin")
     p.add_argument(

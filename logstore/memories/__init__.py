@@ -4,7 +4,8 @@ The conversation logs of :mod:`logstore` are working memory; this package
 keeps the other kind. Each site's memories are an event log in logstore's
 segment format (see FORMAT.md, "Long-term memory event log"), the current
 state is rebuilt from it, and the search index (``retrieval``) is derived
-data. Entry point: :class:`LongTermMemory`.
+data. Entry point: :class:`LongTermMemory`, one backend of :class:`LongTermStore`
+(the other is ``logstore.postgres.PgLongTermMemory``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from .errors import (
     VerifyRequired,
     VersionConflict,
 )
+from .interface import LongTermStore
 from .record import WRITABLE_FIELDS, Fields, Memory, is_memory_id, new_memory_id, parse_fields
 from .store import LongTermMemory
 
@@ -28,6 +30,7 @@ __all__ = [
     "Fields",
     "InvalidMemory",
     "LongTermMemory",
+    "LongTermStore",
     "LooksLikeSecret",
     "Memory",
     "MemoryStoreFull",

@@ -157,7 +157,7 @@ class Retriever:
 
     def __init__(
         self,
-        index_dir: str,
+        index_dir: str | None = None,
         *,
         tuning: Tuning | None = None,
         embedder: Embedder | _Default | None = "default",
@@ -165,10 +165,12 @@ class Retriever:
         query_vectors_kept: int = QUERY_VECTORS_KEPT,
     ) -> None:
         self.index_dir = index_dir
+        # None: the store has no directory for the index (PostgreSQL); nothing is written anyway.
         # Durably: this may be the first thing to create the site's directories (a verify before
         # the first write builds the retriever), and the writers' makedirs_durable trusts any
         # directory it finds; an unsynced ``sites/<hex>`` entry would lose acknowledged memories.
-        fileio.makedirs_durable(index_dir)
+        if index_dir is not None:
+            fileio.makedirs_durable(index_dir)
         self._tuning = tuning or Tuning()
         if embedder == "default":
             from .encoder import default_encoder

@@ -19,15 +19,17 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
 from .. import fileio, layout, links
 from ..errors import Timeout
 from ..incarnation import Incarnation, SiteGuard, is_file_at
 from . import access, tokens
-from .errors import MEMORY_LOCK, DuplicateMemory, InvalidMemory, MemoryStoreFull, NotFound, VersionConflict
+from .errors import MEMORY_LOCK, InvalidMemory, MemoryStoreFull, NotFound, VersionConflict
 from .eventlog import EventLog, ScanResult
+from .indexing import RetrieverFactory, RetrieverLike, fields_doc, to_doc
 from .limits import MAX_MEMORIES_PER_SITE
+from .planning import check_dedupe, check_verify, ranked, related, surface_pick
 from .record import STATUS_ACTIVE, STATUS_DELETED, Fields, Memory, new_memory_id, parse_fields
 from .state import apply, record_body
 
@@ -35,55 +37,6 @@ MEMORIES_DIR = "memories"
 LOG_NAME = layout.segment_name(0)
 LOCK_NAME = "lock"
 SEARCH_DIR = "search"
-
-
-class RetrieverLike(Protocol):
-    """What the store needs from the search index (see :mod:`logstore.memories.retrieval`)."""
-
-    def load(self, docs: Any) -> None: ...
-    def upsert(self, doc: Any) -> None: ...
-    def erase(self, memory_id: str) -> None: ...
-    def search(
-        self,
-        query: str,
-        *,
-        limit: int,
-        category: str | None = None,
-        tags: Sequence[str] = (),
-        include_deleted: bool = False,
-    ) -> list[Any]: ...
-    def close(self) -> None: ...
-    def vector_for(self, doc: Any) -> Any: ...
-    def answers_at_once(self, query: str, limit: int) -> bool: ...
-
-
-RetrieverFactory = Callable[[str], RetrieverLike]
-
-
-def default_retriever(index_dir: str) -> RetrieverLike:
-    from .retrieval import Retriever
-
-    return Retriever(index_dir)
-
-
-def to_doc(m: Memory, vector: Any = None) -> Any:
-    """What the retriever needs of ``m``; ``vector`` is the one stored with its events, if any."""
-    return fields_doc(m.memory_id, m.fields, m.active, vector)
-
-
-def fields_doc(memory_id: str, f: Fields, active: bool, vector: Any = None) -> Any:
-    from .retrieval import MemoryDoc
-
-    return MemoryDoc(
-        memory_id=memory_id,
-        category=f.category,
-        subject=f.subject,
-        summary=f.summary,
-        details=f.details,
-        tags=tuple(f.tags),
-        active=active,
-        vector=vector,
-    )
 
 
 def memories_dir(root: str, site: str) -> str:
@@ -396,58 +349,12 @@ class SiteMemories:
 
         For a delete, the change includes ``force``: the token erases only if asked with it.
         """
-        if intent not in tokens.INTENTS:
-            raise InvalidMemory("intent", "expected one of create, update, delete")
-        if force and intent != "delete":
-            raise InvalidMemory("force", "only intent delete takes force")
-        fields = parse_fields(candidate, "candidate.") if candidate is not None else None
-        if intent == "create":
-            if fields is None:
-                raise InvalidMemory("candidate", "intent create needs the candidate memory")
-            if memory_id is not None:
-                raise InvalidMemory("memory_id", "intent create takes no memory_id; a new memory gets a fresh id")
-        elif intent == "update":
-            if memory_id is None:
-                raise InvalidMemory("memory_id", "intent update needs the id of the memory to change")
-            if fields is None:
-                raise InvalidMemory("candidate", "intent update needs the candidate: the memory's new fields")
-        elif intent == "delete":
-            if memory_id is None:
-                raise InvalidMemory("memory_id", "intent delete needs the id of the memory to delete")
-            if fields is not None:
-                raise InvalidMemory("candidate", "intent delete takes no candidate")
-        else:
-            raise InvalidMemory("intent", "expected one of create, update, delete")
+        fields = check_verify(intent, candidate, memory_id, force)
         with self._locked(False):
-            related: list[tuple[Memory, float | None]] = []
-            seen: set[str] = set()
-            target = None
-            if memory_id is not None:
-                target = self.state.get(memory_id)
-                if target is None:
-                    raise NotFound(memory_id)
-                if intent == "update" and not target.active:
-                    raise NotFound(memory_id, "this memory is soft-deleted and cannot be updated")
-                related.append((target, None))
-                seen.add(memory_id)
-            if fields is not None and fields.dedupe_key is not None:
-                for m in self.state.values():
-                    if m.active and m.fields.dedupe_key == fields.dedupe_key and m.memory_id not in seen:
-                        related.append((m, None))
-                        seen.add(m.memory_id)
-            basis = fields if fields is not None else (target.fields if target is not None else None)
-            if basis is not None and self.state:
-                query = " ".join([basis.subject, basis.summary, basis.details, *basis.tags])
-                for hit in self._retriever_now().search(query[:4000], limit=limit + len(seen)):
-                    found = self.state.get(hit.memory_id)
-                    if found is not None and found.active and hit.memory_id not in seen:
-                        related.append((found, float(hit.score if hit.similarity is None else hit.similarity)))
-                        seen.add(hit.memory_id)
-                    if len(related) >= limit + (1 if target is not None else 0):
-                        break
+            found = related(self.state, self._retriever_now, intent, fields, memory_id, limit)
         now = self._now()
         what = tokens.digest(intent, memory_id, fields.to_json() if fields is not None else None, force)
-        return related, self.book.mint(self.site, intent, what, now), tokens.expires_us(now)
+        return found, self.book.mint(self.site, intent, what, now), tokens.expires_us(now)
 
     def create(self, raw: Mapping[str, Any], token: object) -> Memory:
         fields = parse_fields(raw, "memory.")
@@ -523,12 +430,7 @@ class SiteMemories:
             return self._write({"op": "delete", "id": memory_id, "at": at, "version": cur.version + 1}, at)
 
     def _check_dedupe(self, fields: Fields, self_id: str | None) -> None:
-        key = fields.dedupe_key
-        if key is None:
-            return
-        for m in self.state.values():
-            if m.active and m.memory_id != self_id and m.fields.dedupe_key == key:
-                raise DuplicateMemory(m.memory_id, key)
+        check_dedupe(self.state, fields, self_id)
 
     def purge_expired(self) -> list[str]:
         """Erase soft-deleted memories past the retention window; their ids.
@@ -617,24 +519,7 @@ class SiteMemories:
         """Ranked memories from the current state (the caller holds the lock and has refreshed)."""
         if not self.state:
             return []
-        hits = self._retriever_now().search(
-            query, limit=limit, category=category, tags=tags, include_deleted=include_deleted
-        )
-        out: list[tuple[Memory, float]] = []
-        for hit in hits:
-            if relevant_only and not hit.relevant:
-                continue
-            m = self.state.get(hit.memory_id)
-            if m is None or (not include_deleted and not m.active):
-                continue
-            if category is not None and m.fields.category != category:
-                continue
-            if tags and not set(tags) <= set(m.fields.tags):
-                continue
-            out.append((m, float(hit.score if hit.similarity is None else hit.similarity)))
-            if len(out) >= limit:
-                break
-        return out
+        return ranked(self.state, self._retriever_now(), query, limit, category, tags, include_deleted, relevant_only)
 
     def try_surface(self, context: str, limit: int) -> list[Memory] | None:
         """The auto-surface for ``context`` if it needs no waiting and no file reads or writes; else None.
@@ -776,19 +661,3 @@ def layout_header_size() -> int:
     from ..frame import SEGMENT_HEADER_SIZE
 
     return SEGMENT_HEADER_SIZE
-
-
-def surface_pick(hits: Sequence[tuple[Memory, float]], limit: int) -> list[Memory]:
-    """The first ``limit`` of ``hits``, skipping a memory whose ``dedupe_key`` an earlier one already has."""
-    out: list[Memory] = []
-    keys: set[str] = set()
-    for m, _ in hits:
-        key = m.fields.dedupe_key
-        if key is not None and key in keys:
-            continue
-        if key is not None:
-            keys.add(key)
-        out.append(m)
-        if len(out) >= limit:
-            break
-    return out

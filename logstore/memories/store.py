@@ -15,14 +15,17 @@ from ..ids import SiteName
 from ..incarnation import SiteGuard
 from ..timefmt import now_us
 from . import tokens
+from .indexing import RetrieverFactory, default_retriever
+from .interface import LongTermStore
 from .limits import DEFAULT_RETENTION_SECONDS, INDEX_BUDGET
+from .planning import over_budget, surface_pick
 from .record import Memory, check_memory_id
-from .site import MEMORIES_DIR, Config, RetrieverFactory, SiteMemories, default_retriever, surface_pick
+from .site import MEMORIES_DIR, Config, SiteMemories
 
 logger = logging.getLogger("convmem.memories")
 
 
-class LongTermMemory:
+class LongTermMemory(LongTermStore):
     """Verify-first long-term memories, per site, on a logstore data directory.
 
     Safe for many threads and for several processes sharing the directory.
@@ -112,27 +115,10 @@ class LongTermMemory:
                 self._sites[site] = s
             self._recent[site] = None
             self._recent.move_to_end(site)
-            victims = self._over_budget(site)
+            victims = over_budget(self._sites, self._recent, site, self._index_budget)
         for v in victims:
             v.drop_index()
         return s
-
-    def _over_budget(self, current: str) -> list[SiteMemories]:
-        """The least recently used sites whose indexes must go for the rest to fit ``index_budget`` (lock held).
-
-        The site in use is never released; its own index may be built after this check, so the total can
-        exceed the budget by one site's index until the next call.
-        """
-        total = sum(s.indexed() for s in self._sites.values())
-        out = []
-        for name in self._recent:
-            if total <= self._index_budget:
-                break
-            s = self._sites[name]
-            if name != current and s.indexed():
-                total -= s.indexed()
-                out.append(s)
-        return out
 
     # Convenience wrappers, one per tool.
 
@@ -213,6 +199,9 @@ class LongTermMemory:
     def all(self, site: str) -> list[Memory]:
         return self._read(site).all()
 
+    def import_records(self, site: str, records: Sequence[Memory]) -> tuple[int, int]:
+        return self.site(site).import_records(records)
+
     def purge_expired(self, site: str) -> list[str]:
         return self.site(site).purge_expired()
 
@@ -243,6 +232,3 @@ class LongTermMemory:
 
     def __enter__(self) -> LongTermMemory:
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

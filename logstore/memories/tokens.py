@@ -21,7 +21,7 @@ import hashlib
 import hmac
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -38,6 +38,8 @@ _SECRET_BYTES = 32
 #: A token dated further ahead than this (clock steps between processes) is refused.
 _FUTURE_SLACK_US = 60_000_000
 _TTL_US = VERIFY_TOKEN_TTL_SECONDS * 1_000_000
+#: How long a used nonce must be remembered: as long as a token carrying it could still be accepted.
+USED_KEPT_US = _TTL_US + _FUTURE_SLACK_US
 
 
 def digest(intent: str, memory_id: str | None, candidate: Mapping[str, Any] | None, force: bool = False) -> str:
@@ -89,16 +91,24 @@ def _unb64(text: str) -> bytes:
 
 
 class TokenBook:
-    """Mints and checks tokens with one data directory's secret (read, or created, on first use)."""
+    """Mints and checks tokens with one data directory's secret (read, or created, on first use).
 
-    def __init__(self, root: str) -> None:
+    ``secret``, when given, is called instead (once, on first use) to get the
+    secret from elsewhere: a database shared by many servers.
+    """
+
+    def __init__(self, root: str, secret: Callable[[], bytes] | None = None) -> None:
         self._root = root
+        self._load = secret
         self._secret: bytes | None = None
         self._lock = threading.Lock()
 
     def _key(self) -> bytes:
         with self._lock:
             if self._secret is None:
+                if self._load is not None:
+                    self._secret = self._load()
+                    return self._secret
                 try:
                     self._secret = load_secret(self._root)
                 except OSError as exc:
@@ -181,7 +191,7 @@ def used_nonces(site_dir: str, now_us: int) -> set[str]:
     out: set[str] = set()
     for line in lines:
         nonce, _, used_text = line.partition(" ")
-        if len(nonce) == 32 and used_text.isdigit() and now_us - int(used_text) <= _TTL_US + _FUTURE_SLACK_US:
+        if len(nonce) == 32 and used_text.isdigit() and now_us - int(used_text) <= USED_KEPT_US:
             out.add(nonce)
     return out
 

@@ -3,12 +3,25 @@
 :class:`PgStore` implements :class:`logstore.MemoryStore` with the semantics
 and errors of :class:`logstore.FileStore`, for several stateless servers
 sharing one database. See ``_schema`` for the tables and ``deploy/citus.sql``
-for distributing them with Citus.
+for distributing them with Citus. :class:`PgLongTermMemory` keeps long-term
+memories in the same database (``_memories``).
 """
 
 from __future__ import annotations
 
+from ._memories import PgLongTermMemory, drop_site_memories, held_memories, memories_per_site
 from ._schema import SCHEMA_VERSION
 from ._store import DEFAULT_SCHEMA, AsyncCommitRefused, PgStore, is_dsn, item_crc
 
-__all__ = ["DEFAULT_SCHEMA", "SCHEMA_VERSION", "AsyncCommitRefused", "PgStore", "is_dsn", "item_crc"]
+__all__ = [
+    "DEFAULT_SCHEMA",
+    "SCHEMA_VERSION",
+    "AsyncCommitRefused",
+    "PgLongTermMemory",
+    "PgStore",
+    "drop_site_memories",
+    "held_memories",
+    "is_dsn",
+    "item_crc",
+    "memories_per_site",
+]

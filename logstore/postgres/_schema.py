@@ -221,10 +221,73 @@ $fn$;
 """
 
 
+#: Long-term memories (issue 22): additive like the keys above, so a schema made before them gets
+#: them on start-up (:func:`memories_ddl`) and keeps its version.
+#:
+#: ``memories`` holds each memory's current record (``record``: the compact JSON of its writable
+#: fields, ``bytea`` as everywhere here) and the vector computed when it was written (``vec``: the
+#: JSON of :mod:`logstore.memories.vectors`' stored form, NULL without a model), so no server
+#: encodes a stored memory again. ``dedupe_key`` is a column of its own: the partial unique index
+#: ``memories_dedupe`` makes it unique among a site's active memories whatever the servers do.
+#: ``change`` is the value of the site's change counter when the row was last written.
+#:
+#: ``memory_sites`` is one row per site: ``changes`` is bumped by every write of the site (the
+#: writer's first statement, which also serialises the site's writers), ``erased`` is the value of
+#: ``changes`` at the site's last erasure. A server holding the site at change N reads only rows
+#: with ``change > N``, or everything again when ``erased > N`` (an erased row leaves no trace).
+#:
+#: ``memory_tokens`` holds the nonce of every verify token used in the last token lifetime (ids
+#: only, never content): inserted in the transaction of the write the token authorises, so a
+#: token is used at most once across all servers.
+_DDL_MEMORIES = """
+CREATE TABLE IF NOT EXISTS {schema}.memories (
+    site             text COLLATE "C" NOT NULL,
+    memory_id        text COLLATE "C" NOT NULL,
+    status           text NOT NULL,
+    version          bigint NOT NULL,
+    created_at       bigint NOT NULL,
+    updated_at       bigint NOT NULL,
+    last_accessed_at bigint NOT NULL,
+    deleted_at       bigint,
+    dedupe_key       text COLLATE "C",
+    record           bytea NOT NULL,
+    vec              bytea,
+    change           bigint NOT NULL,
+    PRIMARY KEY (site, memory_id)
+);
+
+CREATE UNIQUE INDEX IF NOT EXISTS memories_dedupe
+    ON {schema}.memories (site, dedupe_key) WHERE status = 'active' AND dedupe_key IS NOT NULL;
+
+CREATE INDEX IF NOT EXISTS memories_by_change ON {schema}.memories (site, change);
+
+CREATE INDEX IF NOT EXISTS memories_deleted
+    ON {schema}.memories (deleted_at) WHERE status = 'deleted';
+
+CREATE TABLE IF NOT EXISTS {schema}.memory_sites (
+    site    text COLLATE "C" PRIMARY KEY,
+    changes bigint NOT NULL,
+    erased  bigint NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS {schema}.memory_tokens (
+    site    text COLLATE "C" NOT NULL,
+    nonce   text COLLATE "C" NOT NULL,
+    used_at bigint NOT NULL,
+    PRIMARY KEY (site, nonce)
+);
+"""
+
+
 def ddl(schema: str) -> sql.Composed:
     """The idempotent DDL creating the store's objects in ``schema``."""
     text = _DDL.replace("{full}", SQLSTATE_FULL).replace("{version}", str(SCHEMA_VERSION))
-    return sql.SQL(text + _keys_text()).format(schema=sql.Identifier(schema))
+    return sql.SQL(text + _keys_text() + _DDL_MEMORIES).format(schema=sql.Identifier(schema))
+
+
+def memories_ddl(schema: str) -> sql.Composed:
+    """The idempotent DDL of the long-term memory tables alone (for a schema made before them)."""
+    return sql.SQL(_DDL_MEMORIES).format(schema=sql.Identifier(schema))
 
 
 def _keys_text() -> str:

@@ -55,7 +55,15 @@ from ..store import MemoryStore
 from ..timefmt import format_us, parse_rfc3339
 from ._errors import first_line, translate
 from ._follow import Listener
-from ._schema import SCHEMA_VERSION, SQLSTATE_FULL, SQLSTATE_KEY_CONFLICT, SQLSTATE_SEQ_CONFLICT, ddl, keys_ddl
+from ._schema import (
+    SCHEMA_VERSION,
+    SQLSTATE_FULL,
+    SQLSTATE_KEY_CONFLICT,
+    SQLSTATE_SEQ_CONFLICT,
+    ddl,
+    keys_ddl,
+    memories_ddl,
+)
 
 logger = logging.getLogger("logstore.postgres")
 
@@ -130,6 +138,8 @@ class PgStore(MemoryStore):
         except psycopg.Error as exc:
             raise Unavailable(f"cannot use PostgreSQL at {_redact(dsn)}: {first_line(exc)}") from exc
         self._pool.open(wait=False)
+        #: How this store connects (for the listening connections of followers and of the memory store).
+        self.connect_kwargs = kwargs
         self._listener = Listener(dsn, schema, kwargs)
 
     # ------------------------------------------------------------ plumbing
@@ -178,18 +188,19 @@ class PgStore(MemoryStore):
             raise Unavailable(
                 f"schema {self.schema} is at version {version}; this convmem understands version {SCHEMA_VERSION}"
             )
-        self._add_keys(conn)
+        # The last object of each addition: with it, all of that addition's objects are there.
+        self._add(conn, "followers", keys_ddl(self.schema))
+        self._add(conn, "memory_tokens", memories_ddl(self.schema))
 
-    def _add_keys(self, conn: psycopg.Connection[Any]) -> None:
-        """Add the key table and the checked append to a schema made before them (additive; see _schema)."""
-        # The followers table is the last object of the additions: with it, all of them are there.
-        table = sql.SQL("{}.followers").format(sql.Identifier(self.schema)).as_string(conn)
+    def _add(self, conn: psycopg.Connection[Any], last: str, statements: sql.Composed) -> None:
+        """Run an addition's DDL on a schema made before it, unless its last object ``last`` is there."""
+        table = sql.SQL("{}.{}").format(sql.Identifier(self.schema), sql.Identifier(last)).as_string(conn)
         row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()
         if row and row[0]:
             return
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_DDL_LOCK,))
-            conn.execute(keys_ddl(self.schema))
+            conn.execute(statements)
 
     def _schema_version(self, conn: psycopg.Connection[Any]) -> int | None:
         meta = sql.SQL("{}.meta").format(sql.Identifier(self.schema)).as_string(conn)

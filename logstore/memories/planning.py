@@ -1,0 +1,165 @@
+"""What both memory backends decide alike from a site's current state and its search index.
+
+The checks of a ``memory_verify`` call, the related memories it shows, the
+filtering of a search's hits and the dedupe_key check before a write are the
+same whether the state was read from an event log or from database rows, so
+they live here, once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
+
+from . import tokens
+from .errors import DuplicateMemory, InvalidMemory, NotFound
+from .indexing import RetrieverLike
+from .record import Fields, Memory, parse_fields
+
+
+def check_verify(
+    intent: str, candidate: Mapping[str, Any] | None, memory_id: str | None, force: bool
+) -> Fields | None:
+    """The candidate's validated fields (None for a delete); InvalidMemory naming what breaks a rule."""
+    if intent not in tokens.INTENTS:
+        raise InvalidMemory("intent", "expected one of create, update, delete")
+    if force and intent != "delete":
+        raise InvalidMemory("force", "only intent delete takes force")
+    fields = parse_fields(candidate, "candidate.") if candidate is not None else None
+    if intent == "create":
+        if fields is None:
+            raise InvalidMemory("candidate", "intent create needs the candidate memory")
+        if memory_id is not None:
+            raise InvalidMemory("memory_id", "intent create takes no memory_id; a new memory gets a fresh id")
+    elif intent == "update":
+        if memory_id is None:
+            raise InvalidMemory("memory_id", "intent update needs the id of the memory to change")
+        if fields is None:
+            raise InvalidMemory("candidate", "intent update needs the candidate: the memory's new fields")
+    else:
+        if memory_id is None:
+            raise InvalidMemory("memory_id", "intent delete needs the id of the memory to delete")
+        if fields is not None:
+            raise InvalidMemory("candidate", "intent delete takes no candidate")
+    return fields
+
+
+def related(
+    state: Mapping[str, Memory],
+    retriever: Callable[[], RetrieverLike],
+    intent: str,
+    fields: Fields | None,
+    memory_id: str | None,
+    limit: int,
+) -> list[tuple[Memory, float | None]]:
+    """What a verify shows: the target, the active holders of the candidate's dedupe_key, then look-alikes."""
+    out: list[tuple[Memory, float | None]] = []
+    seen: set[str] = set()
+    target = None
+    if memory_id is not None:
+        target = state.get(memory_id)
+        if target is None:
+            raise NotFound(memory_id)
+        if intent == "update" and not target.active:
+            raise NotFound(memory_id, "this memory is soft-deleted and cannot be updated")
+        out.append((target, None))
+        seen.add(memory_id)
+    if fields is not None and fields.dedupe_key is not None:
+        for m in state.values():
+            if m.active and m.fields.dedupe_key == fields.dedupe_key and m.memory_id not in seen:
+                out.append((m, None))
+                seen.add(m.memory_id)
+    basis = fields if fields is not None else (target.fields if target is not None else None)
+    if basis is not None and state:
+        query = " ".join([basis.subject, basis.summary, basis.details, *basis.tags])
+        for hit in retriever().search(query[:4000], limit=limit + len(seen)):
+            found = state.get(hit.memory_id)
+            if found is not None and found.active and hit.memory_id not in seen:
+                out.append((found, float(hit.score if hit.similarity is None else hit.similarity)))
+                seen.add(hit.memory_id)
+            if len(out) >= limit + (1 if target is not None else 0):
+                break
+    return out
+
+
+def ranked(
+    state: Mapping[str, Memory],
+    retriever: RetrieverLike,
+    query: str,
+    limit: int,
+    category: str | None,
+    tags: Sequence[str],
+    include_deleted: bool,
+    relevant_only: bool,
+) -> list[tuple[Memory, float]]:
+    """The retriever's hits for ``query`` as current memories with their scores, filters applied again."""
+    hits = retriever.search(query, limit=limit, category=category, tags=tags, include_deleted=include_deleted)
+    out: list[tuple[Memory, float]] = []
+    for hit in hits:
+        if relevant_only and not hit.relevant:
+            continue
+        m = state.get(hit.memory_id)
+        if m is None or (not include_deleted and not m.active):
+            continue
+        if category is not None and m.fields.category != category:
+            continue
+        if tags and not set(tags) <= set(m.fields.tags):
+            continue
+        out.append((m, float(hit.score if hit.similarity is None else hit.similarity)))
+        if len(out) >= limit:
+            break
+    return out
+
+
+def check_dedupe(state: Mapping[str, Memory], fields: Fields, self_id: str | None) -> None:
+    """DuplicateMemory when another active memory of ``state`` holds ``fields``' dedupe_key."""
+    key = fields.dedupe_key
+    if key is None:
+        return
+    for m in state.values():
+        if m.active and m.memory_id != self_id and m.fields.dedupe_key == key:
+            raise DuplicateMemory(m.memory_id, key)
+
+
+def surface_pick(hits: Sequence[tuple[Memory, float]], limit: int) -> list[Memory]:
+    """The first ``limit`` of ``hits``, skipping a memory whose ``dedupe_key`` an earlier one already has."""
+    out: list[Memory] = []
+    keys: set[str] = set()
+    for m, _ in hits:
+        key = m.fields.dedupe_key
+        if key is not None and key in keys:
+            continue
+        if key is not None:
+            keys.add(key)
+        out.append(m)
+        if len(out) >= limit:
+            break
+    return out
+
+
+class Indexed(Protocol):
+    """A site as the index budget sees it."""
+
+    def indexed(self) -> int: ...
+
+
+_S = TypeVar("_S", bound=Indexed)
+
+
+def over_budget(sites: Mapping[str, _S], recent: Sequence[str] | Any, current: str, budget: int) -> list[_S]:
+    """The least recently used sites whose indexes must go for the rest to fit ``budget`` memories.
+
+    ``recent`` names the sites by last use, least recent first. The site in
+    use is never released; its own index may be built after this check, so
+    the total can exceed the budget by one site's index until the next call.
+    """
+    total = sum(s.indexed() for s in sites.values())
+    out = []
+    for name in recent:
+        if total <= budget:
+            break
+        s = sites[name]
+        if name != current and s.indexed():
+            total -= s.indexed()
+            out.append(s)
+    return out
