@@ -268,7 +268,7 @@ async def test_a_failed_memory_context_lookup_says_one_thing(exc: BaseException,
 
 
 async def test_a_server_without_long_term_memory_says_so_permanently(tmp_path: Path) -> None:
-    """PostgreSQL without --data-dir, in process: the Backend has no data directory."""
+    """A Backend with neither a data directory nor a database for memories, in process."""
     with FileStore(tmp_path) as store:
         backend = Backend(store=store, data_dir="", fixed_site=SITE, cursor_seal=None)
         async with Client(build_server(backend)) as client:
@@ -276,7 +276,7 @@ async def test_a_server_without_long_term_memory_says_so_permanently(tmp_path: P
                 error = _check_error(await client.call_tool(tool, args), tool)
                 assert error["code"] == "NotConfigured" and error["retryable"] is False
                 assert "long-term memory is not configured on this server" in error["message"]
-                assert "--data-dir" in error["message"]
+                assert "a data directory or a postgresql:// store" in error["message"]
             result = await client.call_tool("append_memory", {**LOG_CALLS["append_memory"], "memory_context": "x"})
             assert not result.is_error
             assert "long-term memory is not configured on this server" in result.content[0].text
