@@ -8,11 +8,11 @@ returns a stored result without touching the store. Its result is the very
 1,000-item conversation returned, so both calls move the same bytes through
 the same HTTP, JSON-RPC, authentication and result-shaping path; the ratio
 is the store's share. The calls are raw JSON-RPC POSTs over one kept-alive
-connection (``http.client``), the client parsing nothing, the two tools
+connection (:mod:`bench.rawhttp`, requests built once), the client parsing nothing, the two tools
 taking turns call by call. ``ping`` (the protocol's own no-op) and
 ``append_memory`` of 10 items are timed alongside for context.
 
-The MCP layer's own cost (issue 25) is measured in the same turns against
+The MCP layer's own cost is measured in the same turns against
 two floors: a bare ASGI app under the same uvicorn answering the same POST
 with a fixed body (:mod:`bench.noopserver`, ``--bare``), and the engine's own
 append of one item (``MemoryStore.append`` in this process, same disk). The
@@ -25,19 +25,18 @@ server process.
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import threading
 import time
-import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
 from convmem.logstore import open_store
 
-from . import mcpserver
+from . import mcpserver, rawhttp
 from .context import Ctx
+from .rawhttp import KeptAlive
 from .util import CONVMEM, Row, interleaved_ops, payloads
 
 CONV = "mcp-bench-conv-1"
@@ -52,26 +51,29 @@ def steps(ctx: Ctx) -> int:
 
 
 class RawClient:
-    """JSON-RPC POSTs over one HTTP/1.1 connection, as any client library would send them."""
+    """JSON-RPC POSTs over one kept-alive HTTP/1.1 connection (:mod:`bench.rawhttp`: the client costs little)."""
 
     def __init__(self, url: str) -> None:
-        u = urllib.parse.urlsplit(url)
-        self.path = u.path
-        self.conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port, timeout=120)
-        self.headers = {"Authorization": mcpserver.auth_header(), "Content-Type": "application/json",
-                        "Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-06-18"}
+        self.conn = KeptAlive(url, mcpserver.mcp_headers())
 
-    def post(self, method: str, params: dict[str, Any] | None = None) -> bytes:
-        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, **({"params": params} if params else {})})
-        self.conn.request("POST", self.path, body=body, headers=self.headers)
-        r = self.conn.getresponse()
-        data = r.read()
-        if r.status != 200 or not data.startswith(b'{"jsonrpc":"2.0","id":1,"result"') or b'"isError":true' in data:
-            raise RuntimeError(f"{method} failed: HTTP {r.status}: {data[:300]!r}")
+    def prepare(self, method: str, params: dict[str, Any] | None = None) -> bytes:
+        """The request's bytes, built once so that a timed loop only sends them."""
+        return self.conn.request(rawhttp.jsonrpc(method, params))
+
+    def prepare_tool(self, name: str, arguments: dict[str, Any]) -> bytes:
+        return self.prepare("tools/call", {"name": name, "arguments": arguments})
+
+    def send(self, request: bytes) -> bytes:
+        status, data = self.conn.send(request)
+        if status != 200 or not data.startswith(b'{"jsonrpc":"2.0","id":1,"result"') or b'"isError":true' in data:
+            raise RuntimeError(f"call failed: HTTP {status}: {data[:300]!r} (request {request[-200:]!r})")
         return data
 
+    def post(self, method: str, params: dict[str, Any] | None = None) -> bytes:
+        return self.send(self.prepare(method, params))
+
     def tool(self, name: str, arguments: dict[str, Any]) -> bytes:
-        return self.post("tools/call", {"name": name, "arguments": arguments})
+        return self.send(self.prepare_tool(name, arguments))
 
     def close(self) -> None:
         self.conn.close()
@@ -80,8 +82,9 @@ class RawClient:
 def throughput(url: str, clients: int, calls: int, arguments: dict[str, Any]) -> tuple[float, list[float]]:
     """``recall_memory`` calls per second from ``clients`` threads making ``calls`` calls each; and every latency."""
     conns = [RawClient(url) for _ in range(clients)]
+    request = conns[0].prepare_tool("recall_memory", arguments)  # the same bytes on every connection
     for c in conns:
-        c.tool("recall_memory", arguments)  # connected and warm
+        c.send(request)  # connected and warm
     latencies: list[list[float]] = [[] for _ in conns]
     failures: list[BaseException] = []
     start = threading.Barrier(clients + 1)
@@ -92,7 +95,7 @@ def throughput(url: str, clients: int, calls: int, arguments: dict[str, Any]) ->
         try:
             for _ in range(calls):
                 t0 = time.perf_counter()
-                c.tool("recall_memory", arguments)
+                c.send(request)
                 out.append(time.perf_counter() - t0)
         except BaseException as exc:  # reported below, after every thread has ended
             failures.append(exc)
@@ -137,13 +140,19 @@ def run(ctx: Ctx) -> list[Row]:
         if abs(len(body) - len(noop_body)) > 0.01 * len(body):
             raise RuntimeError(f"the no-op's response is not the recall's size: {sizes}")
         one = payloads(1, ctx.sizes.item_bytes)
+        recall = c.prepare_tool("recall_memory", recall_args)
+        noop = c.prepare_tool("bench_noop", recall_args)
+        ping = c.prepare("ping")
+        append10 = c.prepare_tool("append_memory", {"conversation_id": CONV + "-a", "items": items})
+        append1 = c.prepare_tool("append_memory", {"conversation_id": CONV + "-b", "items": one})
+        bare_ping = floor.prepare("ping")
         fns: dict[str, Callable[[], object]] = {
-            "recall_memory": lambda: c.tool("recall_memory", recall_args),
-            "bench_noop": lambda: c.tool("bench_noop", recall_args),
-            "ping": lambda: c.post("ping"),
-            "append_memory": lambda: c.tool("append_memory", {"conversation_id": CONV + "-a", "items": items}),
-            "append_memory_1": lambda: c.tool("append_memory", {"conversation_id": CONV + "-b", "items": one}),
-            "bare_app": lambda: floor.post("ping"),
+            "recall_memory": lambda: c.send(recall),
+            "bench_noop": lambda: c.send(noop),
+            "ping": lambda: c.send(ping),
+            "append_memory": lambda: c.send(append10),
+            "append_memory_1": lambda: c.send(append1),
+            "bare_app": lambda: floor.send(bare_ping),
             "engine_append_1": lambda: engine.append(ENGINE_SITE, CONV + "-e", one),
         }
         samples = interleaved_ops(ctx.sizes.ops, fns, progress=ctx.progress, label="mcp")

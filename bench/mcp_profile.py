@@ -47,11 +47,12 @@ def _profiler_prefix(profiler: str, out: str, kind: str) -> list[str]:
 
 def _calls(c: RawClient, kind: str) -> Callable[[], object]:
     if kind == "ping":
-        return lambda: c.post("ping")
-    if kind == "recall_memory":
-        return lambda: c.tool("recall_memory", {"conversation_id": CONV, "count": 50})
-    one = payloads(1, 1024)
-    return lambda: c.tool("append_memory", {"conversation_id": CONV + "-a", "items": one})
+        request = c.prepare("ping")
+    elif kind == "recall_memory":
+        request = c.prepare_tool("recall_memory", {"conversation_id": CONV, "count": 50})
+    else:
+        request = c.prepare_tool("append_memory", {"conversation_id": CONV + "-a", "items": payloads(1, 1024)})
+    return lambda: c.send(request)
 
 
 def cpu_seconds(pid: int) -> float:

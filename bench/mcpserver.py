@@ -128,6 +128,12 @@ def auth_header() -> str:
     return "Basic " + base64.b64encode(f"{SITE}:{PASSWORD}".encode()).decode()
 
 
+def mcp_headers() -> dict[str, str]:
+    """The headers of a raw JSON-RPC POST to the MCP endpoint as the bench site."""
+    return {"Authorization": auth_header(), "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-06-18"}
+
+
 @contextlib.asynccontextmanager
 async def client(url: str, on_response: Callable[[Any], Any] | None = None) -> AsyncIterator[Any]:
     """The MCP SDK client over streamable HTTP, authenticated as the bench site."""

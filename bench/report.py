@@ -172,7 +172,7 @@ def ratios(rows: list[Row]) -> tuple[dict[str, Interval | None], dict[str, str]]
 
 
 def _mcp_layer(rows: list[Row], out: dict[str, Interval | None]) -> None:
-    """Issue 25's figures: the MCP layer against the bare app, ``ping`` and the engine, all from one run."""
+    """The MCP layer's figures: the MCP layer against the bare app, ``ping`` and the engine, all from one run."""
     ping, bare = _conv(_find(rows, "mcp", tool="ping")), _conv(_find(rows, "mcp", tool="bare_app"))
     recall = _conv(_find(rows, "mcp", tool="recall_memory"))
     append1 = _conv(_find(rows, "mcp", tool="append_memory_1"))
@@ -236,7 +236,7 @@ TARGETS = [
     ("mcp_recall_calls_per_s_8", ">=", 1000.0, "one server: at least 1,000 recall_memory calls/s from 8 clients"),
 ]
 
-MEMORY_TARGETS = [  # issue 21
+MEMORY_TARGETS = [  # long-term memory quality and cost
     ("ltm_fusion_recall2", ">=", 0.83, "long-term memory: fused recall@2, all queries"),
     ("ltm_fusion_recall2_test", ">=", 0.78, "long-term memory: fused recall@2, test half"),
     ("ltm_para_recall2", ">=", 0.6, "long-term memory: fused recall@2, paraphrases"),

@@ -11,18 +11,18 @@ gets a fresh data directory.
 
 from __future__ import annotations
 
-import http.client
-import json
 import threading
 import time
-import urllib.parse
 from collections import Counter
 
-from . import mcpserver
+from . import mcpserver, rawhttp
 from .context import Ctx
+from .rawhttp import KeptAlive
 from .util import CONVMEM, Row, payloads
 
 CLIENTS = 8
+#: The response header naming the worker that answered (``convmem.mcp_adapter.workers.WORKER_HEADER``).
+WORKER_HEADER = "x-convmem-worker"
 WORKER_COUNTS = (1, 2)
 
 
@@ -35,23 +35,17 @@ def _round_seconds(ctx: Ctx) -> float:
 
 
 def _client(url: str, cid: str, item: dict[str, object], until: float, out: list[int], pids: Counter[str]) -> None:
-    u = urllib.parse.urlsplit(url)
-    conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port, timeout=120)
-    headers = {"Authorization": mcpserver.auth_header(), "Content-Type": "application/json",
-               "Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-06-18"}
-    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-                       "params": {"name": "append_memory", "arguments": {"conversation_id": cid, "items": [item]}}})
+    conn = KeptAlive(url, mcpserver.mcp_headers())
+    request = conn.request(rawhttp.jsonrpc("tools/call", {"name": "append_memory",
+                                                          "arguments": {"conversation_id": cid, "items": [item]}}))
     done = 0
-    pid = "?"
     try:
         while time.monotonic() < until:
-            conn.request("POST", u.path, body=body, headers=headers)
-            r = conn.getresponse()
-            data = r.read()
-            if r.status != 200 or b'"isError":true' in data:
-                raise RuntimeError(f"append_memory failed: HTTP {r.status}: {data[:300]!r}")
-            pid = r.getheader("x-convmem-worker") or "1 worker"
+            status, data = conn.send(request)
+            if status != 200 or b'"isError":true' in data:
+                raise RuntimeError(f"append_memory failed: HTTP {status}: {data[:300]!r}")
             done += 1
+        pid = conn.header(WORKER_HEADER) or "1 worker"
     finally:
         conn.close()
     out.append(done)

@@ -242,7 +242,7 @@ LIST_CONVERSATIONS_RESPONSE: JsonSchema = {
     "type": "object",
 }
 
-#: Optional properties convmem adds to append_memory (issue 23); without them the tool is the spec's.
+#: Optional properties convmem adds to append_memory; without them the tool is the spec's.
 APPEND_OPTIONS: JsonSchema = {
     "idempotency_key": {
         "description": (
@@ -272,7 +272,7 @@ APPEND_OPTIONS: JsonSchema = {
 #: The most a replay_memory call may wait for new items (milliseconds).
 MAX_WAIT_MS = 30_000
 
-#: Optional property convmem adds to replay_memory (issue 23).
+#: Optional property convmem adds to replay_memory.
 REPLAY_OPTIONS: JsonSchema = {
     "wait_ms": {
         "default": 0,

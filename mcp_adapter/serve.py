@@ -103,7 +103,7 @@ def _open_store(args: argparse.Namespace, choice: StoreChoice) -> MemoryStore | 
 
 
 def _unsafe_data_dir(args: argparse.Namespace, choice: StoreChoice) -> bool:
-    """True after printing why the data directory (created if missing) must not be served (issue 26, hole 9)."""
+    """True after printing why the data directory (created if missing) must not be served."""
     from convmem.logstore.maintenance import unsafe_data_dir
 
     data_dir = args.data_dir if choice.is_postgres else choice.target

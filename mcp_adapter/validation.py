@@ -43,7 +43,7 @@ Offset = Annotated[int, msgspec.Meta(ge=0)]  # the uint64 ceiling is checked by 
 MemoryContext = Annotated[str, msgspec.Meta(min_length=1, max_length=1000)]
 
 
-#: The optional idempotency key of append_memory (issue 23).
+#: The optional idempotency key of append_memory.
 IdempotencyKey = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern="^[A-Za-z0-9_-]+$")]
 #: The optional wait of replay_memory, in milliseconds.
 WaitMs = Annotated[int, msgspec.Meta(ge=0, le=30_000)]

@@ -1,4 +1,4 @@
-"""convmem.client against a real ``convmem serve`` (issue 23), including a server killed with -9 mid-flush.
+"""convmem.client against a real ``convmem serve``, including a server killed with -9 mid-flush.
 
 The appender's promise: every item it reported sent is in the log exactly
 once, whatever happened to the server; items it could not take are counted,

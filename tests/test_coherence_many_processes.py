@@ -1,4 +1,4 @@
-"""Several server processes and the CLI on one data directory, all at once (issue 26, "Coherence").
+"""Several server processes and the CLI on one data directory, all at once.
 
 Two servers take appends and memory writes for three sites from four client
 threads, each call sent to a server picked at random, while this process runs,

@@ -1,4 +1,4 @@
-"""Issue 26, holes 1 and 2: a site removed and added again by the CLI while servers hold it open.
+"""A site removed and added again by the CLI while servers hold it open.
 
 Reproduced as the attack did: running servers keep the site's listing, pool,
 memory store and lock descriptors open; ``convmem site remove NAME --force``

@@ -56,3 +56,18 @@ def test_no_round_by_round_history_in_the_docs() -> None:
         text = doc.read_text()
         for phrase in ("this round", "fourth round", "third round", "second round", "first round", "issue 13"):
             assert phrase not in text.lower(), (doc.name, phrase)
+
+
+def test_no_reference_to_issue_numbers_anywhere_in_the_tree() -> None:
+    """The tracker's numbering is not in the tree: a reader cannot follow "issue N" anywhere."""
+    found = []
+    for path in sorted(REPO.rglob("*")):
+        parts = set(path.relative_to(REPO).parts)
+        if parts & {".venv", ".git", "node_modules", ".pytest_cache", ".hypothesis", "build", "dist"}:
+            continue
+        if path.suffix not in {".py", ".md", ".sql", ".toml", ".sh", ".txt"} or not path.is_file():
+            continue
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if re.search(r"\bissues? \d+", line, re.IGNORECASE) and path.name != "test_docs_links.py":
+                found.append(f"{path.relative_to(REPO)}:{n}: {line.strip()[:120]}")
+    assert not found, "\n".join(found)

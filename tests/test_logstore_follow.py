@@ -1,4 +1,4 @@
-"""Following a conversation on the file engine (issue 23): wait_for_items wakes for appends, without polling.
+"""Following a conversation on the file engine: wait_for_items wakes for appends, without polling.
 
 Woken by an append of another process (inotify on the conversation's
 directory), by this process's writer (the wake-up after each group), and for

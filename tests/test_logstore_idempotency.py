@@ -1,4 +1,4 @@
-"""Idempotent and optimistic appends on the file engine (issue 23).
+"""Idempotent and optimistic appends on the file engine.
 
 A keyed retry returns the original range and writes nothing; a key reused
 with other items is refused naming the original range; the key survives a

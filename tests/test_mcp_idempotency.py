@@ -1,4 +1,4 @@
-"""The optional append_memory properties of issue 23 through the MCP server (in process, a real FileStore).
+"""append_memory's optional idempotency key and expected next seq through the MCP server (a real FileStore).
 
 Without them every call answers as the spec says (the conformance tests);
 with them: a keyed retry returns the original range, a reused key with other

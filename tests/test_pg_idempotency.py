@@ -1,4 +1,4 @@
-"""Idempotent and optimistic appends on PostgreSQL (issue 23), against the real session server.
+"""Idempotent and optimistic appends on PostgreSQL, against the real session server.
 
 A key is stored with its batch in one transaction and looked up under the
 conversation row's lock, so a retry through another server (here: another
@@ -95,7 +95,7 @@ def test_a_schema_made_before_keys_gets_them(pg: tuple[str, str]) -> None:
     with PgStore(pg[0], schema=pg[1], pool_max=2) as store:
         store.append(SITE, CONV, [{"old": 1}])
     with psycopg.connect(pg[0], autocommit=True) as conn:
-        # What a schema made before issue 23 lacks (its append_batch is replaced on start-up).
+        # What a schema made before idempotency keys lacks (its append_batch is replaced on start-up).
         conn.execute(f'DROP FUNCTION "{pg[1]}".append_batch_checked')
         conn.execute(f'DROP TABLE "{pg[1]}".append_keys, "{pg[1]}".followers')
     with PgStore(pg[0], schema=pg[1], pool_max=2) as store:

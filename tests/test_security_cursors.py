@@ -1,6 +1,6 @@
 """Listing cursors are sealed: nothing readable in them, no altering them, no using another site's.
 
-Issue 26: cursors were unsigned base64 that showed a conversation id and a
+Cursors used to be unsigned base64 that showed a conversation id and a
 timestamp. They are now MAC'd and encrypted with keys derived from the data
 directory's secret (:mod:`convmem.mcp_adapter.cursors`).
 """

@@ -1,4 +1,4 @@
-"""Storage-side holes of issue 26, each driven against a running server or the real CLI as the attack did.
+"""Storage-side attacks, each driven against a running server or the real CLI as the attack did.
 
 Covered here: a delete token binds ``force``; ``site remove`` covers a site's
 memories; the memory store follows no symbolic link; ``serve`` refuses a

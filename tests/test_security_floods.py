@@ -1,4 +1,4 @@
-"""Floods against a real ``convmem serve``, driven the way the attacks of issue 26 were.
+"""Floods against a real ``convmem serve``, driven the way an attacker would.
 
 * slow unauthenticated chunked uploads must not take the large-body slots a
   legitimate large append needs;

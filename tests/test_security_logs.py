@@ -1,6 +1,6 @@
 """The server log cannot be forged, and names data files relative to the data directory.
 
-Issue 26: an unauthenticated ``GET /x%0a2026-12-01 ... outcome=ok`` wrote a
+An unauthenticated ``GET /x%0a2026-12-01 ... outcome=ok`` wrote a
 separate, believable line into the text log. Every field of the text format
 is escaped now; a real server is driven with CR, LF and ESC in the path, in
 the claimed site name and in the tool name.

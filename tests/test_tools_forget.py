@@ -1,4 +1,4 @@
-"""``convmem forget`` (issue 23): a conversation erased with every copy of its items, durably.
+"""``convmem forget``: a conversation erased with every copy of its items, durably.
 
 Afterwards no file under the data directory holds any byte string of its
 payloads (searched in every file, the quarantine included), the listing no

@@ -2,7 +2,7 @@
 
 ``python -m bench.probes.login_flood``.
 
-Issue 26 asks for 2 s at p99 on this machine. The probe starts a real
+The target is 2 s at p99 on this machine. The probe starts a real
 ``convmem serve --trust-proxy 127.0.0.1`` (default login throttles; the
 per-address connection cap raised, as behind any proxy) and runs
 three floods at once for the whole measurement, all through spoofed

@@ -86,7 +86,7 @@ INSERT INTO {schema}.meta (key, value) VALUES ('schema_version', '{version}')
 ON CONFLICT (key) DO NOTHING;
 """
 
-#: Idempotency keys and checked appends (issue 23): additive, so a schema made before them
+#: Idempotency keys and checked appends: additive, so a schema made before them
 #: gets them on start-up (:func:`keys_ddl`) and keeps its version; older servers never use them.
 #:
 #: A key is stored with its batch in the same transaction (one commit: no crash can keep one
@@ -221,7 +221,7 @@ $fn$;
 """
 
 
-#: Long-term memories (issue 22): additive like the keys above, so a schema made before them gets
+#: Long-term memories: additive like the keys above, so a schema made before them gets
 #: them on start-up (:func:`memories_ddl`) and keeps its version.
 #:
 #: ``memories`` holds each memory's current record (``record``: the compact JSON of its writable

@@ -1,4 +1,4 @@
-"""Idempotent appends across crashes (issue 23): a retry after a kill never duplicates a batch.
+"""Idempotent appends across crashes: a retry after a kill never duplicates a batch.
 
 A writer appends batch ``b`` under the key ``W-b`` and records each
 acknowledgement; it is killed (SIGKILL at a random moment, or at a named

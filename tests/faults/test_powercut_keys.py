@@ -1,4 +1,4 @@
-"""Fault 9 for idempotency keys (issue 23): a power cut never keeps a batch and forgets its key.
+"""Fault 9 for idempotency keys: a power cut never keeps a batch and forgets its key.
 
 The workload appends keyed batches (one of them retried at once, and one
 group commit of keyed batches including the same key twice); every state a
