@@ -38,7 +38,6 @@ from typing import Any, TypeVar
 import msgspec
 import psycopg
 from psycopg import errors as pgerr
-from psycopg import sql
 
 from ..errors import Unavailable
 from ..ids import SiteName
@@ -579,13 +578,6 @@ def held_memories(store: PgStore, site: str) -> int:
     with store._conn() as conn:
         row = conn.execute(sql_.count, (SiteName(site),)).fetchone()
     return int(row[0]) if row else 0
-
-
-def memories_per_site(store: PgStore) -> dict[str, int]:
-    """How many memories (active and soft-deleted) each site holds in the database of ``store``."""
-    query = sql.SQL("SELECT site, count(*) FROM {}.memories GROUP BY site").format(sql.Identifier(store.schema))
-    with store._conn() as conn:
-        return {str(site): int(n) for site, n in conn.execute(query).fetchall()}
 
 
 def drop_site_memories(store: PgStore, site: str) -> bool:
