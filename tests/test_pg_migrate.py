@@ -13,14 +13,9 @@ from pathlib import Path
 import psycopg
 import pytest
 from mcp_helpers import convmem_cmd, run_convmem, subprocess_env
-from memories_support import create, fields
 
 from convmem.logstore import FileStore, Range
 from convmem.logstore.maintenance import iter_conversation_items
-from convmem.logstore.memories import LongTermMemory
-from convmem.logstore.memories.drop import memories_held
-from convmem.logstore.memories.retrieval import Retriever
-from convmem.logstore.memories.site import memories_dir
 from convmem.logstore.postgres import PgStore
 from convmem.mcp_adapter.credentials import CredentialFile
 from tests.pg_support import drop_schema, new_schema
@@ -118,46 +113,10 @@ def _schema_exists(dsn: str, schema: str) -> bool:
         return conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f'"{schema}".items',)).fetchone() == (True,)
 
 
-def _remember(path: Path, counts: dict[str, int]) -> None:
-    """Give each site of ``counts`` that many long-term memories in the data directory ``path``."""
-    with LongTermMemory(path, retriever_factory=lambda d: Retriever(d, embedder=None)) as store:
-        for site, n in counts.items():
-            for i in range(n):
-                create(store, fields(i), site=site)
-
-
-def test_migrate_says_which_memories_it_leaves_behind(tmp_path: Path, pg: tuple[str, str]) -> None:
-    """Long-term memories are not copied yet: the summary counts them and names SRC; the exit status is 1."""
-    src = tmp_path / "src"
-    with FileStore(src) as store:
-        store.append(SITES[0], "conv-0001", [{"a": 1}])
-    only_memories = "site-mig-memories-only"  # a site with memories and no conversation
-    _remember(src, {SITES[0]: 2, only_memories: 1})
-    dsn, schema = pg
-    out = run_convmem("migrate", str(src), dsn, "--dst-schema", schema)
-    assert out.returncode == 1, (out.stdout, out.stderr)
-    assert "verified" in out.stdout
-    assert f"NOT copied: 3 long-term memories of 2 sites; they stay in {src}" in out.stdout, out.stdout
-    assert "convmem export SRC --site S --memories" in out.stdout
-    for site in (SITES[0], only_memories):
-        assert f"not copied: {site}: " in out.stderr and memories_dir(str(src), site) in out.stderr, out.stderr
-    assert memories_held(str(src), SITES[0]) == 2 and memories_held(str(src), only_memories) == 1
-
-    quiet = run_convmem("migrate", str(src), dsn, "--dst-schema", schema, "--quiet", "--site", SITES[1])
-    assert quiet.returncode == 0 and "NOT copied" not in quiet.stdout, (quiet.stdout, quiet.stderr)
-    one = run_convmem("migrate", str(src), dsn, "--dst-schema", schema, "--quiet", "--site", only_memories)
-    assert one.returncode == 1, (one.stdout, one.stderr)
-    assert f"NOT copied: 1 long-term memory of 1 site; it stays in {src}" in one.stdout, one.stdout
-    assert one.stderr == ""
-
-    back = run_convmem("migrate", dsn, str(tmp_path / "back"), "--src-schema", schema)
-    assert back.returncode == 0 and "NOT copied" not in back.stdout, (back.stdout, back.stderr)
-
-
 def test_migrate_help_documents_memories_and_exit_statuses() -> None:
     out = run_convmem("migrate", "--help")
     assert out.returncode == 0
     text = " ".join(out.stdout.split())
-    assert "Long-term memories (the memory_* tools) are NOT copied" in text
-    assert "1 conversations and passwords copied and verified, but SRC holds long-term memories" in text
+    assert "Long-term memories (the memory_* tools) are copied too" in text
+    assert "NOT copied" not in text and "1 conversations and passwords" not in text
     assert "4 verification found a difference" in text and "8 could not start" in text

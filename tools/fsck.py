@@ -50,7 +50,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "recorded_at order, indexes, manifests and stray files. Safe on a live data directory. "
         "Exit status: 0 clean, 1 all problems repaired, 4 problems left, 8 operational error.",
     )
-    p.add_argument("data_dir", metavar="DATA_DIR")
+    p.add_argument(
+        "data_dir", metavar="DATA_DIR", help="a data directory, or a postgresql:// URI (checks its long-term memories)"
+    )
+    p.add_argument("--pg-schema", default="convmem", help="schema when DATA_DIR is PostgreSQL")
     p.add_argument("--site", metavar="S", help="check only this site")
     p.add_argument("--conversation", metavar="ID", help="check only this conversation")
     p.add_argument(
@@ -162,6 +165,10 @@ def summarise_owed(owed: list[Problem]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if str(args.data_dir).startswith(("postgresql://", "postgres://")):
+        from .pg_fsck import run as run_pg
+
+        return run_pg(args)
     bar = ProgressBar(sys.stderr)
     started = time.monotonic()
     try:

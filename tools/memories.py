@@ -57,6 +57,14 @@ def fsck(args: argparse.Namespace, status: int, doc: dict[str, Any] | None) -> i
     except (OSError, StoreError) as exc:
         fail(f"checking memories failed: {exc}", EXIT_OPERATIONAL)
         return EXIT_OPERATIONAL
+    mine = report_check(report, doc)
+    if EXIT_OPERATIONAL in (status, mine):
+        return EXIT_OPERATIONAL
+    return max(status, mine)
+
+
+def report_check(report: mcheck.MemoryCheck, doc: dict[str, Any] | None) -> int:
+    """Print a memory check (or add it to the JSON ``doc``); its exit status as fsck counts it."""
     if doc is not None:
         doc["memory_problems"] = [p.to_dict() for p in report.problems]
         doc["memory_sites"], doc["memory_events"], doc["memories"] = report.sites, report.events, report.memories
@@ -71,10 +79,7 @@ def fsck(args: argparse.Namespace, status: int, doc: dict[str, Any] | None) -> i
             f"{_count(report.memories)}; {plural(len(report.problems), 'problem')}, "
             f"{len(report.problems) - left} repaired, {left} left\n"
         )
-    mine = EXIT_CLEAN if not report.problems else (EXIT_PROBLEMS_LEFT if report.unrepaired else EXIT_REPAIRED)
-    if EXIT_OPERATIONAL in (status, mine):
-        return EXIT_OPERATIONAL
-    return max(status, mine)
+    return EXIT_CLEAN if not report.problems else (EXIT_PROBLEMS_LEFT if report.unrepaired else EXIT_REPAIRED)
 
 
 # ------------------------------------------------------------------ export / import

@@ -16,11 +16,9 @@ be the same on both sides; any difference is reported and the exit status is
 non-zero. A destination holding *more* than the source for a conversation is
 refused (it is not a copy of this source).
 
-Long-term memories are not carried (yet): they stay where they are, and the
-summary says how many, of how many sites, and where; the exit status is then
-1, so a script that goes on to delete the source stops first. ``convmem
-export --memories`` and ``convmem import --memories`` move them, a site at a
-time, in either direction.
+Long-term memories are carried too, with their ids, versions, timestamps,
+status (soft-deleted ones within retention) and stored vectors, resumably and
+verified the same way (see :mod:`.migrate_memories`).
 """
 
 from __future__ import annotations
@@ -35,28 +33,23 @@ import msgspec
 
 from convmem.logstore import MAX_BATCH_BYTES, MAX_BATCH_ITEMS, FileStore, StoreError, Tail
 from convmem.logstore.maintenance import Restorer, iter_conversation_items, iter_conversations, list_sites
-from convmem.logstore.memories.check import memory_sites
-from convmem.logstore.memories.drop import memories_held
-from convmem.logstore.memories.site import memories_dir
-from convmem.logstore.postgres import DEFAULT_SCHEMA, PgStore, is_dsn, item_crc, memories_per_site
+from convmem.logstore.memories import LongTermMemory, LongTermStore
+from convmem.logstore.postgres import DEFAULT_SCHEMA, PgLongTermMemory, PgStore, is_dsn, item_crc
 
 from .common import EXIT_PROBLEMS_LEFT, fail, plural
+from .migrate_memories import migrate_memories
 
 _decoder = msgspec.json.Decoder(type=dict[str, Any])
 
-#: Exit status when everything was copied and verified but SRC holds long-term memories that were not.
-EXIT_MEMORIES_LEFT = 1
-
 _EPILOG = """\
-Long-term memories (the memory_* tools) are NOT copied; the summary counts them, per site. Move them a
-site at a time, with their ids and versions:
-  convmem export SRC --site S --memories --output s.json
-  convmem import DST --site S --memories --input s.json   (with --pg-schema for a postgresql:// side)
+Long-term memories (the memory_* tools) are copied too: ids, versions, timestamps, dedupe keys, status
+(soft-deleted ones within retention) and the vectors stored with them (never computed again). A memory
+DST already holds with the same content is not copied twice; one it holds with other content is a
+difference.
 
 exit status:
   0  everything SRC holds was copied and verified
-  1  conversations and passwords copied and verified, but SRC holds long-term memories that were not copied
-  4  verification found a difference (printed)
+  4  verification found a difference, or a memory conflicts with one DST holds (printed)
   8  could not start, or stopped midway (re-run the same command to continue)
 """
 
@@ -66,9 +59,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         "migrate",
         help="copy all data between a data directory and PostgreSQL (resumable, verified)",
         description="Copy every site (conversations with their seqs, recorded_at and exact payload bytes, "
-        "and the site password hashes) from SRC to DST. SRC and DST are each a data directory or a "
+        "long-term memories with their vectors, and the site password hashes) from SRC to DST. "
+        "SRC and DST are each a data directory or a "
         "postgresql:// URI. Re-running after an interruption continues where it stopped. Ends with a "
-        "per-conversation count and checksum comparison.",
+        "per-conversation count and checksum comparison, and a per-memory comparison of the long-term "
+        "memories.",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -112,12 +107,8 @@ class Side:
     def credentials(self) -> Any:
         raise NotImplementedError
 
-    def memories_held(self) -> dict[str, int]:
-        """Long-term memories (active and soft-deleted) per site, for the sites that hold any."""
-        raise NotImplementedError
-
-    def memories_place(self, site: str) -> str:
-        """Where ``site``'s long-term memories are kept on this side (for the summary)."""
+    def memories(self) -> LongTermStore:
+        """The long-term memory store of this side (closed by :meth:`close`)."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -129,6 +120,7 @@ class DirSide(Side):
         self.path = path
         self.store = FileStore(path)
         self._restorer: Restorer | None = None
+        self._memories: LongTermStore | None = None
 
     def sites(self) -> list[str]:
         return list_sites(self.path)
@@ -155,14 +147,14 @@ class DirSide(Side):
 
         return CredentialFile(self.path)
 
-    def memories_held(self) -> dict[str, int]:
-        held = {site: memories_held(self.path, site) for site in memory_sites(self.path)}
-        return {site: n for site, n in held.items() if n}
-
-    def memories_place(self, site: str) -> str:
-        return memories_dir(self.path, site)
+    def memories(self) -> LongTermStore:
+        if self._memories is None:
+            self._memories = LongTermMemory(self.path)
+        return self._memories
 
     def close(self) -> None:
+        if self._memories is not None:
+            self._memories.close()
         if self._restorer is not None:
             self._restorer.close()
         self.store.close()
@@ -171,6 +163,7 @@ class DirSide(Side):
 class PgSide(Side):
     def __init__(self, dsn: str, schema: str) -> None:
         self.store = PgStore(dsn, schema=schema, pool_max=4)
+        self._memories: LongTermStore | None = None
 
     def sites(self) -> list[str]:
         return self.store.sites()
@@ -198,13 +191,14 @@ class PgSide(Side):
 
         return PgCredentials(self.store)
 
-    def memories_held(self) -> dict[str, int]:
-        return memories_per_site(self.store)
-
-    def memories_place(self, site: str) -> str:
-        return f"the PostgreSQL schema {self.store.schema}"
+    def memories(self) -> LongTermStore:
+        if self._memories is None:
+            self._memories = PgLongTermMemory(self.store, listen=False)
+        return self._memories
 
     def close(self) -> None:
+        if self._memories is not None:
+            self._memories.close()
         self.store.close()
 
 
@@ -339,38 +333,25 @@ def _migrate(src: Side, dst: Side, args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
                 problems += 1
+    mem = migrate_memories(src.memories(), dst.memories(), args.site, args.quiet)
+    for line in mem.problems:
+        print(line, file=sys.stderr)
     summary = (
         f"migrated {plural(len(sites), 'site')}, {plural(convs, 'conversation')} "
-        f"({plural(items, 'item')} copied in this run, {plural(n_creds, 'site password')}); "
+        f"({plural(items, 'item')} copied in this run, {plural(n_creds, 'site password')}), "
+        f"{_memories(mem.memories)} of {plural(mem.sites, 'site')} ({mem.copied} copied in this run); "
     )
-    left = _memories_left(src, args)
-    if problems:
-        print(summary + f"verification FAILED for {plural(problems, 'conversation')}", file=sys.stderr)
-        if left:
-            print(left, file=sys.stderr)
+    if problems or mem.problems:
+        failed = [plural(problems, "conversation")] if problems else []
+        failed += [plural(len(mem.problems), "memory difference")] if mem.problems else []
+        print(summary + f"verification FAILED for {' and '.join(failed)}", file=sys.stderr)
         return EXIT_PROBLEMS_LEFT
-    print(summary + "verified: every conversation has the same item count and checksum on both sides")
-    if left:
-        print(left)
-        return EXIT_MEMORIES_LEFT
+    print(
+        summary + "verified: every conversation has the same item count and checksum, and every long-term "
+        "memory the same record and stored vector, on both sides"
+    )
     return 0
 
 
-def _memories_left(src: Side, args: argparse.Namespace) -> str:
-    """The summary line about the long-term memories SRC holds and migrate does not copy ("" when none)."""
-    held = src.memories_held()
-    if args.site:
-        held = {site: n for site, n in held.items() if site in set(args.site)}
-    if not held:
-        return ""
-    if not args.quiet:
-        for site, n in sorted(held.items()):
-            what = "long-term memory" if n == 1 else "long-term memories"
-            print(f"not copied: {site}: {n} {what}, left in {src.memories_place(site)}", file=sys.stderr)
-    total = sum(held.values())
-    what, stay = ("long-term memory", "it stays") if total == 1 else ("long-term memories", "they stay")
-    return (
-        f"NOT copied: {total} {what} of {plural(len(held), 'site')}; {stay} in {args.src}: migrate does not "
-        "carry long-term memories yet. Move them a site at a time with `convmem export SRC --site S --memories` "
-        f"and `convmem import DST --site S --memories` (exit status {EXIT_MEMORIES_LEFT})"
-    )
+def _memories(n: int) -> str:
+    return f"{n} long-term memory" if n == 1 else f"{n} long-term memories"

@@ -20,7 +20,7 @@ from .errors import (
     VerifyRequired,
     VersionConflict,
 )
-from .interface import LongTermStore
+from .interface import LongTermStore, StoredMemory
 from .record import WRITABLE_FIELDS, Fields, Memory, is_memory_id, new_memory_id, parse_fields
 from .store import LongTermMemory
 
@@ -35,6 +35,7 @@ __all__ = [
     "Memory",
     "MemoryStoreFull",
     "NotFound",
+    "StoredMemory",
     "VerifyRequired",
     "VersionConflict",
     "is_memory_id",

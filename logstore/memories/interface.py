@@ -12,9 +12,23 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .record import Memory
+
+
+@dataclass(frozen=True)
+class StoredMemory:
+    """A memory as a store keeps it: the record and the vector stored with it.
+
+    ``vector`` is the stored form of :mod:`.vectors` (model id, text digest,
+    half floats), or None when none was stored. Carried as it is from one
+    store to another, it saves the destination from encoding the memory again.
+    """
+
+    memory: Memory
+    vector: dict[str, Any] | None
 
 
 class LongTermStore(ABC):
@@ -84,6 +98,17 @@ class LongTermStore(ABC):
     @abstractmethod
     def import_records(self, site: str, records: Sequence[Memory]) -> tuple[int, int]:
         """Add exported records as they were (ids, timestamps, versions); (added, already present)."""
+
+    @abstractmethod
+    def export_stored(self, site: str) -> list[StoredMemory]:
+        """Every memory of the site (active and soft-deleted) with its stored vector, oldest first.
+
+        Not an access, and no encoder runs."""
+
+    @abstractmethod
+    def import_stored(self, site: str, records: Sequence[StoredMemory]) -> tuple[int, int]:
+        """:meth:`import_records` keeping the given vectors as they are (no encoder runs); a record whose
+        id the site already holds with the same content counts as present. (added, already present)."""
 
     @abstractmethod
     def purge_expired(self, site: str) -> list[str]:

@@ -28,6 +28,7 @@ from . import access, tokens
 from .errors import MEMORY_LOCK, InvalidMemory, MemoryStoreFull, NotFound, VersionConflict
 from .eventlog import EventLog, ScanResult
 from .indexing import RetrieverFactory, RetrieverLike, fields_doc, to_doc
+from .interface import StoredMemory
 from .limits import MAX_MEMORIES_PER_SITE
 from .planning import check_dedupe, check_verify, ranked, related, surface_pick
 from .record import STATUS_ACTIVE, STATUS_DELETED, Fields, Memory, new_memory_id, parse_fields
@@ -260,7 +261,9 @@ class SiteMemories:
         self._last_at = at
         return at
 
-    def _write(self, body: dict[str, Any], at: int) -> Memory | None:
+    def _write(self, body: dict[str, Any], at: int, *, index: bool = True) -> Memory | None:
+        """Append one event and apply it; the index is brought up to date too (built first if ``index``:
+        without it an index not built yet stays so, and is built later from the state and stored vectors)."""
         if "vec" in body and body["vec"] is None:
             del body["vec"]  # no model: nothing to store
         self._end = self.log.append(self._end, self._next_seq, at, body)
@@ -268,7 +271,9 @@ class SiteMemories:
         mid = apply(self.state, body)
         self._note_vector(body)
         m = self.state.get(mid)
-        retriever = self._retriever_now()
+        retriever = self._retriever_now() if index else self._retriever
+        if retriever is None:
+            return m
         if m is None:
             retriever.erase(mid)
         else:
@@ -460,9 +465,19 @@ class SiteMemories:
     def import_records(self, records: Sequence[Memory]) -> tuple[int, int]:
         """Add exported records as they were (ids, timestamps, versions); (added, already present)."""
         vecs = {m.memory_id: self._vector_of(m.memory_id, m.fields) for m in records}
+        return self._import([StoredMemory(m, vecs[m.memory_id]) for m in records], index=True)
+
+    def import_stored(self, records: Sequence[StoredMemory]) -> tuple[int, int]:
+        """Add records with the vectors given (never encoded here), their access times too."""
+        added, present = self._import(records, index=False)
+        self.flush_access()
+        return added, present
+
+    def _import(self, records: Sequence[StoredMemory], *, index: bool) -> tuple[int, int]:
         with self._locked(True):
             added = present = 0
-            for m in records:
+            for s in records:
+                m = s.memory
                 cur = self.state.get(m.memory_id)
                 if cur is not None:
                     if record_body(cur) != record_body(m):
@@ -477,11 +492,20 @@ class SiteMemories:
                     self._check_dedupe(m.fields, m.memory_id)
                 at = max(m.updated_us, self._last_at)
                 self._last_at = at
-                body = {"op": "create", "id": m.memory_id, "at": at, "record": record_body(m),
-                        "vec": vecs[m.memory_id]}
-                self._write(body, at)
+                body = {"op": "create", "id": m.memory_id, "at": at, "record": record_body(m), "vec": s.vector}
+                self._write(body, at, index=index)
+                if not index and m.last_accessed_us > m.updated_us:
+                    self._touched[m.memory_id] = m.last_accessed_us
+                    self.state[m.memory_id] = self.state[m.memory_id].touched(m.last_accessed_us)
                 added += 1
             return added, present
+
+    def export_stored(self) -> list[StoredMemory]:
+        """Every memory with the vector stored in its latest create/update event, oldest first."""
+        with self._locked(False):
+            vecs = self._vecs if self._vecs is not None else self._scan_vectors()
+            ms = sorted(self.state.values(), key=lambda m: (m.created_us, m.memory_id))
+            return [StoredMemory(m, vecs.get(m.memory_id)) for m in ms]
 
     # ------------------------------------------------------------ API: reads
 

@@ -16,7 +16,7 @@ from ..incarnation import SiteGuard
 from ..timefmt import now_us
 from . import tokens
 from .indexing import RetrieverFactory, default_retriever
-from .interface import LongTermStore
+from .interface import LongTermStore, StoredMemory
 from .limits import DEFAULT_RETENTION_SECONDS, INDEX_BUDGET
 from .planning import over_budget, surface_pick
 from .record import Memory, check_memory_id
@@ -201,6 +201,12 @@ class LongTermMemory(LongTermStore):
 
     def import_records(self, site: str, records: Sequence[Memory]) -> tuple[int, int]:
         return self.site(site).import_records(records)
+
+    def export_stored(self, site: str) -> list[StoredMemory]:
+        return self._read(site).export_stored()
+
+    def import_stored(self, site: str, records: Sequence[StoredMemory]) -> tuple[int, int]:
+        return self.site(site).import_stored(records)
 
     def purge_expired(self, site: str) -> list[str]:
         return self.site(site).purge_expired()

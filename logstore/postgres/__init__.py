@@ -4,12 +4,13 @@
 and errors of :class:`logstore.FileStore`, for several stateless servers
 sharing one database. See ``_schema`` for the tables and ``deploy/citus.sql``
 for distributing them with Citus. :class:`PgLongTermMemory` keeps long-term
-memories in the same database (``_memories``).
+memories in the same database (``_memories``); :mod:`.memcheck` is what fsck and
+stats read of them.
 """
 
 from __future__ import annotations
 
-from ._memories import PgLongTermMemory, drop_site_memories, held_memories, memories_per_site
+from ._memories import PgLongTermMemory, drop_site_memories, held_memories
 from ._schema import SCHEMA_VERSION
 from ._store import DEFAULT_SCHEMA, AsyncCommitRefused, PgStore, is_dsn, item_crc
 
@@ -23,5 +24,4 @@ __all__ = [
     "held_memories",
     "is_dsn",
     "item_crc",
-    "memories_per_site",
 ]

@@ -38,7 +38,6 @@ from typing import Any, TypeVar
 import msgspec
 import psycopg
 from psycopg import errors as pgerr
-from psycopg import sql
 
 from ..errors import Unavailable
 from ..ids import SiteName
@@ -52,7 +51,7 @@ from ..memories.errors import (
     VersionConflict,
 )
 from ..memories.indexing import RetrieverFactory, default_retriever, fields_doc
-from ..memories.interface import LongTermStore
+from ..memories.interface import LongTermStore, StoredMemory
 from ..memories.limits import DEFAULT_RETENTION_SECONDS, INDEX_BUDGET, MAX_MEMORIES_PER_SITE
 from ..memories.planning import check_verify, over_budget, ranked, related, surface_pick
 from ..memories.record import (
@@ -74,6 +73,8 @@ from ._store import PgStore
 logger = logging.getLogger("logstore.postgres")
 
 _T = TypeVar("_T")
+#: Records imported in one transaction by :meth:`PgLongTermMemory.import_stored`.
+IMPORT_BATCH = 200
 _Conn = psycopg.Connection[Any]
 
 
@@ -360,27 +361,50 @@ class PgLongTermMemory(LongTermStore):
     def import_records(self, site: str, records: Sequence[Memory]) -> tuple[int, int]:
         view = self._view(site)
         added = present = 0
-        for m in records:
+        for m in records:  # one transaction each: the records before a refused one stay imported
             vec = self._vector(view, m.memory_id, m.fields)
+            vector = msgspec.json.decode(vec) if vec is not None else None
+            a, p = self._import(view, [StoredMemory(m, vector)])
+            added, present = added + a, present + p
+        return added, present
 
-            def change(tx: _Tx, m: Memory = m, vec: bytes | None = vec) -> bool:
+    def import_stored(self, site: str, records: Sequence[StoredMemory]) -> tuple[int, int]:
+        view = self._view(site)
+        added = present = 0
+        for i in range(0, len(records), IMPORT_BATCH):
+            a, p = self._import(view, records[i : i + IMPORT_BATCH])
+            added, present = added + a, present + p
+        return added, present
+
+    def _import(self, view: SiteView, records: Sequence[StoredMemory]) -> tuple[int, int]:
+        """Insert ``records`` (their vectors as given) in one transaction; (added, already present)."""
+
+        def change(tx: _Tx) -> tuple[int, int]:
+            added = present = 0
+            for s in records:
+                m = s.memory
                 row = tx.conn.execute(self._sql.one, (view.site, m.memory_id)).fetchone()
                 if row is not None:
                     if record_body(memory_from_row(row)[0]) != record_body(m):
                         raise InvalidMemory(
                             f"memories[{m.memory_id}]", "a different memory with this id already exists in the site"
                         )
-                    return False
+                    present += 1
+                    continue
                 self._check_room(tx, view.site)
                 tx.key = m.fields.dedupe_key if m.active else None
+                vec = msgspec.json.encode(s.vector) if s.vector is not None else None
                 tx.wrote(tx.conn.execute(self._sql.insert, _insert_args(view.site, m, vec, tx.n)).fetchone())
-                return True
-
-            if self._write(view, None, change):
                 added += 1
-            else:
-                present += 1
-        return added, present
+            return added, present
+
+        return self._write(view, None, change)
+
+    def export_stored(self, site: str) -> list[StoredMemory]:
+        with self._held(site) as view, self._store._conn() as conn:
+            rows = [memory_from_row(r) for r in conn.execute(self._sql.rows_all, (view.site,)).fetchall()]
+            out = [StoredMemory(m.touched(view.touched.get(m.memory_id, 0)), vec) for m, vec in rows]
+        return sorted(out, key=lambda s: (s.memory.created_us, s.memory.memory_id))
 
     def purge_expired(self, site: str) -> list[str]:
         view = self._view(site)
@@ -554,13 +578,6 @@ def held_memories(store: PgStore, site: str) -> int:
     with store._conn() as conn:
         row = conn.execute(sql_.count, (SiteName(site),)).fetchone()
     return int(row[0]) if row else 0
-
-
-def memories_per_site(store: PgStore) -> dict[str, int]:
-    """How many memories (active and soft-deleted) each site holds in the database of ``store``."""
-    query = sql.SQL("SELECT site, count(*) FROM {}.memories GROUP BY site").format(sql.Identifier(store.schema))
-    with store._conn() as conn:
-        return {str(site): int(n) for site, n in conn.execute(query).fetchall()}
 
 
 def drop_site_memories(store: PgStore, site: str) -> bool:
