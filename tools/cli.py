@@ -25,6 +25,7 @@ COMMANDS = {
     "backup": "copy a live data directory consistently",
     "migrate": "copy all data between a data directory and PostgreSQL (resumable, verified)",
     "forget": "erase one conversation and every copy of its items",
+    "redact": "replace a seq range of one conversation by tombstones, erasing the payloads",
 }
 #: Command -> the module of this package that defines it (where the two differ).
 _MODULES = {"import": "restore"}

@@ -19,10 +19,13 @@ Nothing here ever deletes acknowledged data, except :func:`check` with
 into ``DATA/quarantine/`` and reports the seqs it dropped. :func:`salvage`
 replaces only records that are already unreadable, by loss records that
 keep their seqs, after copying the segment into ``DATA/quarantine/``.
+:func:`forget_conversation` and :func:`redact_items` erase what an operator
+names (a conversation; the payloads of a seq range) with every copy of it.
 
 Entry points: :func:`backup` (online backup), :func:`check` (fsck), :func:`salvage` (fsck --repair of
 damaged records), :func:`scan_segment` and :func:`scan_index` (dump), :func:`locate_conversation` (locate),
-:func:`export_items` (export), :class:`Restorer` (import), :func:`stats`.
+:func:`export_items` (export),
+:func:`forget_conversation` (forget), :func:`redact_items` (redact), :class:`Restorer` (import), :func:`stats`.
 The private submodules hold one concern each; only the names below are public.
 """
 
@@ -63,6 +66,7 @@ from ._records import (
     scan_index,
     scan_segment,
 )
+from ._redact import TOMBSTONE, Redacted, redact_items
 from ._restore import (
     RestoreConflict,
     Restorer,
@@ -139,6 +143,7 @@ __all__ = [
     "SEQ_GAP",
     "SEQ_MISMATCH",
     "STRAY_FILE",
+    "TOMBSTONE",
     "TORN_CREATION",
     "TORN_TAIL",
     "TRUNCATABLE_KINDS",
@@ -157,6 +162,7 @@ __all__ = [
     "Problem",
     "Progress",
     "RecordInfo",
+    "Redacted",
     "RestoreConflict",
     "Restorer",
     "SalvageRefused",
@@ -176,6 +182,7 @@ __all__ = [
     "list_sites",
     "locate_conversation",
     "parse_timestamp",
+    "redact_items",
     "salvage",
     "scan_index",
     "scan_segment",

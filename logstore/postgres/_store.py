@@ -318,6 +318,32 @@ class PgStore(MemoryStore):
                 conn.execute(statement, (site, conversation_id))
         return int(row[0]) if row else 0
 
+    def redact_items(self, site: str, conversation_id: str, first_seq: int, last_seq: int) -> int:
+        """Replace items ``first_seq..last_seq`` (inclusive) by tombstones in one transaction; how many.
+
+        Each row keeps its seq and ``recorded_at``; its payload becomes
+        ``logstore.maintenance.TOMBSTONE``. Bad ranges raise
+        :class:`~logstore.maintenance.MaintenanceError` with nothing changed.
+        What the database keeps: the old row versions stay in the table's
+        pages (dead tuples) until a vacuum reclaims them, and in the WAL (and
+        any WAL archive or replica) until it is recycled; a ``VACUUM`` of
+        ``items`` after the command removes them from the table itself.
+        """
+        from ..maintenance import TOMBSTONE, MaintenanceError
+        from ..maintenance._redact import check_range
+
+        self._check_open()
+        site = SiteName(site)
+        conversation_id = ConversationId(conversation_id)
+        check_range(first_seq, last_seq, None, "")
+        with self._conn(writing=True) as conn, conn.transaction():
+            row = conn.execute(self._sql.lock_conversation, (site, conversation_id)).fetchone()
+            if row is None:
+                raise MaintenanceError(f"conversation {conversation_id!r} does not exist in site {site!r}")
+            check_range(first_seq, last_seq, int(row[0]), f"{site}/{conversation_id}")
+            cur = conn.execute(self._sql.redact, (TOMBSTONE, site, conversation_id, first_seq, last_seq))
+            return cur.rowcount
+
     def list_conversations(self, site: str, selector: ListSelector) -> ConversationListing:
         self._check_open()
         site = SiteName(site)
@@ -484,6 +510,9 @@ class _Statements:
             q(f"DELETE FROM {{s}}.{table} WHERE site = %s AND conversation_id = %s")
             for table in ("items", "append_keys", "followers", "conversations")
         ]
+        self.redact = q(
+            "UPDATE {s}.items SET payload = %s WHERE site = %s AND conversation_id = %s AND seq BETWEEN %s AND %s"
+        )
         self.restore_item = q(
             "INSERT INTO {s}.items (site, conversation_id, seq, recorded_at, payload) VALUES (%s, %s, %s, %s, %s)"
         )
