@@ -256,7 +256,46 @@ CREATE TABLE IF NOT EXISTS convmem.memories (
     vec              bytea,
     change           bigint NOT NULL,
     PRIMARY KEY (site, memory_id)
-);
+) PARTITION BY HASH (site);
+
+-- Hash partitions by site: an erasure rewrites (VACUUM FULL) only the partition holding the site. Citus
+-- distributes a partitioned table with its partitions (create_distributed_table below, on the parent), and
+-- propagates the VACUUM FULL of a partition to that partition's shards on every worker.
+CREATE TABLE IF NOT EXISTS convmem.memories_p00 PARTITION OF convmem.memories
+    FOR VALUES WITH (MODULUS 16, REMAINDER 0);
+CREATE TABLE IF NOT EXISTS convmem.memories_p01 PARTITION OF convmem.memories
+    FOR VALUES WITH (MODULUS 16, REMAINDER 1);
+CREATE TABLE IF NOT EXISTS convmem.memories_p02 PARTITION OF convmem.memories
+    FOR VALUES WITH (MODULUS 16, REMAINDER 2);
+CREATE TABLE IF NOT EXISTS convmem.memories_p03 PARTITION OF convmem.memories
+    FOR VALUES WITH (MODULUS 16, REMAINDER 3);
+CREATE TABLE IF NOT EXISTS convmem.memories_p04 PARTITION OF convmem.memories
+    FOR VALUES WITH (MODULUS 16, REMAINDER 4);
+CREATE TABLE IF NOT EXISTS convmem.memories_p05 PARTITION OF convmem.memories
+    FOR VALUES WITH (MODULUS 16, REMAINDER 5);
+CREATE TABLE IF NOT EXISTS convmem.memories_p06 PARTITION OF convmem.memories
+    FOR VALUES WITH (MODULUS 16, REMAINDER 6);
+CREATE TABLE IF NOT EXISTS convmem.memories_p07 PARTITION OF convmem.memories
+    FOR VALUES WITH (MODULUS 16, REMAINDER 7);
+CREATE TABLE IF NOT EXISTS convmem.memories_p08 PARTITION OF convmem.memories
+    FOR VALUES WITH (MODULUS 16, REMAINDER 8);
+CREATE TABLE IF NOT EXISTS convmem.memories_p09 PARTITION OF convmem.memories
+    FOR VALUES WITH (MODULUS 16, REMAINDER 9);
+CREATE TABLE IF NOT EXISTS convmem.memories_p10 PARTITION OF convmem.memories
+    FOR VALUES WITH (MODULUS 16, REMAINDER 10);
+CREATE TABLE IF NOT EXISTS convmem.memories_p11 PARTITION OF convmem.memories
+    FOR VALUES WITH (MODULUS 16, REMAINDER 11);
+CREATE TABLE IF NOT EXISTS convmem.memories_p12 PARTITION OF convmem.memories
+    FOR VALUES WITH (MODULUS 16, REMAINDER 12);
+CREATE TABLE IF NOT EXISTS convmem.memories_p13 PARTITION OF convmem.memories
+    FOR VALUES WITH (MODULUS 16, REMAINDER 13);
+CREATE TABLE IF NOT EXISTS convmem.memories_p14 PARTITION OF convmem.memories
+    FOR VALUES WITH (MODULUS 16, REMAINDER 14);
+CREATE TABLE IF NOT EXISTS convmem.memories_p15 PARTITION OF convmem.memories
+    FOR VALUES WITH (MODULUS 16, REMAINDER 15);
+-- No column statistics of the text (ANALYZE would copy sampled values into pg_statistic).
+ALTER TABLE convmem.memories ALTER COLUMN record SET STATISTICS 0, ALTER COLUMN vec SET STATISTICS 0,
+    ALTER COLUMN dedupe_key SET STATISTICS 0;
 
 CREATE UNIQUE INDEX IF NOT EXISTS memories_dedupe
     ON convmem.memories (site, dedupe_key) WHERE status = 'active' AND dedupe_key IS NOT NULL;

@@ -73,8 +73,18 @@ def _catalog(conn: psycopg.Connection[Any], schema: str) -> dict[str, Any]:
         ],
         "options": rows(
             "SELECT c.relname, c.relkind, coalesce(c.reloptions, '{}') FROM pg_class c"
-            " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind IN ('r', 'S')"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind IN ('r', 'p', 'S')"
             " ORDER BY 1"
+        ),
+        "partitions": rows(
+            "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid), pg_get_partkeydef(c.oid) FROM pg_class c"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind IN ('r', 'p')"
+            " ORDER BY 1"
+        ),
+        "statistics": rows(
+            "SELECT c.relname, a.attname, a.attstattarget FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND a.attnum > 0"
+            " AND c.relkind IN ('r', 'p') ORDER BY 1, 2"
         ),
         "functions": [
             (name, args, result, _normal_body(body, schema))
@@ -105,8 +115,10 @@ def test_citus_sql_matches_the_store_schema(pg_server: str) -> None:
                 "SELECT table_name FROM information_schema.columns WHERE table_schema = %s AND column_name = 'site'",
                 (theirs,),
             )}
+            # Partitions are distributed with their parent.
             every = {r[0] for r in conn.execute(
-                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (theirs,)
+                "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE n.nspname = %s AND c.relkind IN ('r', 'p') AND NOT c.relispartition", (theirs,)
             )}
     finally:
         drop_schema(pg_server, ours)

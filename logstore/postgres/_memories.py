@@ -66,6 +66,7 @@ from ..memories.state import record_body
 from ..timefmt import now_us
 from ._errors import DatabaseTimeout
 from ._memnotify import ChangeListener
+from ._memscrub import partition_of, scrub
 from ._memsite import SiteView, memory_from_row
 from ._memsql import SWEEP_LOCK, TOKEN_SECRET_KEY, MemoryStatements
 from ._store import PgStore
@@ -190,6 +191,28 @@ class PgLongTermMemory(LongTermStore):
         ``change(tx)`` returns what the caller wants and notes in ``tx`` what it
         wrote; after the commit the view is brought up to date with it.
         """
+        out, erased = self._write_tx(view, nonce, change)
+        if erased:
+            self._scrub(view.site)
+        return out
+
+    def _scrub(self, site: str) -> None:
+        """Rewrite the partition of ``site`` so erased rows leave no bytes in its pages (see ``_memscrub``)."""
+        table = "memories"
+        try:
+            with self._store._conn(writing=True) as conn:
+                table = partition_of(conn, self._store.schema, site)
+                scrub(conn, self._store.schema, table, self._store.lock_timeout)
+        except psycopg.Error as exc:
+            logger.warning("rewriting %s after an erasure of site %s failed", table, site, exc_info=True)
+            raise Unavailable(
+                f"the memory is erased (no server shows it again), but rewriting table {table} to remove its "
+                f"bytes from the pages failed ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
+                "the next erasure in that table rewrites it"
+            ) from exc
+
+    def _write_tx(self, view: SiteView, nonce: str | None, change: Callable[[_Tx], _T]) -> tuple[_T, bool]:
+        """The transaction of :meth:`_write`: its result, and whether it erased rows."""
         site = view.site
         with view.mutex, self._store._conn(writing=True) as conn:
             before = view.seen
@@ -240,7 +263,8 @@ class PgLongTermMemory(LongTermStore):
                     view.refresh(conn)
                 except psycopg.Error:  # committed all the same: the next call's counter check catches up
                     logger.warning("refreshing site %s after a write failed", site, exc_info=True)
-            return out
+            assert tx is not None
+            return out, bool(purged) or any(isinstance(item, str) for item in tx.applied)
 
     def _vector(self, view: SiteView, memory_id: str, fields: Fields) -> bytes | None:
         """The stored form of the vector of ``fields`` (JSON bytes), None without a model."""
@@ -593,4 +617,7 @@ def drop_site_memories(store: PgStore, site: str) -> bool:
         conn.execute(sql_.drop_tokens, (site,))
         conn.execute(sql_.mark_erased, (site,))
         conn.execute(sql_.notify, (f"{store.schema}/{site}",))
+    if gone:
+        with store._conn(writing=True) as conn:
+            scrub(conn, store.schema, partition_of(conn, store.schema, site), store.lock_timeout)
     return bool(gone)

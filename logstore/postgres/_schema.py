@@ -254,7 +254,12 @@ CREATE TABLE IF NOT EXISTS {schema}.memories (
     vec              bytea,
     change           bigint NOT NULL,
     PRIMARY KEY (site, memory_id)
-);
+) PARTITION BY HASH (site);
+
+{partitions}
+-- No column statistics of the text (ANALYZE would copy sampled values into pg_statistic).
+ALTER TABLE {schema}.memories ALTER COLUMN record SET STATISTICS 0, ALTER COLUMN vec SET STATISTICS 0,
+    ALTER COLUMN dedupe_key SET STATISTICS 0;
 
 CREATE UNIQUE INDEX IF NOT EXISTS memories_dedupe
     ON {schema}.memories (site, dedupe_key) WHERE status = 'active' AND dedupe_key IS NOT NULL;
@@ -279,15 +284,57 @@ CREATE TABLE IF NOT EXISTS {schema}.memory_tokens (
 """
 
 
+#: Hash partitions of ``memories`` by site: erasing one memory rewrites one of them (``VACUUM FULL``), so the
+#: rewrite's ACCESS EXCLUSIVE lock holds up the sites of that partition only. Fixed: changing it is a migration.
+MEMORY_PARTITIONS = 16
+
+
+def memory_partition(remainder: int) -> str:
+    """The name of the partition of ``memories`` holding the sites whose hash leaves ``remainder``."""
+    return f"memories_p{remainder:02d}"
+
+
+def _memories_text() -> str:
+    parts = "\n".join(
+        f"CREATE TABLE IF NOT EXISTS {{schema}}.{memory_partition(r)} PARTITION OF {{schema}}.memories\n"
+        f"    FOR VALUES WITH (MODULUS {MEMORY_PARTITIONS}, REMAINDER {r});"
+        for r in range(MEMORY_PARTITIONS)
+    )
+    return _DDL_MEMORIES.replace("{partitions}", parts)
+
+
 def ddl(schema: str) -> sql.Composed:
     """The idempotent DDL creating the store's objects in ``schema``."""
     text = _DDL.replace("{full}", SQLSTATE_FULL).replace("{version}", str(SCHEMA_VERSION))
-    return sql.SQL(text + _keys_text() + _DDL_MEMORIES).format(schema=sql.Identifier(schema))
+    return sql.SQL(text + _keys_text() + _memories_text()).format(schema=sql.Identifier(schema))
 
 
 def memories_ddl(schema: str) -> sql.Composed:
     """The idempotent DDL of the long-term memory tables alone (for a schema made before them)."""
-    return sql.SQL(_DDL_MEMORIES).format(schema=sql.Identifier(schema))
+    return sql.SQL(_memories_text()).format(schema=sql.Identifier(schema))
+
+
+#: A ``memories`` table made before the partitions becomes the partitioned one in one transaction (the
+#: caller's): its rows are copied, then it is dropped, with the dead rows of earlier erasures in its files.
+_CONVERT = """
+LOCK TABLE {schema}.memories IN ACCESS EXCLUSIVE MODE;
+ALTER TABLE {schema}.memories RENAME TO memories_unpartitioned;
+ALTER INDEX {schema}.memories_pkey RENAME TO memories_unpartitioned_pkey;
+ALTER INDEX {schema}.memories_dedupe RENAME TO memories_unpartitioned_dedupe;
+ALTER INDEX {schema}.memories_by_change RENAME TO memories_unpartitioned_by_change;
+ALTER INDEX {schema}.memories_deleted RENAME TO memories_unpartitioned_deleted;
+"""
+
+_CONVERT_COPY = """
+INSERT INTO {schema}.memories SELECT * FROM {schema}.memories_unpartitioned;
+DROP TABLE {schema}.memories_unpartitioned;
+"""
+
+
+def partition_memories_ddl(schema: str) -> sql.Composed:
+    """The statements turning an unpartitioned ``memories`` into the partitioned table, rows and all."""
+    text = _CONVERT + _memories_text() + _CONVERT_COPY
+    return sql.SQL(text).format(schema=sql.Identifier(schema))
 
 
 def _keys_text() -> str:

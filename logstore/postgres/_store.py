@@ -63,6 +63,7 @@ from ._schema import (
     ddl,
     keys_ddl,
     memories_ddl,
+    partition_memories_ddl,
 )
 
 logger = logging.getLogger("logstore.postgres")
@@ -191,6 +192,26 @@ class PgStore(MemoryStore):
         # The last object of each addition: with it, all of that addition's objects are there.
         self._add(conn, "followers", keys_ddl(self.schema))
         self._add(conn, "memory_tokens", memories_ddl(self.schema))
+        self._partition_memories(conn)
+
+    def _partition_memories(self, conn: psycopg.Connection[Any]) -> None:
+        """Make an unpartitioned ``memories`` (made by an older convmem) the partitioned table, in one transaction.
+
+        Left as it is under Citus (a distributed table is converted by the operator, see deploy/citus.sql):
+        erasures then rewrite the whole table.
+        """
+        table = sql.SQL("{}.memories").format(sql.Identifier(self.schema)).as_string(conn)
+        query = "SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)"
+        row = conn.execute(query, (table,)).fetchone()
+        if row is None or row[0] != "r":
+            return
+        if conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'citus'").fetchone() is not None:
+            return
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_DDL_LOCK,))
+            row = conn.execute(query, (table,)).fetchone()
+            if row is not None and row[0] == "r":
+                conn.execute(partition_memories_ddl(self.schema))
 
     def _add(self, conn: psycopg.Connection[Any], last: str, statements: sql.Composed) -> None:
         """Run an addition's DDL on a schema made before it, unless its last object ``last`` is there."""

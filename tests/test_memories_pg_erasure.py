@@ -1,0 +1,198 @@
+"""Erasure on PostgreSQL leaves no bytes in the table's pages: the relation files are read after CHECKPOINT.
+
+A forced delete, the retention sweep's purge and ``site remove`` each rewrite
+the partition of ``memories`` holding the site (``VACUUM FULL``). The tests
+search every relation file of the schema (heaps, TOAST tables, indexes) for a
+marker in the memory's text, its dedupe_key, a long source URI that PostgreSQL
+moves to the TOAST table, and a piece of the stored vector. One more test holds
+the ACCESS EXCLUSIVE lock a rewrite takes on one partition and shows that
+another site's calls, in another partition, go on meanwhile.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import string
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from memories_support import MemoryStores, create, delete, fields
+
+from convmem.logstore.postgres._memories import drop_site_memories
+from convmem.logstore.postgres._memscrub import partition_of
+
+SITE = "erase-site-01"
+
+
+@pytest.fixture
+def servers(pg_server: str, tmp_path: Path) -> Iterator[MemoryStores]:
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        datadir = str(conn.execute("SHOW data_directory").fetchone()[0])  # type: ignore[index]
+    if not os.access(datadir, os.R_OK):
+        pytest.skip("the test server's data directory is not readable here")
+    stores = MemoryStores("postgres", tmp_path, pg_server)
+    yield stores
+    stores.cleanup()
+
+
+def _relation_files(dsn: str, schema: str) -> dict[str, list[Path]]:
+    """Every relation of ``schema`` (tables, their TOAST tables and indexes) and its files, after a CHECKPOINT."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CHECKPOINT")
+        datadir = Path(str(conn.execute("SHOW data_directory").fetchone()[0]))  # type: ignore[index]
+        rows = conn.execute(
+            "SELECT c.relname, pg_relation_filepath(c.oid) FROM pg_class c JOIN pg_namespace n"
+            " ON n.oid = c.relnamespace WHERE n.nspname = %s"
+            " UNION ALL SELECT t.relname, pg_relation_filepath(t.oid) FROM pg_class c JOIN pg_namespace n"
+            " ON n.oid = c.relnamespace JOIN pg_class t ON t.oid IN (c.reltoastrelid, (SELECT i.indexrelid"
+            " FROM pg_index i WHERE i.indrelid = c.reltoastrelid LIMIT 1)) WHERE n.nspname = %s",
+            (schema, schema),
+        ).fetchall()
+    out: dict[str, list[Path]] = {}
+    for name, rel in rows:
+        if rel is not None:
+            base = datadir / rel
+            out[str(name)] = [p for p in base.parent.glob(base.name + "*") if p.is_file()]
+    return out
+
+
+def _holding(dsn: str, schema: str, needles: list[bytes]) -> list[tuple[str, bytes]]:
+    hits = []
+    for name, paths in _relation_files(dsn, schema).items():
+        for path in paths:
+            data = path.read_bytes()
+            hits += [(name, n) for n in needles if n in data]
+    return hits
+
+
+def _victim(store: Any, site: str = SITE) -> tuple[str, list[bytes]]:
+    """A memory whose text, dedupe_key, TOASTed URI and vector are findable; its id and the needles."""
+    marker = "okapi" + secrets.token_hex(6)
+    noise = "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(1800))
+    raw = fields(7, subject=f"the secret {marker} fact", dedupe_key=f"dk-{marker}",
+                 source_uris=[f"https://example.org/{marker}/{noise}"])
+    m = create(store, raw, site)
+    for n in range(20):  # neighbours on the same pages
+        create(store, fields(n), site)
+    with psycopg.connect(store._store.dsn, autocommit=True) as conn:
+        row = conn.execute(
+            f'SELECT vec FROM "{store._store.schema}".memories WHERE site = %s AND memory_id = %s'.encode(),
+            (site, m.memory_id),
+        ).fetchone()
+    assert row is not None and row[0] is not None
+    vec = bytes(row[0])
+    start = vec.index(b'"f16":"') + 7
+    return m.memory_id, [marker.encode(), f"dk-{marker}".encode(), noise[:200].encode(), vec[start:start + 48]]
+
+
+def _check_before(servers: MemoryStores, needles: list[bytes]) -> None:
+    where = {n: {name for name, got in _holding(str(servers.dsn), servers.schema, needles) if got == n}
+             for n in needles}
+    assert all(where[n] for n in needles), where  # the search finds what is there
+    assert any("toast" in name for name in where[needles[2]]), where
+
+
+def test_a_forced_delete_leaves_no_bytes_in_any_relation(servers: MemoryStores) -> None:
+    store = servers.open(listen=False)
+    mid, needles = _victim(store)
+    _check_before(servers, needles)
+    assert delete(store, mid, force=True, site=SITE) is None
+    assert _holding(str(servers.dsn), servers.schema, needles) == []
+    assert len(store.all(SITE)) == 20
+
+
+def test_the_sweeps_purge_leaves_no_bytes(servers: MemoryStores) -> None:
+    store = servers.open(listen=False, retention_seconds=0)
+    mid, needles = _victim(store)
+    delete(store, mid, site=SITE)  # soft: the text stays until retention ends (here at once)
+    assert _holding(str(servers.dsn), servers.schema, needles[:1])
+    sweeper = servers.open(listen=False, retention_seconds=0)
+    assert sweeper.sweep_once() == [SITE]
+    assert _holding(str(servers.dsn), servers.schema, needles) == []
+
+
+def test_site_remove_leaves_no_bytes(servers: MemoryStores) -> None:
+    store = servers.open(listen=False)
+    _mid, needles = _victim(store)
+    assert drop_site_memories(store._store, SITE)
+    assert _holding(str(servers.dsn), servers.schema, needles) == []
+
+
+def test_a_rewrite_of_one_partition_leaves_other_sites_calls_running(servers: MemoryStores) -> None:
+    store = servers.open(listen=False)
+    with psycopg.connect(str(servers.dsn), autocommit=True) as conn:
+        create(store, fields(1), SITE)  # makes the tables
+        mine = partition_of(conn, servers.schema, SITE)
+        other = next(s for s in (f"erase-other-{i:02d}" for i in range(100))
+                     if partition_of(conn, servers.schema, s) != mine)
+    for n in range(12):  # past psycopg's prepare threshold: the statements are prepared on the server
+        create(store, fields(n + 10), other)
+        store.search(other, f"quokka{n + 10}")
+    done = threading.Event()
+    with psycopg.connect(str(servers.dsn)) as holder:
+        holder.execute(f'LOCK TABLE "{servers.schema}".{mine} IN ACCESS EXCLUSIVE MODE'.encode())
+        held = holder.execute(
+            "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation"
+            " WHERE c.relname = %s AND l.mode = 'AccessExclusiveLock' AND l.granted", (mine,),
+        ).fetchone()
+        assert held is not None and held[0] == 1
+
+        def calls() -> None:
+            create(store, fields(99), other)
+            assert store.search(other, "quokka99")
+            done.set()
+
+        t = threading.Thread(target=calls)
+        t.start()
+        t.join(30)
+        finished = done.is_set()
+        holder.rollback()
+    t.join(30)
+    assert finished, "another site's calls waited for the lock on a partition that does not hold it"
+
+
+#: The memories table and its indexes as convmem made them before the partitions.
+_OLD_MEMORIES = """
+CREATE TABLE {schema}.memories (
+    site text COLLATE "C" NOT NULL, memory_id text COLLATE "C" NOT NULL, status text NOT NULL,
+    version bigint NOT NULL, created_at bigint NOT NULL, updated_at bigint NOT NULL,
+    last_accessed_at bigint NOT NULL, deleted_at bigint, dedupe_key text COLLATE "C", record bytea NOT NULL,
+    vec bytea, change bigint NOT NULL, PRIMARY KEY (site, memory_id));
+CREATE UNIQUE INDEX memories_dedupe
+    ON {schema}.memories (site, dedupe_key) WHERE status = 'active' AND dedupe_key IS NOT NULL;
+CREATE INDEX memories_by_change ON {schema}.memories (site, change);
+CREATE INDEX memories_deleted ON {schema}.memories (deleted_at) WHERE status = 'deleted';
+"""
+
+
+def test_an_unpartitioned_table_of_an_older_convmem_is_converted_at_start_up(servers: MemoryStores) -> None:
+    from convmem.logstore.postgres import PgStore
+
+    store = servers.open(listen=False)
+    kept = [create(store, fields(100 + n), SITE) for n in range(3)]
+    schema, dsn = servers.schema, str(servers.dsn)
+    old = _OLD_MEMORIES
+    with psycopg.connect(dsn, autocommit=True) as conn, conn.transaction():
+        conn.execute(f'ALTER TABLE "{schema}".memories RENAME TO saved'.encode())
+        for index in ("memories_pkey", "memories_dedupe", "memories_by_change", "memories_deleted"):
+            conn.execute(f'ALTER INDEX "{schema}".{index} RENAME TO saved_{index}'.encode())
+        conn.execute(old.replace("{schema}", f'"{schema}"').encode())
+        conn.execute(f'INSERT INTO "{schema}".memories SELECT * FROM "{schema}".saved'.encode())
+        conn.execute(f'DROP TABLE "{schema}".saved'.encode())
+        kind = conn.execute(f"SELECT relkind FROM pg_class WHERE oid = '\"{schema}\".memories'::regclass".encode())
+        assert kind.fetchone() == ("r",)
+    PgStore(dsn, schema=schema, pool_min=1, pool_max=1).close()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        kind = conn.execute(f"SELECT relkind FROM pg_class WHERE oid = '\"{schema}\".memories'::regclass".encode())
+        assert kind.fetchone() == ("p",)
+    again = servers.open(listen=False)
+    assert sorted(m.memory_id for m in again.all(SITE)) == sorted(m.memory_id for m in kept)
+    assert len(kept) == 3
+    mid, needles = _victim(again)
+    assert delete(again, mid, force=True, site=SITE) is None
+    assert _holding(dsn, schema, needles) == []
