@@ -19,7 +19,13 @@ Points: ``record-mid-write``, ``before-data-sync``, ``after-data-sync``,
 written, not yet synced; on the job's background thread), ``pool-entry-built``
 (a pre-created conversation directory made but not yet named ready),
 ``pool-claimed`` (a pool entry just renamed into place as a conversation,
-nothing written to it yet).
+nothing written to it yet); in maintenance: ``forget-unlisted`` (the listing
+marked incomplete, no file removed yet), ``forget-removed`` (segments removed,
+the listing not yet rewritten), ``redact-new-synced`` (a redacted copy synced
+as ``<name>.tmp``, not yet renamed), ``redact-renamed`` (renamed over the
+segment, directory not yet synced) and ``redact-replaced`` (directory synced,
+the old file not yet cut, the index not yet rewritten); these are reached once
+per segment rewritten or forget run.
 """
 
 from __future__ import annotations

@@ -48,7 +48,9 @@ def forget_conversation(
         with _flocked(os.path.join(cdir, layout.LOCK_FILE), True, lock_timeout, create=True):
             names = sorted(n for n in os.listdir(cdir) if layout.parse_segment_name(n) is not None)
             _mark_manifest_incomplete(root, site, {conversation_id}, lock_timeout)
+            fileio.crashpoint("forget-unlisted")
             remove_segments(cdir, names)
+            fileio.crashpoint("forget-removed")
             leftovers = [n for n in os.listdir(cdir) if n != layout.LOCK_FILE]
             for name in leftovers:  # a segment being created (.tmp), an orphaned index
                 fileio.unlink(os.path.join(cdir, name))

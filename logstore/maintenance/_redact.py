@@ -161,11 +161,14 @@ def _replace(cdir: str, p: _Plan) -> None:
         fileio.fdatasync(out)
     finally:
         os.close(out)
+    fileio.crashpoint("redact-new-synced")
     with open(p.path, "r+b") as old:
         with contextlib.suppress(FileNotFoundError):
             fileio.unlink(os.path.join(cdir, layout.index_name(p.base)))
         fileio.rename(tmp, p.path)
+        fileio.crashpoint("redact-renamed")
         fileio.fsync_dir(cdir)
+        fileio.crashpoint("redact-replaced")
         # The old inode holds the payloads until it is cut; an engine with it open sees its size change.
         fileio.truncate(old.fileno(), 0)
     _write_index(cdir, p.base, p.salt, p.path)

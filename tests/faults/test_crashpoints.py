@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from convmem.logstore import FileStore, fileio
+from convmem.logstore import FileStore, Range, fileio
+from convmem.logstore.maintenance import check
+from tests.mcp_helpers import convmem_cmd
 
 from ._common import SITE, STATS, Ack, make_batch, read_acks, soak, subprocess_env, verify, writer_cmd
 
@@ -95,3 +98,81 @@ def test_crash_point(tmp_path: Path, point: str) -> None:
         finally:
             store.close()
     assert crashed, f"the workload never reached crash point {point}"
+
+
+# Maintenance: forget and redact, crashed at each of their points (and at the engine's own syncs).
+ERASE_CONV, ERASE_KEPT, ERASE_SECRET = "cp-erase-0001", "cp-erase-keep", "cp-erase-secret-91f"
+ERASE_POINTS = [
+    ("redact", "redact-new-synced"),
+    ("redact", "redact-renamed"),
+    ("redact", "redact-replaced"),
+    ("forget", "forget-unlisted"),
+    ("forget", "forget-removed"),
+]
+REDACT_LO, REDACT_HI = 6, 41
+
+
+def _erase_fill(root: Path) -> list[Any]:
+    with FileStore(root, **OPTS) as store:  # type: ignore[arg-type]
+        for i in range(30):  # several segments; batches of two
+            store.append(
+                SITE,
+                ERASE_CONV,
+                [
+                    {"n": 2 * i, "s": ERASE_SECRET if REDACT_LO <= 2 * i <= REDACT_HI else "-"},
+                    {"n": 2 * i + 1, "pad": "p" * 40},
+                ],
+            )
+        store.append(SITE, ERASE_KEPT, [{"kept": True}])
+        return store.read(SITE, ERASE_CONV, Range(0, 100))
+
+
+def _erase_tool(root: Path, tool: str, crash: str | None) -> int:
+    args = ["--seqs", f"{REDACT_LO}-{REDACT_HI}"] if tool == "redact" else []
+    env = subprocess_env(CONVMEM_CRASH_AT=crash) if crash else subprocess_env()
+    proc = subprocess.run(
+        convmem_cmd(tool, SITE, ERASE_CONV, *args, "--data-dir", str(root)), env=env, capture_output=True, timeout=60
+    )
+    assert proc.returncode in (0, fileio.CRASH_EXIT_STATUS), proc.stderr.decode(errors="replace")[-2000:]
+    return proc.returncode
+
+
+def _erase_state_ok(root: Path, tool: str, before: list[Any], done: bool) -> None:
+    """Items outside the range intact; inside, each batch wholly before or after (after only once ``done``)."""
+    with FileStore(root, **OPTS) as store:  # type: ignore[arg-type]
+        now = store.read(SITE, ERASE_CONV, Range(0, 100))
+        assert [i.payload for i in store.read(SITE, ERASE_KEPT, Range(0, 10))] == [{"kept": True}]
+        if tool == "forget":  # a prefix of the log, never a hole; nothing once it returned
+            assert now == before[: len(now)] and (not done or now == [])
+            return
+        assert [i.seq for i in now] == list(range(len(before)))
+        for b, a in zip(before, now, strict=True):
+            assert a.recorded_at == b.recorded_at
+            if not REDACT_LO <= b.seq <= REDACT_HI:
+                assert a.payload == b.payload, b.seq
+            else:
+                assert a.payload in (b.payload, {"redacted": True}), b.seq
+                assert not done or a.payload == {"redacted": True}, b.seq
+        for lo in range(0, len(now), 2):  # one record: redacted as a whole
+            pair = [now[s].payload == before[s].payload for s in (lo, lo + 1) if REDACT_LO <= s <= REDACT_HI]
+            assert len(set(pair)) <= 1, lo
+    report = check(str(root))
+    assert not report.problems, [(p.kind, p.detail) for p in report.problems]
+
+
+@pytest.mark.parametrize(("tool", "point"), ERASE_POINTS)
+def test_erasure_crash_point(tmp_path: Path, tool: str, point: str) -> None:
+    crashed = 0
+    for n in (1, 2, 3):
+        root = tmp_path / f"{point}-{n}" / "data"
+        before = _erase_fill(root)
+        if _erase_tool(root, tool, f"{point}:{n}") != fileio.CRASH_EXIT_STATUS:
+            continue  # fewer segments rewritten than n
+        crashed += 1
+        STATS["crash points"] += 1
+        _erase_state_ok(root, tool, before, done=False)
+        assert _erase_tool(root, tool, None) == 0  # run again: it finishes the job
+        _erase_state_ok(root, tool, before, done=True)
+        hits = [str(p) for p in root.rglob("*") if p.is_file() and ERASE_SECRET.encode() in p.read_bytes()]
+        assert hits == []
+    assert crashed, f"{tool} never reached crash point {point}"
