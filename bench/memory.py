@@ -178,7 +178,8 @@ def _recall_rows() -> list[Row]:
                         if half != "all" else "abstention: no-answer hints that surface nothing, all",
                         "share", samples={CONVMEM: [figs["abstention"]]},
                         note=f"near topic {figs['abstention_near']:.3f}, unrelated {figs['abstention_far']:.3f}; "
-                             f"auto-surface recall@2 {figs['surface_recall2']:.3f} (search {figs['recall2']:.3f})",
+                             f"auto-surface recall@2 {figs['surface_recall2']:.3f} (search {figs['recall2']:.3f}), "
+                             f"paraphrases {figs['surface_para_recall2']:.3f}",
                         extra={"half": half, **figs, "hints": sum(1 for h in no_answer()
                                                                  if half == "all" or h.dev == (half == "dev"))}))
     heads = [("ltm_fusion_recall2", res["fusion"]["all"][2], "fused recall@2, all queries"),

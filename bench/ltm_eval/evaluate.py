@@ -155,7 +155,8 @@ def at_scale(distractors: Sequence[MemoryDoc], base: Tuning | None = None,
 
 def abstention_figures(base: Tuning | None = None) -> dict[str, dict[str, float]]:
     """``{half: {figure: value}}`` for halves dev, test, all: abstention on the no-answer hints (all, near,
-    far) and the auto-surface's recall@2 on the answerable queries, under ``base``."""
+    far), the auto-surface's recall@2 on the answerable queries (all, paraphrases) and the ranking's recall@2,
+    under ``base``."""
     qs, hints = queries(), no_answer()
     out: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="ltm-eval-") as tmp:
@@ -168,6 +169,7 @@ def abstention_figures(base: Tuning | None = None) -> dict[str, dict[str, float]
                 "abstention_near": abstention(r, [x for x in h if x.kind == "near"]),
                 "abstention_far": abstention(r, [x for x in h if x.kind == "far"]),
                 "surface_recall2": surface_recall(r, [q for q in qs if keep(q)]),
+                "surface_para_recall2": surface_recall(r, [q for q in qs if keep(q) and q.kind == "para"]),
                 "recall2": recall(r, [q for q in qs if keep(q)], 2),
             }
         r.close()

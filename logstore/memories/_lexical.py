@@ -14,6 +14,7 @@ word of a task hint to be found.
 
 from __future__ import annotations
 
+import math
 import re
 import sqlite3
 import unicodedata
@@ -228,6 +229,27 @@ class LexicalIndex:
         # Intersecting here is far cheaper than ``rowid IN (...)``, which runs the MATCH once per value.
         cur = self._db.execute("SELECT rowid FROM fts WHERE fts MATCH ?", (match,))
         return {int(k) for (k,) in cur} & set(among)
+
+    def held_share(self, terms: Sequence[str], among: Sequence[int]) -> dict[int, float]:
+        """For each key of ``among``, the share of ``terms``' weight its row holds (after stemming).
+
+        A term weighs its BM25 inverse document frequency, from the counts of
+        words as written (see ``COMMON_SHARE``): a rare word, a name, weighs far
+        more than a word most memories hold. One statement per term, each
+        limited to the rows of ``among`` (a handful), so the cost does not grow
+        with the index.
+        """
+        if not terms or not among:
+            return {k: 0.0 for k in among}
+        n = self._rows
+        idf = [math.log((n - min(c, n) + 0.5) / (min(c, n) + 0.5) + 1.0) for c in self._counts(terms)]
+        total = sum(idf)
+        held = dict.fromkeys(among, 0.0)
+        sql = f"SELECT rowid FROM fts WHERE fts MATCH ? AND rowid IN ({','.join('?' * len(held))})"
+        for term, w in zip(terms, idf, strict=True):
+            for (k,) in self._db.execute(sql, (_quote(term), *held)):
+                held[int(k)] += w
+        return {k: v / total for k, v in held.items()}
 
     def close(self) -> None:
         self._df.clear()
