@@ -590,6 +590,7 @@ class FileStore(MemoryStore):
             m.close()
         if self._usage is not None:
             self._usage.close()
+        self._guard.close()  # the site.id descriptors, last: closing the objects above needs no site lock
 
     # ------------------------------------------------------- maintenance
 

@@ -127,6 +127,8 @@ class SiteGuard:
         self._lock_timeout = lock_timeout
         self._mutex = threading.Lock()
         self._held: dict[str, _Held] = {}
+        #: Set by :meth:`close`: from then on a descriptor is closed as soon as its use ends.
+        self._closed = False
 
     def _paths(self, site_path: str) -> tuple[str, str]:
         return os.path.join(site_path, SITE_ID_FILE), os.path.join(site_path, RETIRED_ID_FILE)
@@ -188,6 +190,17 @@ class SiteGuard:
         if old.holders == 0:
             os.close(old.fd)
 
+    def close(self) -> None:
+        """Close every ``site.id`` descriptor this guard holds (its store is closing).
+
+        A descriptor still locked by a call in flight is closed by that call's
+        :meth:`_leave` (it is marked superseded); a later use opens the file again.
+        """
+        with self._mutex:
+            self._closed = True
+            for site_path in list(self._held):
+                self._supersede_locked(site_path)
+
     def current(self, site_path: str) -> Incarnation | None:
         """The incarnation the path names now (one ``stat`` when it is the one this process holds); None when absent.
 
@@ -198,7 +211,11 @@ class SiteGuard:
                 held = self._open_locked(site_path, write=False)
             except _Going:
                 return None
-            return None if held is None else held.incarnation
+            if held is None:
+                return None
+            if self._closed and held.holders == 0:
+                self._supersede_locked(site_path)  # a late use of a closed store keeps nothing open
+            return held.incarnation
 
     @contextlib.contextmanager
     def writing(self, site_path: str, create: bool = True) -> Iterator[Incarnation | None]:
@@ -260,6 +277,8 @@ class SiteGuard:
                 fileio.unlock(held.fd)
                 if held.superseded:
                     os.close(held.fd)
+                elif self._closed and self._held.get(site_path) is held:
+                    self._supersede_locked(site_path)  # closes it: a late use of a closed store keeps nothing open
 
     @contextlib.contextmanager
     def removing(self, site_path: str) -> Iterator[None]:
