@@ -255,6 +255,9 @@ async def test_every_command_and_an_mcp_session_from_the_wheel(installed: Instal
         ran.add("migrate")
     finally:
         drop_schema(pg_server, schema)
+    redacted = run("redact", SITE, CONV, "--seqs", "0", "--data-dir", str(data))
+    assert "1" in redacted.stdout, redacted.stdout
+    run("fsck", str(data))  # clean after the redaction (run() checks the exit status)
     run("forget", SITE, CONV, "--data-dir", str(data))
     run("site", "passwd", SITE, "--data-dir", str(data), "--password-stdin", stdin=PASSWORD + "-new\n")
     run("site", "remove", SITE, "--data-dir", str(data), "--force")

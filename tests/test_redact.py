@@ -22,6 +22,7 @@ from convmem.client import MemoryClient
 from convmem.logstore import FileStore, Range, maintenance
 from convmem.logstore.maintenance import TOMBSTONE, MaintenanceError
 from convmem.logstore.postgres import PgStore
+from convmem.logstore.redaction import RedactionError
 from convmem.mcp_adapter.credentials import CredentialFile
 from tests.mcp_helpers import ServerProcess, run_convmem, subprocess_env
 from tests.pg_support import drop_schema, new_schema
@@ -116,9 +117,9 @@ def test_redact_on_postgresql(pg: tuple[str, str]) -> None:
             store.append(SITE, CONV, [{"n": i, "s": SECRET}])
         before = store.read(SITE, CONV, Range(0, 10))
         assert store.redact_items(SITE, CONV, 1, 3) == 3
-        with pytest.raises(MaintenanceError, match="0-4"):
+        with pytest.raises(RedactionError, match="0-4"):
             store.redact_items(SITE, CONV, 3, 5)
-        with pytest.raises(MaintenanceError, match="does not exist"):
+        with pytest.raises(RedactionError, match="does not exist"):
             store.redact_items(SITE, "conv-never-was", 0, 0)
         after = store.read(SITE, CONV, Range(0, 10))
     assert [a.recorded_at for a in after] == [b.recorded_at for b in before]

@@ -19,6 +19,7 @@ import re
 
 from convmem.logstore import StoreError
 from convmem.logstore.maintenance import MaintenanceError
+from convmem.logstore.redaction import RedactionError
 
 from .common import EXIT_CLEAN, EXIT_OPERATIONAL, command, exit_8_on_usage_error, fail
 
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         done = redact_items(
             args.data_dir, args.site, args.conversation, first, last, lock_timeout=args.lock_timeout
         )
-    except (StoreError, MaintenanceError, OSError) as exc:
+    except (StoreError, MaintenanceError, RedactionError, OSError) as exc:
         return fail(f"cannot redact {where}: {exc}", EXIT_OPERATIONAL)
     print(
         f"redacted {where} seqs {first}-{last}: {done.segments} segment files rewritten, "

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from .. import fileio, frame, layout
+from .. import fileio, frame, layout, redaction
 from ..frame import ITEM_KINDS, SEGMENT_HEADER_SIZE
 from ..ids import ConversationId, SiteName
 from ..segment import Gap, classify_failure, data_end, walk
@@ -33,7 +33,7 @@ from ._salvage import _write_index
 from ._types import MaintenanceError
 
 #: What a redacted item reads as (compact JSON, as stored).
-TOMBSTONE = b'{"redacted":true}'
+TOMBSTONE = redaction.TOMBSTONE
 
 _RAW_ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
 
@@ -95,11 +95,10 @@ def redact_items(
 
 def check_range(first: int, last: int, next_seq: int | None, where: str) -> None:
     """Raise :class:`MaintenanceError` unless ``0 <= first <= last < next_seq`` (``None``: not known yet)."""
-    if first < 0 or last < first:
-        raise MaintenanceError(f"bad range {first}-{last}: give A-B with 0 <= A <= B")
-    if next_seq is not None and last >= next_seq:
-        held = f"its items are 0-{next_seq - 1}" if next_seq else "it holds no items"
-        raise MaintenanceError(f"seqs {first}-{last} are not all in {where}: {held}")
+    try:
+        redaction.check_range(first, last, next_seq, where)
+    except redaction.RedactionError as exc:
+        raise MaintenanceError(str(exc)) from None
 
 
 def _plan(cdir: str, first: int, last: int) -> tuple[list[_Plan], int]:

@@ -343,15 +343,14 @@ class PgStore(MemoryStore):
         """Replace items ``first_seq..last_seq`` (inclusive) by tombstones in one transaction; how many.
 
         Each row keeps its seq and ``recorded_at``; its payload becomes
-        ``logstore.maintenance.TOMBSTONE``. Bad ranges raise
-        :class:`~logstore.maintenance.MaintenanceError` with nothing changed.
+        ``logstore.redaction.TOMBSTONE``. Bad ranges raise
+        :class:`~logstore.redaction.RedactionError` with nothing changed.
         What the database keeps: the old row versions stay in the table's
         pages (dead tuples) until a vacuum reclaims them, and in the WAL (and
         any WAL archive or replica) until it is recycled; a ``VACUUM`` of
         ``items`` after the command removes them from the table itself.
         """
-        from ..maintenance import TOMBSTONE, MaintenanceError
-        from ..maintenance._redact import check_range
+        from ..redaction import TOMBSTONE, RedactionError, check_range
 
         self._check_open()
         site = SiteName(site)
@@ -360,7 +359,7 @@ class PgStore(MemoryStore):
         with self._conn(writing=True) as conn, conn.transaction():
             row = conn.execute(self._sql.lock_conversation, (site, conversation_id)).fetchone()
             if row is None:
-                raise MaintenanceError(f"conversation {conversation_id!r} does not exist in site {site!r}")
+                raise RedactionError(f"conversation {conversation_id!r} does not exist in site {site!r}")
             check_range(first_seq, last_seq, int(row[0]), f"{site}/{conversation_id}")
             cur = conn.execute(self._sql.redact, (TOMBSTONE, site, conversation_id, first_seq, last_seq))
             return cur.rowcount

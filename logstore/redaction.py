@@ -1,0 +1,24 @@
+"""What a redacted item becomes, and which seq ranges a redaction accepts: shared by every backend.
+
+The procedures live with their backends (``logstore.maintenance.redact_items``
+for a data directory, ``PgStore.redact_items``); this module holds only what
+they must agree on, so that neither backend imports the other's layer.
+"""
+
+from __future__ import annotations
+
+#: The stored payload of a redacted item (FORMAT.md, "Redacting items").
+TOMBSTONE = b'{"redacted":true}'
+
+
+class RedactionError(ValueError):
+    """A redaction refused before anything was written: a bad range, or no such conversation."""
+
+
+def check_range(first: int, last: int, next_seq: int | None, where: str) -> None:
+    """Raise :class:`RedactionError` unless ``0 <= first <= last < next_seq`` (``None``: not known yet)."""
+    if first < 0 or last < first:
+        raise RedactionError(f"bad range {first}-{last}: give A-B with 0 <= A <= B")
+    if next_seq is not None and last >= next_seq:
+        held = f"its items are 0-{next_seq - 1}" if next_seq else "it holds no items"
+        raise RedactionError(f"seqs {first}-{last} are not all in {where}: {held}")
