@@ -3,7 +3,7 @@
 Each client is a thread with its own kept-alive HTTP connection, appending
 one item per call to its own conversation, as fast as the server answers, for
 a fixed time per round; the rounds of the two configurations take turns. The
-kernel gives each connection to one worker when it is accepted, so with two
+supervisor hands each connection to the worker holding the fewest; with two
 workers the split of the 8 connections is reported (from the
 ``x-convmem-worker`` response header) beside the figure. Each configuration
 gets a fresh data directory.

@@ -28,7 +28,7 @@ from mcp.server.stdio import stdio_server
 
 from convmem.logstore import MemoryStore, SiteQuota, StoreError, open_store
 
-from . import __version__, metrics, requestlog, tls, workers
+from . import __version__, handoff, metrics, requestlog, tls, workers
 from .auth import Authenticator
 from .connguard import guarded_protocol
 from .credentials import CredentialError, CredentialFile, generate_password
@@ -215,20 +215,17 @@ def _banner(
     return "\n".join(lines)
 
 
-def _bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
-    """A listening TCP socket on host:port (IPv4 or IPv6); ``reuse_port``: one of a SO_REUSEPORT group."""
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port (IPv4 or IPv6)."""
     family, socktype, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[
         0
     ]
     sock = socket.socket(family, socktype, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reuse_port:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     if family == socket.AF_INET6:
         sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
     sock.bind(addr)
     sock.listen(2048)
-    sock.set_inheritable(True)
     return sock
 
 
@@ -364,11 +361,8 @@ def serve_http(args: argparse.Namespace) -> int:
         print(f"convmem: cannot set up the credentials ({choice.describe()}): {exc}", file=sys.stderr)
         return 2
     try:
-        many = worker is None and args.workers > 1
-        sock = _bind(args.host, args.port, many) if worker is None else socket.socket(fileno=worker[0])
-        # --workers N: a socket per worker, all on the port (the kernel spreads connections over them).
-        more = args.workers - 1 if many else 0
-        group = [sock, *(_bind(args.host, sock.getsockname()[1], True) for _ in range(more))]
+        # --workers N: the supervisor alone listens and hands connections to the workers.
+        sock = _bind(args.host, args.port) if worker is None else None
     except OSError as exc:
         store.close()
         print(f"convmem: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
@@ -379,12 +373,14 @@ def serve_http(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         return 2
-    port = sock.getsockname()[1]
-    if worker is None and args.workers > 1:
+    port = sock.getsockname()[1] if sock is not None else 0
+    if sock is not None and args.workers > 1:
         store.close()
-        return _supervise(args, group, _banner(args, port, demo, site_count, choice))
+        return _supervise(args, sock, _banner(args, port, demo, site_count, choice))
+    handed = None
     if worker is not None:
         workers.watch_supervisor(worker[1])
+        handed = handoff.Receiver(worker[0])
 
     backend = Backend(
         store=store,
@@ -425,7 +421,7 @@ def serve_http(args: argparse.Namespace) -> int:
     config.load()  # builds the TLS context now, so SIGHUP can reload it
     on_sighup = functools.partial(tls.reload_certificate, config.ssl, args.tls_cert, args.tls_key)
     gated = gate_tls_handshakes(config, args.tls_handshake_timeout)  # security: handshakes counted and timed
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(config) if handed is None else _HandedServer(config, handed)
     if worker is None:
         print(_banner(args, port, demo, site_count, choice), flush=True)
     _quiet_signals()
@@ -433,29 +429,53 @@ def serve_http(args: argparse.Namespace) -> int:
         # The TLS gate is tested on asyncio's loop only (with uvloop a handshake hung after a SIGHUP reload).
         (asyncio.run if gated else run_event_loop)(_serve_uvicorn(server, sock, backend, on_sighup))
     finally:
-        sock.close()
+        if sock is not None:
+            sock.close()
+        if handed is not None:
+            handed.close()
         backend.close_memories()
         store.close()
         logger.info("stopped; store closed")
     return 0
 
 
-def _supervise(args: argparse.Namespace, sockets: list[socket.socket], banner: str) -> int:
-    """``--workers N``: a worker process on each socket, until SIGTERM/SIGINT (see :mod:`.workers`)."""
-    supervisor = workers.Supervisor(getattr(args, "argv", None) or sys.argv[1:], sockets)
+def _supervise(args: argparse.Namespace, sock: socket.socket, banner: str) -> int:
+    """``--workers N``: N worker processes served from ``sock``, until SIGTERM/SIGINT (see :mod:`.workers`)."""
+    supervisor = workers.Supervisor(getattr(args, "argv", None) or sys.argv[1:], sock, args.workers)
     print(banner, flush=True)
     try:
         return supervisor.run()
     finally:
-        for sock in sockets:
-            sock.close()
+        sock.close()
+
+
+class _HandedServer(uvicorn.Server):
+    """uvicorn for a ``--workers`` worker: no listening socket; connections come from the supervisor."""
+
+    def __init__(self, config: uvicorn.Config, handed: handoff.Receiver) -> None:
+        super().__init__(config)
+        self._handed = handed
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=[])
+        config = self.config
+        # The protocol uvicorn builds for each connection it accepts (guards and TLS gate included).
+        protocol: Any = config.http_protocol_class
+        factory = functools.partial(
+            protocol, config=config, server_state=self.server_state, app_state=self.lifespan.state
+        )
+        self._handed.start(factory, config.ssl)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self._handed.stop()
+        await super().shutdown(sockets=[])
 
 
 async def _serve_uvicorn(
-    server: uvicorn.Server, sock: socket.socket, backend: Backend, on_sighup: Callable[[], object]
+    server: uvicorn.Server, sock: socket.socket | None, backend: Backend, on_sighup: Callable[[], object]
 ) -> None:
     asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, on_sighup)
-    await server.serve(sockets=[sock])
+    await server.serve(sockets=[sock] if sock is not None else [])
     # uvicorn has waited for in-flight requests; make sure no storage call is still running.
     if not await backend.drain(GRACEFUL_TIMEOUT):
         logger.warning("storage calls still running after %.0fs; closing the store anyway", GRACEFUL_TIMEOUT)

@@ -1,28 +1,29 @@
-"""``convmem serve --workers N``: N server processes on one listening socket and one data directory.
+"""``convmem serve --workers N``: N server processes on one port and one data directory.
 
 Pre-fork without ``fork``: the supervisor makes every check ``serve`` makes,
-binds one listening socket per worker, all on the same port with
-``SO_REUSEPORT`` (the kernel spreads new connections over them by a hash of
-their addresses; one shared socket left the split to whichever worker woke
-first, measured 2 and 6 of 8 connections), and then starts each worker as a
-fresh interpreter running ``convmem serve`` with the same arguments, handing
-it its socket (inherited descriptor) and the read end of a pipe. A worker is an ordinary
-server in every way (its own store, TLS context, connection guards, request
-limits and credentials cache); only the socket comes from the supervisor, and
-it prints no banner. A fresh interpreter rather than a forked child: the
-supervisor has opened the store (to set up credentials), and forking a
-process that may hold threads and locks would hand the child locks nobody
-will release. Several processes on one data directory are safe
-(:mod:`convmem.logstore.incarnation` and the engine's file locks). The
-supervisor keeps every socket open, so connections to a worker being
-replaced wait in its queue for the new one.
+binds the one listening socket, and starts each worker as a fresh interpreter
+running ``convmem serve`` with the same arguments, handing it one end of a
+Unix socket pair (the channel) and the read end of a pipe. The supervisor
+alone accepts; each connection goes over its channel to the worker holding
+the fewest open connections (:mod:`.handoff` says why the kernel's spread is
+not good enough for a few long-lived agent connections). A worker is an
+ordinary server in every way (its own store, TLS context, connection guards,
+request limits and credentials cache); only its connections come from the
+supervisor, and it prints no banner. A fresh interpreter rather than a forked
+child: the supervisor has opened the store (to set up credentials), and
+forking a process that may hold threads and locks would hand the child locks
+nobody will release. Several processes on one data directory are safe
+(:mod:`convmem.logstore.incarnation` and the engine's file locks). While no
+worker can take a connection (all being replaced), connections wait in the
+listening socket's queue.
 
-Shutdown: SIGTERM or SIGINT to the supervisor is passed on (as SIGTERM) to
-every worker, each finishes its in-flight requests and closes its store, and
-the supervisor exits 0 when all of them did. Workers run in their own session,
-so a Ctrl+C on the terminal reaches them once, through the supervisor. If the
-supervisor dies, the pipe's write end closes and each worker stops itself. A
-worker that dies on its own is started again (after a pause).
+Shutdown: SIGTERM or SIGINT to the supervisor stops its accepting and is
+passed on (as SIGTERM) to every worker; each finishes its in-flight requests
+and closes its store, and the supervisor exits 0 when all of them did. Workers
+run in their own session, so a Ctrl+C on the terminal reaches them once,
+through the supervisor. If the supervisor dies, the pipe's write end closes
+and each worker stops itself. A worker that dies on its own is started again
+(after a pause), with a new channel.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ import threading
 import time
 from collections.abc import Sequence
 from typing import Any
+
+from .handoff import Dispatcher
 
 logger = logging.getLogger("convmem.workers")
 
@@ -55,12 +58,12 @@ def add_arguments(serve: argparse.ArgumentParser) -> None:
         default=int(os.environ.get("CONVMEM_WORKERS", "1") or 1),
         help="server processes sharing the port and the data directory (env CONVMEM_WORKERS; default 1)",
     )
-    # "LISTEN_FD,PIPE_FD": set by the supervisor for each worker; not for people.
+    # "CHANNEL_FD,PIPE_FD": set by the supervisor for each worker; not for people.
     serve.add_argument("--worker-fds", default=None, help=argparse.SUPPRESS)
 
 
 def worker_fds(args: argparse.Namespace) -> tuple[int, int] | None:
-    """(listening socket, supervisor pipe) descriptors when this process is a worker; else None."""
+    """(connection channel, supervisor pipe) descriptors when this process is a worker; else None."""
     raw = getattr(args, "worker_fds", None)
     if not raw:
         return None
@@ -115,31 +118,38 @@ def tag_worker(app: Any) -> Any:
 class Supervisor:
     """Starts, watches and stops the worker processes of one ``serve --workers N``."""
 
-    def __init__(self, argv: Sequence[str], sockets: Sequence[socket.socket]) -> None:
-        """``sockets``: one listening socket per worker (a SO_REUSEPORT group on one port)."""
+    def __init__(self, argv: Sequence[str], listener: socket.socket, count: int) -> None:
+        """``listener``: the bound, listening socket; ``count``: how many workers to run."""
         self._argv = list(argv)
-        self._sockets = list(sockets)
-        self._count = len(self._sockets)
+        self._count = count
+        self._dispatcher = Dispatcher(listener, count)
         self._read_end, self._write_end = os.pipe()
         os.set_inheritable(self._read_end, True)
         self._procs: list[subprocess.Popen[bytes]] = []
         self._stopping = False
 
-    def _command(self, sock: socket.socket) -> list[str]:
-        fds = f"{sock.fileno()},{self._read_end}"
+    def _command(self, channel: socket.socket) -> list[str]:
+        fds = f"{channel.fileno()},{self._read_end}"
         run = "import sys; from convmem.mcp_adapter.cli import main; sys.exit(main())"
-        # Later options win in argparse: each worker is one process on the given socket.
+        # Later options win in argparse: each worker is one process serving what it is handed.
         return [sys.executable, "-c", run, *self._argv, "--workers", "1", "--worker-fds", fds]
 
     def _spawn(self, i: int) -> subprocess.Popen[bytes]:
-        sock = self._sockets[i]
-        return subprocess.Popen(
-            self._command(sock),
-            pass_fds=(sock.fileno(), self._read_end),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,  # the supervisor prints the banner; logs go to stderr
-            start_new_session=True,
-        )
+        channel = self._dispatcher.attach(i)
+        try:
+            return subprocess.Popen(
+                self._command(channel),
+                pass_fds=(channel.fileno(), self._read_end),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,  # the supervisor prints the banner; logs go to stderr
+                start_new_session=True,
+            )
+        finally:
+            channel.close()  # the worker has its copy; the supervisor must not keep the channel open
+
+    def open_connections(self) -> list[int]:
+        """Connections each worker holds (``-1`` for a worker being replaced)."""
+        return self._dispatcher.open_connections()
 
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs]
@@ -162,9 +172,11 @@ class Supervisor:
 
         old = {s: signal.signal(s, on_stop) for s in (signal.SIGTERM, signal.SIGINT)}
         old_hup = signal.signal(signal.SIGHUP, lambda *_: self._signal_all(signal.SIGHUP))
+        accepting = threading.Thread(target=self._dispatcher.run, args=(stop,), name="convmem-accept", daemon=True)
         try:
             self._procs = [self._spawn(i) for i in range(self._count)]
             logger.info("started %d workers: %s", self._count, " ".join(map(str, self.pids())))
+            accepting.start()
             while not stop.wait(0.2):
                 for i, p in enumerate(self._procs):
                     rc = p.poll()
@@ -173,11 +185,13 @@ class Supervisor:
                         if stop.wait(RESPAWN_DELAY):
                             break
                         self._procs[i] = self._spawn(i)
+            accepting.join()  # no connection is handed to a worker that is stopping
             return self._shutdown()
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
             signal.signal(signal.SIGHUP, old_hup)
+            self._dispatcher.close()
             os.close(self._read_end)
             os.close(self._write_end)
 
