@@ -29,7 +29,7 @@ serve: $(STAMP)
 test: check-lock $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,7 +1,9 @@
 """Several server processes and the CLI on one data directory, all at once.
 
-Two servers take appends and memory writes for three sites from four client
-threads, each call sent to a server picked at random, while this process runs,
+Two servers, one of them ``serve --workers 2`` (three server processes in all),
+take appends and memory writes for three sites from four client threads, each
+call sent to a server picked at random (each client's kept-alive connection
+to the ``--workers`` server goes to the worker holding fewer, so both serve), while this process runs,
 one after another: ``site passwd``, ``site remove --force`` then ``site add``
 (of the site that is replaced again and again), ``backup``, ``fsck --repair``,
 ``export`` then ``import`` into a new site. Afterwards (all of it through one
@@ -34,6 +36,8 @@ STABLE = ("alpha", "bravo")
 REPLACED = "romeo"
 IMPORTED = "india"
 LOAD_SECONDS = 12.0
+#: Successful client calls the load phase waits for, at most 4 x LOAD_SECONDS more (38 came in 12 s at load 10).
+MIN_OK_CALLS = 50
 #: fsck findings that mean damage or loss, never allowed (others: a live listing catching up).
 DAMAGE = {
     "corrupt-record",
@@ -145,6 +149,13 @@ def _operations(world: World, data: Path, tmp: Path, rnd: random.Random, stop: t
                 _convmem_ok("import", "--site", IMPORTED, "--input", str(export), str(data))
                 imported = True
             ran.append(op)
+    # Enough calls to mean something even on a loaded machine (a floor asserted below), within a bound.
+    hard = time.monotonic() + 4 * LOAD_SECONDS
+    while time.monotonic() < hard:
+        with world.lock:
+            if world.codes["ok"] > MIN_OK_CALLS:
+                break
+        time.sleep(0.1)
     stop.set()
     return ran
 
@@ -165,7 +176,9 @@ def test_servers_and_cli_on_one_data_directory_keep_every_site_whole_and_apart(t
     creds = CredentialFile(data)
     for site, pw in world.passwords.items():
         creds.add(site, pw)
-    servers = [ServerProcess(data), ServerProcess(data)]
+    # Three server processes: a --workers 2 server (a supervisor handing connections to two workers) and
+    # a plain one.
+    servers = [ServerProcess(data, "--workers", "2"), ServerProcess(data)]
     urls = [s.url for s in servers]
     stop = threading.Event()
     clients = [threading.Thread(target=_client, args=(world, urls, i, seed, stop), daemon=True) for i in range(4)]
@@ -180,7 +193,7 @@ def test_servers_and_cli_on_one_data_directory_keep_every_site_whole_and_apart(t
                 t.join(timeout=90)
         print("operations:", " ".join(ran), "calls:", dict(world.codes))
         assert world.codes["Corrupted"] == 0, world.codes
-        assert world.codes["ok"] > 50, world.codes
+        assert world.codes["ok"] > MIN_OK_CALLS, world.codes
         with httpx2.Client(timeout=60) as http:
             # Everything through one server, every fifth conversation and memory through the other.
             _check(http, urls[0], world, 1)

@@ -64,11 +64,12 @@ async def test_metrics_and_request_log_after_traffic(tmp_path: Path) -> None:
             bad = await client.call_tool("append_memory", {"conversation_id": "conv-obs-one", "items": []})
             bad_error = error_of(bad)
 
-            # A deterministic lock wait: hold the conversation's lock while an append arrives.
+            # A lock wait: hold the conversation's lock while an append arrives, releasing it 2 s after the
+            # call is sent (0.3 s was once too short for a server on a machine at load 10).
             lock_path = os.path.join(layout.conversation_dir(str(data), SITE, "conv-obs-two"), layout.LOCK_FILE)
             fd = os.open(lock_path, os.O_RDWR)
             fcntl.flock(fd, fcntl.LOCK_EX)
-            timer = threading.Timer(0.3, lambda: (fcntl.flock(fd, fcntl.LOCK_UN), os.close(fd)))
+            timer = threading.Timer(2.0, lambda: (fcntl.flock(fd, fcntl.LOCK_UN), os.close(fd)))
             timer.start()
             waited = await client.call_tool("append_memory", {"conversation_id": "conv-obs-two", "items": [{"w": 1}]})
             timer.join()
