@@ -270,6 +270,17 @@ class Writer(Recovery):
         finally:
             self._unlock()
 
+    def _load(self, writable: bool) -> None:
+        """Load the log afresh (as :class:`Recovery`); a log that lost seqs was forgotten since.
+
+        The listing's commits this process still owes for those seqs are then
+        stale, and are dropped.
+        """
+        known = self._next_seq if self._loaded else 0
+        super()._load(writable)
+        if self._next_seq < known:
+            self.manifest.shrank(self.conversation_id, self._next_seq)
+
     def _key_table(self) -> idempotency.KeyTable:
         """The conversation's key table, current with the log (exclusive lock held, tail verified)."""
         table = self._keys
