@@ -19,7 +19,8 @@ import pytest
 from memories_support import files_holding, tree_bytes
 
 from convmem.client import MemoryClient
-from convmem.logstore import FileStore, Range, maintenance
+from convmem.logstore import FileStore, IdempotencyConflict, IdempotencyRedacted, Range, SeqRange, maintenance
+from convmem.logstore.idempotency import digest
 from convmem.logstore.maintenance import TOMBSTONE, MaintenanceError
 from convmem.logstore.postgres import PgStore
 from convmem.logstore.redaction import RedactionError
@@ -182,3 +183,59 @@ def test_a_running_server_serves_the_tombstones(tmp_path: Path) -> None:
     assert files_holding(root, [SECRET.encode()]) == []
     _clean(root)
 
+
+# A keyed retry of a batch that a redaction rewrote since: the same answer on both backends.
+BATCH = [{"n": 0, "s": "kept"}, {"n": 1, "s": SECRET}, {"n": 2, "s": "kept"}]
+
+
+def _retries_after_redaction(store: Any) -> None:
+    """``store`` holds BATCH (key "kb", seqs 1-3) after one plain item and before a keyed one ("kc", seq 4);
+    seq 2 (BATCH's middle item) is redacted. Every retry is judged by the batch as stored now."""
+    for items in (BATCH, [BATCH[0], {"n": 1, "s": "a guess"}, BATCH[2]]):
+        with pytest.raises(IdempotencyRedacted) as info:
+            store.append(SITE, CONV, items, idempotency_key="kb")
+        err = info.value
+        assert err.code == "IdempotencyConflict"
+        assert err.details() == {"first_seq": 1, "last_seq": 3, "redacted_seqs": [2]}
+        assert "redacted since (seqs 2 are tombstones): the retried items match every item it kept" in str(err)
+    # Different where nothing was redacted, or another count: a plain conflict.
+    for items in ([{"n": 9}, BATCH[1], BATCH[2]], BATCH[:2]):
+        with pytest.raises(IdempotencyConflict) as plain:
+            store.append(SITE, CONV, items, idempotency_key="kb")
+        assert type(plain.value) is IdempotencyConflict and plain.value.details() == {"first_seq": 1, "last_seq": 3}
+    # The batch as stored now (its tombstone included) is the same items: answered with its range.
+    assert store.append(SITE, CONV, [BATCH[0], GONE, BATCH[2]], idempotency_key="kb") == SeqRange(1, 3)
+    assert store.append(SITE, CONV, [{"n": 4}], idempotency_key="kc") == SeqRange(4, 4)  # untouched batch
+    assert [i.seq for i in store.read(SITE, CONV, Range(0, 10))] == [0, 1, 2, 3, 4]  # nothing was written
+
+
+def test_a_retry_of_a_redacted_batch_names_the_redaction(tmp_path: Path) -> None:
+    with FileStore(tmp_path) as store:
+        store.append(SITE, CONV, [{"n": "plain"}])
+        store.append(SITE, CONV, BATCH, idempotency_key="kb")
+        store.append(SITE, CONV, [{"n": 4}], idempotency_key="kc")
+        # This store keeps the keys it saw (digests of the items as appended) while another process redacts.
+        assert store.append(SITE, CONV, BATCH, idempotency_key="kb") == SeqRange(1, 3)
+        proc = run_convmem("redact", SITE, CONV, "--seqs", "2", "--data-dir", str(tmp_path))
+        assert proc.returncode == 0, proc.stderr
+        _retries_after_redaction(store)
+    with FileStore(tmp_path) as store:  # and a store that reads the keys from the log afresh
+        _retries_after_redaction(store)
+
+
+def test_a_retry_of_a_redacted_batch_names_the_redaction_on_postgresql(pg: tuple[str, str]) -> None:
+    with PgStore(pg[0], schema=pg[1], pool_max=2) as store:
+        store.append(SITE, CONV, [{"n": "plain"}])
+        store.append(SITE, CONV, BATCH, idempotency_key="kb")
+        store.append(SITE, CONV, [{"n": 4}], idempotency_key="kc")
+        assert store.redact_items(SITE, CONV, 2, 2) == 1
+        _retries_after_redaction(store)
+        # The key's digest was of the items as appended; it is now of the batch as stored.
+        import psycopg
+
+        with psycopg.connect(pg[0], autocommit=True) as conn:
+            (dig,) = conn.execute(
+                f'SELECT digest FROM "{pg[1]}".append_keys WHERE key = %s'.encode(), ("kb",)
+            ).fetchone()  # type: ignore[misc]
+        assert bytes(dig) == digest(msgspec.json.encode([BATCH[0], GONE, BATCH[2]]))
+        assert bytes(dig) != digest(msgspec.json.encode(BATCH))
