@@ -239,3 +239,51 @@ def test_a_retry_of_a_redacted_batch_names_the_redaction_on_postgresql(pg: tuple
             ).fetchone()  # type: ignore[misc]
         assert bytes(dig) == digest(msgspec.json.encode([BATCH[0], GONE, BATCH[2]]))
         assert bytes(dig) != digest(msgspec.json.encode(BATCH))
+
+
+def test_the_worked_example_in_the_docs_runs_as_shown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/working-memory.md's forget and redact example: each ``convmem`` command, run in-process on the
+    example's items, prints what the page shows (timestamps aside) and exits as shown."""
+    import re
+    import shlex
+
+    from convmem.tools.cli import main
+
+    doc = (Path(__file__).parent.parent / "docs" / "working-memory.md").read_text()
+    block = doc.split("## Erasing what was stored", 1)[1].split("```console\n", 1)[1].split("```", 1)[0]
+    steps: list[tuple[str, list[str]]] = []
+    for line in block.splitlines():
+        if line.startswith("$ "):
+            steps.append((line[2:], []))
+        else:
+            steps[-1][1].append(line)
+    monkeypatch.chdir(tmp_path)
+    with FileStore(tmp_path / "data") as store:
+        store.append("team-alpha", "trip-planning-01", [{"role": "user", "text": "book the 9:40 train"}])
+        store.append("team-alpha", "trip-planning-01", [{"role": "user", "text": "my card is 4111 1111 1111 1111"},
+                                                       {"role": "assistant", "text": "card noted"}],
+                     idempotency_key="turn-2")
+        store.append("team-alpha", "trip-planning-01", [{"role": "assistant", "text": "booked: coach 7, seat 42"}])
+    stamp = re.compile(r'"recorded_at":"[^"]+"')
+    status = 0
+    ran = 0
+    for command, shown in steps:
+        if command.startswith("grep "):
+            assert files_holding(tmp_path / "data", [b"4111"]) == [] and shown == ["no file holds it"], command
+            continue
+        if command == "echo $?":
+            assert shown == [str(status)]
+            continue
+        argv = shlex.split(command)
+        assert argv[0] == "convmem", command
+        capsys.readouterr()
+        status = main(argv[1:])
+        out, err = capsys.readouterr()
+        if command.startswith("convmem export"):  # the count is on stderr, after the lines
+            out += err
+            err = ""
+        assert [stamp.sub("", s) for s in (out + err).splitlines()] == [stamp.sub("", s) for s in shown], command
+        assert status == (8 if "--seqs 3-4" in command else 0), command
+        ran += 1
+    assert ran == 6
