@@ -59,6 +59,9 @@ class ManifestHook:
     def commit(self, conversation_id: str, tip: Tip) -> None:
         raise NotImplementedError
 
+    def shrank(self, conversation_id: str, next_seq: int) -> None:
+        """The conversation's log was found to end before seqs this process had appended (forgotten since)."""
+
 
 def _lock_wait(acquire: Callable[[], bool], deadline: float, started: float) -> None:
     if acquire():

@@ -310,6 +310,45 @@ class IdempotencyConflict(StoreError):
         return {"first_seq": self.first_seq, "last_seq": self.last_seq}
 
 
+class IdempotencyRedacted(IdempotencyConflict):
+    """A keyed retry of a batch part of which was redacted since: whether its items match can't be told.
+
+    Permanent; code ``IdempotencyConflict``, with ``redacted_seqs`` in the
+    details. The retry matches every item of the batch the redaction left;
+    the seqs named are tombstones now, and a tombstone keeps nothing (no
+    digest either) of what it replaced. The batch the key stands for is at
+    ``first_seq..last_seq``; nothing was written.
+    """
+
+    def __init__(self, key: str, first_seq: int, last_seq: int, redacted_seqs: list[int]) -> None:
+        self.key = key
+        self.first_seq = first_seq
+        self.last_seq = last_seq
+        self.redacted_seqs = redacted_seqs
+        whole = len(redacted_seqs) == last_seq - first_seq + 1
+        StoreError.__init__(
+            self,
+            f"idempotency key {key!r} stands for the batch at seqs {first_seq}..{last_seq}, which was redacted "
+            f"since (seqs {_seq_list(redacted_seqs)} are tombstones): "
+            + ("" if whole else "the retried items match every item it kept, but ")
+            + "the redacted items can no longer be compared with the retried ones; nothing was written",
+        )
+
+    def details(self) -> dict[str, object]:
+        return {**super().details(), "redacted_seqs": list(self.redacted_seqs)}
+
+
+def _seq_list(seqs: list[int]) -> str:
+    """``[3, 4, 5, 9]`` -> ``"3-5, 9"``."""
+    runs: list[list[int]] = []
+    for s in seqs:
+        if runs and runs[-1][1] + 1 == s:
+            runs[-1][1] = s
+        else:
+            runs.append([s, s])
+    return ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in runs)
+
+
 class SeqConflict(StoreError):
     """``expected_next_seq`` differed from the conversation's next seq; nothing was written.
 

@@ -31,9 +31,11 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, NamedTuple
 
+import msgspec
 import xxhash
 
 from .convstate import ReadOnlyFile
+from .errors import Corrupted
 from .frame import ITEM_KINDS, KIND_KEYED, KIND_LOSS, SEGMENT_HEADER_SIZE, items_body, record_key
 from .segment import Gap, walk
 from .timefmt import now_us
@@ -164,3 +166,49 @@ def catch_up(conv: Recovery, table: KeyTable) -> None:
             table.note(s.key, s.first, s.last, s.digest, s.at_us)
     table.covered = conv._next_seq
     table.prune(now_us())
+
+
+#: A batch's items array, element by element (each element's bytes as stored).
+RAW_ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
+
+
+def _batch_at(fd: int, start: int, end: int, salt: int, first: int) -> tuple[bytes, list[bytes]] | None:
+    for rec in walk(fd, start, end, salt):
+        if isinstance(rec, Gap):
+            continue
+        _off, h, body = rec
+        if h.first_seq == first and h.kind in ITEM_KINDS:
+            items = items_body(h.kind, body)
+            try:
+                return digest(items), [bytes(r) for r in RAW_ITEMS.decode(items)]
+            except msgspec.DecodeError:
+                return None
+        if h.first_seq > first:
+            return None
+    return None
+
+
+def stored_batch(conv: Recovery, first: int) -> tuple[bytes, list[bytes]] | None:
+    """The digest and items (compact JSON each) of the batch record at seq ``first`` as stored now; None if none.
+
+    File lock held, state refreshed (as :func:`catch_up`). A keyed retry is
+    judged by it rather than by the table's digest, which is of the items as
+    appended: a redaction may have replaced some by tombstones since. None
+    also when the record cannot be read now (the table's digest then answers).
+    """
+    bases = [b for b in conv._segments if b <= first]
+    if not bases:
+        return None
+    base = bases[-1]
+    if base == conv._segments[-1] and conv._fd is not None:
+        entry = conv._idx.floor(first)
+        start = entry[1] if entry is not None else SEGMENT_HEADER_SIZE
+        return _batch_at(conv._fd, start, conv._end, conv._salt, first)
+    try:
+        with ReadOnlyFile(conv._seg_path(base)) as fd:
+            salt, end, sidx = conv._sealed(base, fd)
+            entry = sidx.floor(first)
+            start = entry[1] if entry is not None else SEGMENT_HEADER_SIZE
+            return _batch_at(fd, start, end, salt, first)
+    except (Corrupted, OSError):
+        return None  # unreadable now: the table's digest answers, as before

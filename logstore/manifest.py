@@ -390,6 +390,19 @@ class SiteManifest(ManifestHook):
             if old is None or old[4] < tip.next_seq:
                 self._owed[conv] = [COMMIT, conv, tip.created_us, tip.last_us, tip.next_seq]
 
+    def shrank(self, conversation_id: str, next_seq: int) -> None:
+        """Drop a commit owed for seqs the conversation's log no longer holds (it was forgotten since).
+
+        Logged after the forget, such a commit would make the listing claim
+        seqs the log never gets back (entries only move forward), and fsck
+        report them as acknowledged and lost.
+        """
+        conv = str(conversation_id)
+        with self._mutex:
+            old = self._owed.get(conv)
+            if old is not None and old[4] > next_seq:
+                del self._owed[conv]
+
     def flush(self) -> None:
         """Log the commits owed by this process, if any."""
         if self._owed:

@@ -33,10 +33,11 @@ from collections.abc import Callable, Iterator
 
 from . import background, convpool, fileio, follow, frame, idempotency, index, layout
 from .convstate import Options, Tip
-from .errors import ConversationFull, IdempotencyConflict, Io, SeqConflict, Timeout
+from .errors import ConversationFull, IdempotencyConflict, IdempotencyRedacted, Io, SeqConflict, Timeout
 from .frame import KIND_BATCH, KIND_KEYED, KIND_SEAL, SEGMENT_HEADER_SIZE
 from .limits import MAX_CONVERSATION_ITEMS
 from .recovery import Recovery
+from .redaction import redacted_in_retry
 from .timefmt import now_us
 
 _INDEX_WRITE_GROUP = 16
@@ -270,6 +271,17 @@ class Writer(Recovery):
         finally:
             self._unlock()
 
+    def _load(self, writable: bool) -> None:
+        """Load the log afresh (as :class:`Recovery`); a log that lost seqs was forgotten since.
+
+        The listing's commits this process still owes for those seqs are then
+        stale, and are dropped.
+        """
+        known = self._next_seq if self._loaded else 0
+        super()._load(writable)
+        if self._next_seq < known:
+            self.manifest.shrank(self.conversation_id, self._next_seq)
+
     def _key_table(self) -> idempotency.KeyTable:
         """The conversation's key table, current with the log (exclusive lock held, tail verified)."""
         table = self._keys
@@ -279,22 +291,39 @@ class Writer(Recovery):
             idempotency.catch_up(self, table)  # another process appended since
         return table
 
-    @staticmethod
-    def _answer_from_key(b: _Batch, keys: idempotency.KeyTable | None, pending: dict[str, _Batch]) -> bool:
+    def _answer_from_key(self, b: _Batch, keys: idempotency.KeyTable | None, pending: dict[str, _Batch]) -> bool:
         """Answer a keyed batch from a retained batch with its key, if any (True: nothing to write)."""
         assert b.key is not None and keys is not None
         found = keys.get(b.key)
+        stored: tuple[bytes, list[bytes]] | None = None
         if found is not None:
             first, last, dig = found.first, found.last, found.digest
+            # The batch as stored now decides: a redaction since may have rewritten it (the table's
+            # digest is of the items as appended). A retry is rare; this reads one record.
+            stored = idempotency.stored_batch(self, first)
+            if stored is not None:
+                dig = stored[0]
         elif (twin := pending.get(b.key)) is not None:
             first, last, dig = twin.result[0], twin.result[1], twin.digest  # the same key twice in one group
         else:
             return False
         if dig != b.digest:
-            b.error = IdempotencyConflict(b.key, first, last)
+            b.error = self._key_conflict(b, first, last, stored[1] if stored is not None else None)
         else:
             b.result = (first, last, 0)
         return True
+
+    @staticmethod
+    def _key_conflict(b: _Batch, first: int, last: int, stored: list[bytes] | None) -> IdempotencyConflict:
+        """The error of a keyed retry whose items differ from its batch's ``stored`` items (None: unknown):
+        IdempotencyRedacted when a redaction of the batch may be why, else IdempotencyConflict."""
+        assert b.key is not None
+        if stored is not None:
+            retried = [bytes(r) for r in idempotency.RAW_ITEMS.decode(frame.items_body(frame.KIND_KEYED, b.body))]
+            hidden = redacted_in_retry(stored, retried)
+            if hidden is not None:
+                return IdempotencyRedacted(b.key, first, last, [first + i for i in hidden])
+        return IdempotencyConflict(b.key, first, last)
 
     def _note_keys(self, written: list[_Batch]) -> None:
         """Keep the key table (if built) current with batches just written (``mutex`` held)."""

@@ -55,7 +55,8 @@ _ADVICE: dict[str, str] = {
     "Read around the lost seqs with replay_memory: every other item is intact.",
     "InvalidArguments": "Fix the named argument; retrying unchanged fails again.",
     "IdempotencyConflict": "That idempotency_key was already used for other items (at first_seq..last_seq); use a "
-    "fresh key for a new batch. Retrying unchanged fails again.",
+    "fresh key for a new batch. Retrying unchanged fails again. With redacted_seqs: the batch the key stands for is "
+    "stored at first_seq..last_seq and matches these items wherever it was not redacted since; do not send it again.",
     "SeqConflict": "Someone appended since you last looked: read from your last known seq + 1 (actual_next_seq is "
     "the next seq now), decide, then append with the new expected_next_seq.",
     "InvalidIdempotencyKey": "Use 1-128 characters from [A-Za-z0-9_-] as idempotency_key.",

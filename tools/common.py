@@ -7,7 +7,7 @@ import functools
 import os
 import sys
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 #: Exit statuses, as ``e2fsck`` uses them.
 EXIT_CLEAN = 0
@@ -84,3 +84,49 @@ def registered_sites(data_dir: str) -> list[str]:
         return CredentialFile(data_dir).sites()
     except (OSError, ValueError):
         return []
+
+
+def add_target_options(p: argparse.ArgumentParser) -> None:
+    """``--data-dir`` (a data directory or a ``postgresql://`` URI) and ``--lock-timeout``: an erasure's target."""
+    p.add_argument(
+        "--data-dir",
+        default=os.environ.get("CONVMEM_DATA_DIR"),
+        help="the data directory, or a postgresql:// URI (default: $CONVMEM_DATA_DIR)",
+    )
+    p.add_argument("--lock-timeout", type=float, default=30.0, help="seconds to wait for the conversation")
+
+
+def run_on_target(
+    args: argparse.Namespace, doing: str, on_postgres: Callable[[Any], str], on_data_dir: Callable[[str], str]
+) -> int:
+    """Run an operation on the target :func:`add_target_options` named; print its summary line; the exit status.
+
+    ``on_postgres`` gets a ``PgStore`` (opened here with one connection, closed
+    after), ``on_data_dir`` the data directory; each returns the line to
+    print. A missing or wrong target, and the engine's refusals (StoreError,
+    MaintenanceError, RedactionError, OSError), print ``cannot <doing>: ...``
+    and return 8.
+    """
+    from convmem.logstore import StoreError
+    from convmem.logstore.maintenance import MaintenanceError
+    from convmem.logstore.redaction import RedactionError
+
+    if not args.data_dir:
+        return fail("give --data-dir (or set CONVMEM_DATA_DIR)")
+    try:
+        if args.data_dir.startswith(("postgresql://", "postgres://")):
+            from convmem.logstore.postgres import PgStore
+
+            store = PgStore(args.data_dir, pool_min=1, pool_max=1)
+            try:
+                line = on_postgres(store)
+            finally:
+                store.close()
+        elif not os.path.isdir(args.data_dir):
+            return fail(f"{args.data_dir} is not a directory")
+        else:
+            line = on_data_dir(str(args.data_dir))
+    except (StoreError, MaintenanceError, RedactionError, OSError) as exc:
+        return fail(f"cannot {doing}: {exc}", EXIT_OPERATIONAL)
+    print(line)
+    return EXIT_CLEAN

@@ -13,11 +13,14 @@ operational error.
 from __future__ import annotations
 
 import argparse
-import os
+from typing import TYPE_CHECKING
 
-from convmem.logstore import StoreError
+from .common import add_target_options, command, exit_8_on_usage_error, run_on_target
 
-from .common import EXIT_CLEAN, EXIT_OPERATIONAL, command, exit_8_on_usage_error, fail
+if TYPE_CHECKING:
+    from convmem.logstore.postgres import PgStore
+
+
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -29,39 +32,21 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     p.add_argument("site", metavar="SITE")
     p.add_argument("conversation", metavar="CONVERSATION_ID")
-    p.add_argument(
-        "--data-dir",
-        default=os.environ.get("CONVMEM_DATA_DIR"),
-        help="the data directory, or a postgresql:// URI (default: $CONVMEM_DATA_DIR)",
-    )
-    p.add_argument("--lock-timeout", type=float, default=30.0, help="seconds to wait for the conversation")
+    add_target_options(p)
     p.set_defaults(func=command(run))
     exit_8_on_usage_error(p)
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.data_dir:
-        return fail("give --data-dir (or set CONVMEM_DATA_DIR)")
-    try:
-        if args.data_dir.startswith(("postgresql://", "postgres://")):
-            from convmem.logstore.postgres import PgStore
+    site, conv = args.site, args.conversation
 
-            store = PgStore(args.data_dir, pool_min=1, pool_max=1)
-            try:
-                n = store.forget_conversation(args.site, args.conversation)
-            finally:
-                store.close()
-            print(f"forgot {args.site}/{args.conversation}: {n} items")
-            return EXIT_CLEAN
+    def on_postgres(store: PgStore) -> str:
+        return f"forgot {site}/{conv}: {store.forget_conversation(site, conv)} items"
+
+    def on_data_dir(data_dir: str) -> str:
         from convmem.logstore.maintenance import forget_conversation
 
-        if not os.path.isdir(args.data_dir):
-            return fail(f"{args.data_dir} is not a directory")
-        done = forget_conversation(args.data_dir, args.site, args.conversation, lock_timeout=args.lock_timeout)
-    except (StoreError, OSError) as exc:
-        return fail(f"cannot forget {args.site}/{args.conversation}: {exc}", EXIT_OPERATIONAL)
-    print(
-        f"forgot {args.site}/{args.conversation}: {done.segments} segment files, "
-        f"{done.quarantined} quarantined copies"
-    )
-    return EXIT_CLEAN
+        done = forget_conversation(data_dir, site, conv, lock_timeout=args.lock_timeout)
+        return f"forgot {site}/{conv}: {done.segments} segment files, {done.quarantined} quarantined copies"
+
+    return run_on_target(args, f"forget {site}/{conv}", on_postgres, on_data_dir)

@@ -14,14 +14,14 @@ operational error (nothing changed).
 from __future__ import annotations
 
 import argparse
-import os
 import re
+from typing import TYPE_CHECKING
 
-from convmem.logstore import StoreError
-from convmem.logstore.maintenance import MaintenanceError
-from convmem.logstore.redaction import RedactionError
+from .common import add_target_options, command, exit_8_on_usage_error, fail, run_on_target
 
-from .common import EXIT_CLEAN, EXIT_OPERATIONAL, command, exit_8_on_usage_error, fail
+if TYPE_CHECKING:
+    from convmem.logstore.postgres import PgStore
+
 
 _RANGE = re.compile(r"(\d{1,19})(?:-(\d{1,19}))?")
 
@@ -36,19 +36,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("site", metavar="SITE")
     p.add_argument("conversation", metavar="CONVERSATION_ID")
     p.add_argument("--seqs", required=True, metavar="A-B", help="the seqs to redact, inclusive (A alone for one)")
-    p.add_argument(
-        "--data-dir",
-        default=os.environ.get("CONVMEM_DATA_DIR"),
-        help="the data directory, or a postgresql:// URI (default: $CONVMEM_DATA_DIR)",
-    )
-    p.add_argument("--lock-timeout", type=float, default=30.0, help="seconds to wait for the conversation")
+    add_target_options(p)
     p.set_defaults(func=command(run))
     exit_8_on_usage_error(p)
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.data_dir:
-        return fail("give --data-dir (or set CONVMEM_DATA_DIR)")
     m = _RANGE.fullmatch(args.seqs)
     if m is None:
         return fail(f"--seqs {args.seqs!r}: give A-B (two seqs, A <= B) or one seq")
@@ -56,29 +49,19 @@ def run(args: argparse.Namespace) -> int:
     last = int(m.group(2)) if m.group(2) is not None else first
     if last < first:
         return fail(f"--seqs {args.seqs}: the first seq is after the last")
-    where = f"{args.site}/{args.conversation}"
-    try:
-        if args.data_dir.startswith(("postgresql://", "postgres://")):
-            from convmem.logstore.postgres import PgStore
+    site, conv = args.site, args.conversation
+    where = f"{site}/{conv} seqs {first}-{last}"
 
-            store = PgStore(args.data_dir, pool_min=1, pool_max=1)
-            try:
-                n = store.redact_items(args.site, args.conversation, first, last)
-            finally:
-                store.close()
-            print(f"redacted {where} seqs {first}-{last}: {n} items")
-            return EXIT_CLEAN
-        if not os.path.isdir(args.data_dir):
-            return fail(f"{args.data_dir} is not a directory")
+    def on_postgres(store: PgStore) -> str:
+        return f"redacted {where}: {store.redact_items(site, conv, first, last)} items"
+
+    def on_data_dir(data_dir: str) -> str:
         from convmem.logstore.maintenance import redact_items
 
-        done = redact_items(
-            args.data_dir, args.site, args.conversation, first, last, lock_timeout=args.lock_timeout
+        done = redact_items(data_dir, site, conv, first, last, lock_timeout=args.lock_timeout)
+        return (
+            f"redacted {where}: {done.segments} segment files rewritten, "
+            f"{done.quarantined} quarantined copies removed"
         )
-    except (StoreError, MaintenanceError, RedactionError, OSError) as exc:
-        return fail(f"cannot redact {where}: {exc}", EXIT_OPERATIONAL)
-    print(
-        f"redacted {where} seqs {first}-{last}: {done.segments} segment files rewritten, "
-        f"{done.quarantined} quarantined copies removed"
-    )
-    return EXIT_CLEAN
+
+    return run_on_target(args, f"redact {site}/{conv}", on_postgres, on_data_dir)

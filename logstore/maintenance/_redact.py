@@ -6,8 +6,9 @@ numbering stays gapless and a read returns the tombstone where the payload
 was. Every segment holding a seq of the range is rewritten, under the
 conversation's exclusive lock, exactly as a repair rewrites one (FORMAT.md,
 section 6, "Redacting items"): the new segment, same header and salt, goes to
-``<name>.tmp``, is synced and renamed over the old one with the old index
-unlinked in the same directory sync; the old file is then truncated to
+``<name>.tmp`` and synced, the old index is unlinked (and the directory
+synced), the new segment renamed over the old one (and the directory synced
+again); the old file is then truncated to
 nothing (an engine holding it open sees the change and reloads) and the index
 written again. Quarantined copies of the conversation's segments (which may
 hold the payloads) are removed. Every segment is planned (read, checked,
@@ -17,7 +18,6 @@ segment changes nothing.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from dataclasses import dataclass
 
@@ -152,7 +152,7 @@ def _redacted_record(salt: int, h: frame.RecordHeader, body: bytes, first: int, 
 
 
 def _replace(cdir: str, p: _Plan) -> None:
-    """Write-new, sync, rename over (old index unlinked in the same directory sync), then cut the old file."""
+    """Write-new, sync, unlink the old index and sync, rename over and sync, then cut the old file."""
     tmp = p.path + ".tmp"
     out = fileio.open_create(tmp, os.O_WRONLY | os.O_TRUNC)
     try:
@@ -161,9 +161,14 @@ def _replace(cdir: str, p: _Plan) -> None:
     finally:
         os.close(out)
     fileio.crashpoint("redact-new-synced")
+    # The old index holds the old offsets: it goes, durably, before the rename. In one directory
+    # sync with it, a power cut could keep the rename and not the unlink (POSIX orders neither),
+    # leaving the new segment with an index of the old one.
+    idx = os.path.join(cdir, layout.index_name(p.base))
+    if os.path.lexists(idx):
+        fileio.unlink(idx)
+        fileio.fsync_dir(cdir)
     with open(p.path, "r+b") as old:
-        with contextlib.suppress(FileNotFoundError):
-            fileio.unlink(os.path.join(cdir, layout.index_name(p.base)))
         fileio.rename(tmp, p.path)
         fileio.crashpoint("redact-renamed")
         fileio.fsync_dir(cdir)

@@ -36,7 +36,15 @@ import psycopg_pool
 from psycopg import sql
 
 from ..codec import decode_batch, encode_items
-from ..errors import ConversationFull, Corrupted, IdempotencyConflict, SeqConflict, StoreError, Unavailable
+from ..errors import (
+    ConversationFull,
+    Corrupted,
+    IdempotencyConflict,
+    IdempotencyRedacted,
+    SeqConflict,
+    StoreError,
+    Unavailable,
+)
 from ..idempotency import digest
 from ..ids import ConversationId, SiteName, check_expected_next_seq, check_idempotency_key
 from ..limits import MAX_CONVERSATION_ITEMS
@@ -285,6 +293,8 @@ class PgStore(MemoryStore):
                     refused = _refusal(exc, idempotency_key, expected_next_seq)
                     if refused is None:
                         raise
+                    if isinstance(refused, IdempotencyConflict):  # autocommit: the connection is usable
+                        refused = self._key_conflict(conn, site, conversation_id, refused, parts)
                     raise refused from None
             else:
                 row = conn.execute(
@@ -339,6 +349,20 @@ class PgStore(MemoryStore):
                 conn.execute(statement, (site, conversation_id))
         return int(row[0]) if row else 0
 
+    def _key_conflict(
+        self, conn: Any, site: str, conversation_id: str, refused: IdempotencyConflict, parts: list[bytes]
+    ) -> IdempotencyConflict:
+        """IdempotencyRedacted when a redaction of the key's batch may be why its items differ (as the file engine)."""
+        from ..redaction import redacted_in_retry
+
+        n = refused.last_seq - refused.first_seq + 1
+        rows = conn.execute(self._sql.range, (site, conversation_id, refused.first_seq, n)).fetchall()
+        hidden = redacted_in_retry([bytes(r[2]) for r in rows], [bytes(p) for p in parts])
+        if hidden is None:
+            return refused
+        seqs = [refused.first_seq + i for i in hidden]
+        return IdempotencyRedacted(refused.key, refused.first_seq, refused.last_seq, seqs)
+
     def redact_items(self, site: str, conversation_id: str, first_seq: int, last_seq: int) -> int:
         """Replace items ``first_seq..last_seq`` (inclusive) by tombstones in one transaction; how many.
 
@@ -362,6 +386,21 @@ class PgStore(MemoryStore):
                 raise RedactionError(f"conversation {conversation_id!r} does not exist in site {site!r}")
             check_range(first_seq, last_seq, int(row[0]), f"{site}/{conversation_id}")
             cur = conn.execute(self._sql.redact, (TOMBSTONE, site, conversation_id, first_seq, last_seq))
+            # A key's digest is of its batch's items: those of a redacted batch go too (a digest of a
+            # short payload would let anyone confirm a guess of it). Each now covers the batch as stored.
+            keys = conn.execute(self._sql.keys_over, (site, conversation_id, last_seq, first_seq)).fetchall()
+            if keys:
+                lo, hi = min(int(k[1]) for k in keys), max(int(k[2]) for k in keys)
+                rows = conn.execute(self._sql.range, (site, conversation_id, lo, hi - lo + 1)).fetchall()
+                payload = {int(r[0]): bytes(r[2]) for r in rows}
+                conn.cursor().executemany(
+                    self._sql.set_key_digest,
+                    [
+                        (digest(b"[" + b",".join(payload[s] for s in range(int(f), int(t) + 1)) + b"]"), site,
+                         conversation_id, key)
+                        for key, f, t in keys
+                    ],
+                )
             return cur.rowcount
 
     def list_conversations(self, site: str, selector: ListSelector) -> ConversationListing:
@@ -532,6 +571,13 @@ class _Statements:
         ]
         self.redact = q(
             "UPDATE {s}.items SET payload = %s WHERE site = %s AND conversation_id = %s AND seq BETWEEN %s AND %s"
+        )
+        self.keys_over = q(
+            "SELECT key, first_seq, last_seq FROM {s}.append_keys WHERE site = %s AND conversation_id = %s "
+            "AND first_seq <= %s AND last_seq >= %s"
+        )
+        self.set_key_digest = q(
+            "UPDATE {s}.append_keys SET digest = %s WHERE site = %s AND conversation_id = %s AND key = %s"
         )
         self.restore_item = q(
             "INSERT INTO {s}.items (site, conversation_id, seq, recorded_at, payload) VALUES (%s, %s, %s, %s, %s)"

@@ -6,7 +6,8 @@ by all of them, recording every acknowledged range. Each round kills them
 process and checks every promise: every acknowledged item is there with its
 exact payload and seq, seqs are gapless, no partial batch is visible, every
 conversation with an acknowledged item is listed, and appends continue where
-they left off.
+they left off. A second test kills ``convmem redact`` and ``convmem forget``
+beside a writer process (see its doc).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 from convmem.logstore import FileStore, ListSelector
@@ -199,3 +201,98 @@ def _rounds_on_one_dir(base: Path, round_nos: range, rng: random.Random) -> None
         assert len(acks) > len(round_nos) * len(all_convs), "the writers acknowledged nothing: the test tested nothing"
     finally:
         store.close()
+
+
+def test_sigkill_erasures_beside_a_writer(tmp_path: Path) -> None:
+    """``convmem redact`` and ``convmem forget`` SIGKILLed at random moments while a writer process appends.
+
+    Each round fills a fresh data directory (a conversation whose seqs LO-HI are redacted, spanning
+    several segments, and one that is forgotten), starts a writer appending to the first and a third,
+    starts both tools, and kills each tool at a random moment (it may finish first), then the writer. Then:
+    every acknowledged item outside the range is intact and no batch is partial; each redacted record
+    is wholly original or wholly tombstones; the forgotten conversation is whole, a prefix of itself or
+    empty; fsck finds nothing the engine does not resolve itself. Run again, the tools finish: the
+    range is tombstones, the conversation is gone, no file holds a byte of either, fsck is clean.
+    """
+    from convmem.logstore import maintenance
+    from convmem.logstore.maintenance import forget_conversation, redact_items
+    from tests.mcp_helpers import convmem_cmd
+
+    from .test_powercut_erasure import GONE_CONV, HI, LO, PLAIN, RED, SETUP, _check_log, _files_holding, _needle
+
+    rng = fault_rng("test_sigkill_erasures_beside_a_writer")
+    finished: Counter[str] = Counter()
+    for round_no in range(rounds(2, 60)):
+        base = tmp_path / f"r{round_no}"
+        data = base / "data"
+        setup: list[Ack] = []
+        with FileStore(data, segment_bytes=1024, index_interval=64) as store:
+            for b, (conv, n, pad) in enumerate(SETUP, 1):
+                r = store.append(SITE, conv, make_batch("s", b, n, pad))
+                setup.append(Ack(conv, r.first, r.last, "s", b, n, pad))
+        secrets = [_needle(a, s) for a in setup if a.conv == RED for s in range(a.first, a.last + 1) if LO <= s <= HI]
+        gone = [_needle(a, s) for a in setup if a.conv == GONE_CONV for s in range(a.first, a.last + 1)]
+        acks = base / "acks.jsonl"
+        writer = subprocess.Popen(
+            writer_cmd(
+                *("--data-dir", str(data), "--id", "w", "--convs", f"{RED},{PLAIN}", "--acks", str(acks)),
+                *("--seed", str(rng.randrange(1 << 30)), "--segment-bytes", "1024", "--index-interval", "64"),
+                *("--max-items", "3", "--max-pad", "120"),
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=subprocess_env(),
+        )
+        _wait_ready(writer)
+        tools = {
+            name: subprocess.Popen(
+                convmem_cmd(name, SITE, conv, *extra, "--data-dir", str(data)),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env=subprocess_env(),
+            )
+            for name, conv, extra in (("redact", RED, ["--seqs", f"{LO}-{HI}"]), ("forget", GONE_CONV, []))
+        }
+        # A tool takes about half a second to start and run here: the kills spread over that time,
+        # the writer killed with the last of them.
+        started = time.monotonic()
+        kills = sorted((rng.uniform(0.05, 0.8), name) for name in tools)
+        for at, name in kills:
+            time.sleep(max(0.0, started + at - time.monotonic()))
+            tools[name].send_signal(signal.SIGKILL)
+        writer.send_signal(signal.SIGKILL)
+        for name, p in tools.items():
+            rc = p.wait(30)
+            assert rc in (0, -signal.SIGKILL), f"{name} exited with {rc}"
+            finished[f"{name} {'finished' if rc == 0 else 'killed'}"] += 1
+        writer.wait(30)
+        assert writer.stdout is not None
+        writer.stdout.close()
+        STATS["crash rounds"] += 1
+
+        written = read_acks(str(acks))
+        report = maintenance.check(str(data))
+        assert not report.unrepaired, [f"{p.kind}: {p.detail}" for p in report.unrepaired]
+        with FileStore(data, segment_bytes=1024, index_interval=64) as store:
+            logs = {c: read_all(store, SITE, c) for c in (RED, GONE_CONV, PLAIN)}
+            state = _check_log(RED, logs[RED], [a for a in setup + written if a.conv == RED], True
+                               if tools["redact"].returncode == 0 else None)
+            finished[f"range read as {state}"] += 1
+            _check_log(PLAIN, logs[PLAIN], [a for a in setup + written if a.conv == PLAIN], None)
+            full = [make_batch(a.w, a.b, a.n, a.pad) for a in setup if a.conv == GONE_CONV]
+            flat = [p for batch in full for p in batch]
+            left = [it.payload for it in logs[GONE_CONV]]
+            assert left == flat[: len(left)], f"{GONE_CONV}: not a prefix of its log"
+            assert tools["forget"].returncode != 0 or left == []
+        # Run again: both finish.
+        redact_items(data, SITE, RED, LO, HI)
+        forget_conversation(data, SITE, GONE_CONV)
+        assert _files_holding(str(data), secrets + gone) == []
+        report = maintenance.check(str(data))
+        assert not report.unrepaired, [f"{p.kind}: {p.detail}" for p in report.unrepaired]
+        with FileStore(data, segment_bytes=1024, index_interval=64) as store:
+            red = read_all(store, SITE, RED)
+            mine = [a for a in setup + written if a.conv == RED]
+            assert _check_log(RED, red, mine, True) == "tombstones"
+            assert read_all(store, SITE, GONE_CONV) == []
+    print("erasures killed beside a writer: " + ", ".join(f"{v} {k}" for k, v in sorted(finished.items())))
