@@ -24,8 +24,8 @@ Every segment rewritten is first copied to ``DATA/quarantine/`` with a
 is written to ``<name>.tmp``, synced, renamed over the old one and its
 directory synced, all under the conversation's exclusive lock. The old file
 is then truncated to nothing, so an engine that still has it open sees it
-change and reloads. The segment's old index goes in the same directory sync
-as the rename, and is then written again for the new offsets.
+change and reloads. The segment's old index is unlinked and the directory
+synced before the rename, and is then written again for the new offsets.
 """
 
 from __future__ import annotations
@@ -163,10 +163,12 @@ def _salvage_segment(
     finally:
         os.close(out)
     with open(path, "r+b") as old:
-        # The old index holds the old offsets: it goes in the same directory sync as the rename
-        # (an index is derived data; a missing one is rebuilt by the next read).
+        # The old index holds the old offsets: it goes, durably, before the rename (in one directory
+        # sync with it, a power cut could keep the rename and lose the unlink; POSIX orders neither).
+        # An index is derived data: a missing one is rebuilt by the next read.
         with contextlib.suppress(FileNotFoundError):
             fileio.unlink(os.path.join(conv_dir, layout.index_name(base)))
+            fileio.fsync_dir(conv_dir)
         fileio.rename(tmp, path)
         fileio.fsync_dir(conv_dir)
         # An engine with the old file open sees its size change, and reloads.
