@@ -124,8 +124,7 @@ def _site_command(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse
 def cmd_site_add(args: argparse.Namespace) -> int:
     """``convmem site add NAME``: create a site; print its password once (or take it from stdin)."""
     from convmem.logstore import StoreError
-
-    from .credentials import CredentialError, generate_password
+    from convmem.logstore.site_credentials import CredentialError, generate_password
 
     site = _site_name(args.name)
     if site is None:
@@ -181,7 +180,7 @@ def cmd_site_list(args: argparse.Namespace) -> int:
 @_site_command
 def cmd_site_passwd(args: argparse.Namespace) -> int:
     """``convmem site passwd NAME``: give a site a new password (generated, or from stdin)."""
-    from .credentials import CredentialError, generate_password
+    from convmem.logstore.site_credentials import CredentialError, generate_password
 
     password = _read_password_stdin() if args.password_stdin else generate_password()
     if password is None:
@@ -204,8 +203,7 @@ def cmd_site_passwd(args: argparse.Namespace) -> int:
 def cmd_site_remove(args: argparse.Namespace) -> int:
     """``convmem site remove NAME [--force]``: delete a site (and, with --force, its conversations)."""
     from convmem.logstore import ListSelector, StoreError
-
-    from .credentials import CredentialError
+    from convmem.logstore.site_credentials import CredentialError
 
     with _site_store(args, need_store=False) as (creds, store, where):
         if args.name not in creds.sites():

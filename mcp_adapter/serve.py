@@ -27,11 +27,11 @@ import uvicorn
 from mcp.server.stdio import stdio_server
 
 from convmem.logstore import MemoryStore, SiteQuota, StoreError, open_store
+from convmem.logstore.site_credentials import CredentialError, CredentialFile, generate_password
 
 from . import __version__, metrics, requestlog, tls, workers
 from .auth import Authenticator
 from .connguard import guarded_protocol
-from .credentials import CredentialError, CredentialFile, generate_password
 from .cursors import CURSOR_SECRET_KEY, LazySeal, seal_for
 from .http import HEALTH_PATH, MCP_PATH, build_app, is_loopback
 from .server import Backend, build_server

@@ -19,8 +19,7 @@ from typing import Any
 from convmem.logstore import MemoryStore, open_store
 from convmem.logstore.memories import LongTermStore
 from convmem.logstore.postgres import DEFAULT_SCHEMA, PgLongTermMemory, PgStore, is_dsn
-
-from .credentials import CredentialFile
+from convmem.logstore.site_credentials import CredentialFile
 
 ENV_PREFIX = "CONVMEM_"
 
@@ -164,7 +163,7 @@ def memory_opener(
 def credentials_for(choice: StoreChoice, store: MemoryStore | None) -> Any:
     """The credential source matching the store (a CredentialFile or a PgCredentials)."""
     if choice.is_postgres:
-        from .pg_credentials import PgCredentials
+        from convmem.logstore.postgres import PgCredentials
 
         assert isinstance(store, PgStore)
         return PgCredentials(store)

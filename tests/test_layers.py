@@ -39,13 +39,10 @@ LOGSTORE_LAYERS = {
 }
 #: What remains to be moved; each entry is a known exception, to be emptied.
 KNOWN = {
-    # The CLI's composition root still lives in mcp_adapter/cli.py, and the tools reach the credentials
-    # (which live in mcp_adapter) and the shared quota flags through it.
+    # The CLI's composition root still lives in mcp_adapter/cli.py, and the tools reach the shared quota
+    # flags through it.
     ("mcp_adapter/cli.py", "convmem.tools.cli"),
     ("tools/stats.py", "convmem.mcp_adapter.cli"),
-    ("tools/common.py", "convmem.mcp_adapter.credentials"),
-    ("tools/migrate.py", "convmem.mcp_adapter.credentials"),
-    ("tools/migrate.py", "convmem.mcp_adapter.pg_credentials"),
 }
 
 

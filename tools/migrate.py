@@ -143,7 +143,7 @@ class DirSide(Side):
         self._restorer.restore_batch(site, conv, first, stamp, [_decoder.decode(p) for p in parts])
 
     def credentials(self) -> Any:
-        from convmem.mcp_adapter.credentials import CredentialFile
+        from convmem.logstore.site_credentials import CredentialFile
 
         return CredentialFile(self.path)
 
@@ -187,7 +187,7 @@ class PgSide(Side):
         self.store.restore_batch(site, conv, first, stamp, parts)
 
     def credentials(self) -> Any:
-        from convmem.mcp_adapter.pg_credentials import PgCredentials
+        from convmem.logstore.postgres import PgCredentials
 
         return PgCredentials(self.store)
 
@@ -265,7 +265,7 @@ def copy_credentials(src: Side, dst: Side, sites: list[str]) -> int:
 
 
 def _put_hash(creds: Any, site: str, h: Any) -> None:
-    from convmem.mcp_adapter.pg_credentials import PgCredentials
+    from convmem.logstore.postgres import PgCredentials
 
     if isinstance(creds, PgCredentials):
         creds.put_hash(site, h)
