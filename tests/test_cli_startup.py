@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from convmem.cli import COMMANDS, build_parser
 from convmem.logstore import FileStore
-from convmem.mcp_adapter.cli import COMMANDS, build_parser
-from convmem.tools.cli import COMMANDS as TOOL_COMMANDS
 
 #: Top-level packages no command-line parse may import.
 HEAVY = {"mcp", "mcp_types", "psycopg", "numpy", "uvicorn", "starlette", "prometheus_client"}
@@ -57,7 +56,7 @@ def test_version_is_printed_on_stdout() -> None:
 def test_help_still_lists_every_command() -> None:
     _names, done = imported_by("--help")
     assert done.returncode == 0
-    for name in (*COMMANDS, *TOOL_COMMANDS):
+    for name in COMMANDS:
         assert f"    {name} " in done.stdout, name
 
 
@@ -77,4 +76,4 @@ def test_the_static_help_is_each_commands_own() -> None:
     """COMMANDS (what ``--help`` lists without building parsers) says what each full parser says."""
     _, sub = build_parser()
     helps = {action.dest: action.help for action in sub._choices_actions}
-    assert helps == {**COMMANDS, **TOOL_COMMANDS}
+    assert helps == COMMANDS

@@ -38,12 +38,7 @@ LOGSTORE_LAYERS = {
     "postgres": {"core", "memories", "postgres"},
 }
 #: What remains to be moved; each entry is a known exception, to be emptied.
-KNOWN = {
-    # The CLI's composition root still lives in mcp_adapter/cli.py, and the tools reach the shared quota
-    # flags through it.
-    ("mcp_adapter/cli.py", "convmem.tools.cli"),
-    ("tools/stats.py", "convmem.mcp_adapter.cli"),
-}
+KNOWN: set[tuple[str, str]] = set()
 
 
 def _modules(top: str) -> Iterator[tuple[Path, str]]:
