@@ -326,8 +326,7 @@ def _data_dir_parent() -> argparse.ArgumentParser:
 
 def add_security_options(serve: argparse.ArgumentParser) -> None:
     """``serve`` options limiting what clients (authenticated or not) can make the server do."""
-    from .connguard import DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS_PER_ADDRESS
-    from .http import BODY_TIMEOUT
+    from .limits import BODY_TIMEOUT, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS_PER_ADDRESS
     from .throttle import ThrottleSettings
 
     t = ThrottleSettings()
@@ -404,7 +403,8 @@ def add_subcommands(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
 def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from convmem.logstore.site_credentials import DEMO_SITE
 
-    from . import metrics, requestlog, tls, workers
+    # Only modules that load no server code (the MCP SDK, Starlette, uvicorn): `serve --help` stays quick.
+    from . import tls, workers
     from .store_select import add_store_arguments
 
     serve = sub.add_parser(
@@ -460,8 +460,20 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="log verbosity (env CONVMEM_LOG_LEVEL)",
     )
     tls.add_arguments(serve)  # ops: TLS, --trust-proxy, --insecure-bind
-    metrics.add_arguments(serve)  # ops: --metrics-token-file
-    requestlog.add_arguments(serve)  # ops: --log-format
+    serve.add_argument(
+        "--metrics-token-file",
+        default=env("METRICS_TOKEN_FILE"),
+        metavar="FILE",
+        help="file holding a token that lets non-loopback clients read /metrics with "
+        "'Authorization: Bearer TOKEN' (env CONVMEM_METRICS_TOKEN_FILE, or the token itself in "
+        "CONVMEM_METRICS_TOKEN); without one, /metrics answers loopback clients only",
+    )
+    serve.add_argument(
+        "--log-format",
+        default=env("LOG_FORMAT", "text"),
+        choices=["text", "json"],
+        help="stderr log lines as text or one JSON object each (env CONVMEM_LOG_FORMAT)",
+    )
     add_security_options(serve)
     workers.add_arguments(serve)  # --workers N
     serve.set_defaults(func=cmd_serve)

@@ -14,12 +14,13 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from convmem.logstore import MemoryStore, open_store
-from convmem.logstore.memories import LongTermStore
-from convmem.logstore.postgres import DEFAULT_SCHEMA, PgLongTermMemory, PgStore, is_dsn
-from convmem.logstore.site_credentials import CredentialFile
+from convmem.logstore.postgres import DEFAULT_SCHEMA, is_dsn  # no driver: psycopg loads with a PostgreSQL store
+
+if TYPE_CHECKING:
+    from convmem.logstore import MemoryStore
+    from convmem.logstore.memories import LongTermStore
 
 ENV_PREFIX = "CONVMEM_"
 
@@ -60,9 +61,9 @@ class StoreChoice:
 
     def describe(self) -> str:
         if self.is_postgres:
-            from convmem.logstore.postgres._store import _redact
+            from convmem.logstore.postgres import redact_dsn
 
-            return f"PostgreSQL {_redact(self.target)} (schema {self.schema})"
+            return f"PostgreSQL {redact_dsn(self.target)} (schema {self.schema})"
         return f"data directory {os.path.abspath(self.target)}"
 
 
@@ -135,6 +136,8 @@ def open_chosen(choice: StoreChoice, args: argparse.Namespace) -> MemoryStore:
     """Open the chosen store (raises StoreError/OSError when it cannot)."""
     lock_timeout = float(getattr(args, "lock_timeout", 5.0))
     if choice.is_postgres:
+        from convmem.logstore.postgres import PgStore
+
         return PgStore(
             choice.target,
             schema=choice.schema,
@@ -145,6 +148,8 @@ def open_chosen(choice: StoreChoice, args: argparse.Namespace) -> MemoryStore:
             prepare=not getattr(args, "pg_no_prepare", False),
             allow_async_commit=bool(getattr(args, "pg_allow_async_commit", False)),
         )
+    from convmem.logstore import open_store
+
     Path(choice.target).mkdir(parents=True, exist_ok=True)
     return open_store(choice.target, lock_timeout=lock_timeout)
 
@@ -155,6 +160,8 @@ def memory_opener(
     """How to open the long-term memory store when it lives in the database; None for a data directory."""
     if not choice.is_postgres:
         return None
+    from convmem.logstore.postgres import PgLongTermMemory, PgStore
+
     assert isinstance(store, PgStore)
     pg: PgStore = store
     return lambda: PgLongTermMemory(pg, retention_seconds=retention_seconds)
@@ -163,8 +170,10 @@ def memory_opener(
 def credentials_for(choice: StoreChoice, store: MemoryStore | None) -> Any:
     """The credential source matching the store (a CredentialFile or a PgCredentials)."""
     if choice.is_postgres:
-        from convmem.logstore.postgres import PgCredentials
+        from convmem.logstore.postgres import PgCredentials, PgStore
 
         assert isinstance(store, PgStore)
         return PgCredentials(store)
+    from convmem.logstore.site_credentials import CredentialFile
+
     return CredentialFile(choice.target)

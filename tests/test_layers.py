@@ -26,7 +26,7 @@ Nothing anywhere imports the repository's short top-level names
 Imports inside functions count as much as those at the top of a module, and
 so does a module named to ``importlib.import_module`` or ``__import__`` (a
 name built at run time counts by its fixed beginning, e.g. an f-string that
-starts with ``{__package__}.``).
+starts with ``{__package__}.`` or ``{__name__}.``).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def _modules(top: str) -> Iterator[tuple[Path, str]]:
         yield path, _module_name(path.relative_to(REPO))
 
 
-def _dynamic_name(node: ast.expr, package: str) -> str | None:
+def _dynamic_name(node: ast.expr, package: str, module: str) -> str | None:
     """The module a call to ``import_module``/``__import__`` names, or its fixed beginning; None if unknown."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value
@@ -91,10 +91,10 @@ def _dynamic_name(node: ast.expr, package: str) -> str | None:
             elif (
                 isinstance(part, ast.FormattedValue)
                 and isinstance(part.value, ast.Name)
-                and part.value.id == "__package__"
+                and part.value.id in ("__package__", "__name__")
                 and not fixed
             ):
-                fixed = package
+                fixed = package if part.value.id == "__package__" else module
             else:
                 break
         return fixed.rstrip(".") or None
@@ -128,7 +128,7 @@ def _imports(path: Path, module: str) -> Iterator[str]:
             called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
             if called not in ("import_module", "__import__"):
                 continue
-            name = _dynamic_name(node.args[0], ".".join(package))
+            name = _dynamic_name(node.args[0], ".".join(package), module)
             if name is None:
                 continue
             anchor = next((k.value for k in node.keywords if k.arg == "package"), None)
@@ -222,6 +222,7 @@ def test_the_checker_reads_names_given_to_import_module(tmp_path: Path) -> None:
         "def f(name):\n"
         "    importlib.import_module('convmem.mcp_adapter.serve')\n"
         "    import_module(f'{__package__}.{name}')\n"
+        "    import_module(f'{__name__}.{name}')\n"
         "    importlib.import_module('.site_credentials', package='convmem.logstore')\n"
         "    import_module('..cli', __package__)\n"
         "    __import__('convmem.client')\n"
@@ -230,7 +231,8 @@ def test_the_checker_reads_names_given_to_import_module(tmp_path: Path) -> None:
     code = tmp_path / "dyn.py"
     code.write_text(text)
     names = set(_imports(code, "convmem.tools.stats"))
-    expected = {"convmem.mcp_adapter.serve", "convmem.tools", "convmem.logstore.site_credentials", "convmem.cli"}
+    expected = {"convmem.mcp_adapter.serve", "convmem.tools", "convmem.tools.stats"}
+    expected |= {"convmem.logstore.site_credentials", "convmem.cli"}
     assert expected | {"convmem.client"} <= names, names
     found = _violations_of_text(tmp_path, "tools/stats.py", text)
     for wrong in ("convmem.mcp_adapter.serve", "convmem.cli", "convmem.client"):

@@ -34,7 +34,7 @@ import msgspec
 from convmem.logstore import MAX_BATCH_BYTES, MAX_BATCH_ITEMS, FileStore, StoreError, Tail
 from convmem.logstore.maintenance import Restorer, iter_conversation_items, iter_conversations, list_sites
 from convmem.logstore.memories import LongTermMemory, LongTermStore
-from convmem.logstore.postgres import DEFAULT_SCHEMA, PgLongTermMemory, PgStore, is_dsn, item_crc
+from convmem.logstore.postgres import DEFAULT_SCHEMA, is_dsn  # the rest loads psycopg: imported when used
 
 from .common import EXIT_PROBLEMS_LEFT, fail, plural
 from .migrate_memories import migrate_memories
@@ -162,6 +162,8 @@ class DirSide(Side):
 
 class PgSide(Side):
     def __init__(self, dsn: str, schema: str) -> None:
+        from convmem.logstore.postgres import PgStore
+
         self.store = PgStore(dsn, schema=schema, pool_max=4)
         self._memories: LongTermStore | None = None
 
@@ -193,6 +195,8 @@ class PgSide(Side):
 
     def memories(self) -> LongTermStore:
         if self._memories is None:
+            from convmem.logstore.postgres import PgLongTermMemory
+
             self._memories = PgLongTermMemory(self.store, listen=False)
         return self._memories
 
@@ -242,6 +246,8 @@ def copy_conversation(src: Side, dst: Side, site: str, conv: str) -> int:
 
 
 def checksum(side: Side, site: str, conv: str) -> tuple[int, int]:
+    from convmem.logstore.postgres import item_crc
+
     crc = n = 0
     for it in side.items(site, conv, 0):
         crc = item_crc(crc, it.seq, it.recorded_at_us, it.payload)
