@@ -18,7 +18,9 @@ convmem is built in layers, each importing only those below it:
   commands) build on ``logstore`` and ``convmem.options``, and neither
   imports the other;
 * ``convmem.cli`` (the ``convmem`` command) is the one place that puts the
-  server and the tools together: nothing imports it but ``convmem.__main__``;
+  server and the tools together: nothing imports it but ``convmem.__main__``,
+  and only it imports the two command-line modules ``mcp_adapter.cli`` and
+  ``tools.cli`` (the server's modules never import its command line back);
 * ``convmem.client`` (the Python client) stands alone.
 
 Nothing anywhere imports the repository's short top-level names
@@ -57,6 +59,11 @@ PARTS = {
     "convmem.__main__": {"convmem.cli"},
     # The package itself (convmem/__init__.py): a docstring, nothing to import.
     "convmem": set(),
+}
+#: The command-line modules of the server and the tools, and the only modules that may import each.
+COMMAND_LINES = {
+    "convmem.mcp_adapter.cli": {"convmem.cli"},
+    "convmem.tools.cli": {"convmem.cli", "convmem.tools.__main__"},
 }
 #: Where each part's files are in the repository (convmem/ links to logstore/, mcp_adapter/ and tools/).
 SOURCES = {"logstore": "convmem.logstore", "mcp_adapter": "convmem.mcp_adapter", "tools": "convmem.tools"}
@@ -181,6 +188,9 @@ def _violations_of(path: Path, module: str, rel: str) -> Iterator[str]:
             continue  # outside convmem, the bare package (a docstring), or a name inside a module
         if theirs not in PARTS[mine]:
             yield f"{rel}: {mine} imports {name!r} ({theirs})"
+        cli = next((c for c in COMMAND_LINES if _within(name, c)), None)
+        if cli is not None and module != cli and module not in COMMAND_LINES[cli]:
+            yield f"{rel}: imports the command line {cli!r}; only {sorted(COMMAND_LINES[cli])} may"
         elif mine == theirs == "convmem.logstore":
             own, other = _layer(module), _layer(name)
             if other not in LOGSTORE_LAYERS[own]:
@@ -257,6 +267,8 @@ def test_the_checker_sees_each_forbidden_direction(tmp_path: Path) -> None:
         "tools/fsck.py": "import importlib\nimportlib.import_module('convmem.mcp_adapter')",
         "mcp_adapter/serve.py": "from convmem.tools import fsck",
         "mcp_adapter/cli.py": "from convmem.cli import main",
+        "mcp_adapter/server.py": "def f():\n    from .cli import COMMANDS",
+        "tools/dump.py": "from . import cli",
         "convmem/options.py": "from convmem.mcp_adapter import serve",
         "convmem/client/_sync.py": "from convmem.logstore import FileStore",
         "tests/test_x.py": "import logstore",
@@ -269,6 +281,7 @@ def test_the_checker_sees_each_forbidden_direction(tmp_path: Path) -> None:
         "tools/stats.py": "from convmem.options import add_quota_options\nfrom convmem.logstore import postgres",
         "mcp_adapter/serve.py": "from convmem.logstore.site_credentials import DEMO_SITE",
         "convmem/cli.py": "from convmem.mcp_adapter import cli\nfrom convmem.tools import cli as t",
+        "tools/__main__.py": "from .cli import main",
         "tests/test_x.py": "from convmem.mcp_adapter import cli\nfrom convmem.tools import cli as t",
     }
     for rel, text in allowed.items():
