@@ -17,31 +17,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from convmem.logstore.postgres import DEFAULT_SCHEMA, is_dsn  # no driver: psycopg loads with a PostgreSQL store
+from convmem.options import env, env_flag, env_float, env_int
 
 if TYPE_CHECKING:
     from convmem.logstore import MemoryStore
     from convmem.logstore.memories import LongTermStore
-
-ENV_PREFIX = "CONVMEM_"
-
-
-def _env(name: str, default: Any = None) -> Any:
-    return os.environ.get(ENV_PREFIX + name, default)
-
-
-def _env_flag(name: str) -> bool:
-    return str(_env(name, "")).strip().lower() in ("1", "true", "yes", "on")
-
-
-def _env_num(name: str, default: float, kind: type = float) -> Any:
-    raw = _env(name)
-    if raw in (None, ""):
-        return default
-    try:
-        return kind(raw)
-    except ValueError:
-        raise SystemExit(f"convmem: {ENV_PREFIX}{name} must be a number, got {raw!r}") from None
-
 
 class StoreConfigError(Exception):
     """Neither a data directory nor a store was given (or both, differently)."""
@@ -71,48 +51,48 @@ def add_store_arguments(parser: argparse.ArgumentParser, *, server: bool = False
     """``--data-dir``/``--store`` and the PostgreSQL options (all also from ``CONVMEM_*``)."""
     parser.add_argument(
         "--data-dir",
-        default=_env("DATA_DIR"),
+        default=env("DATA_DIR"),
         help="local data directory (conversations and credentials; env CONVMEM_DATA_DIR)",
     )
     parser.add_argument(
         "--store",
-        default=_env("STORE"),
+        default=env("STORE"),
         help="where the data lives: a directory, or postgresql://... to use PostgreSQL (env CONVMEM_STORE)",
     )
     parser.add_argument(
-        "--pg-schema", default=_env("PG_SCHEMA", DEFAULT_SCHEMA), help="PostgreSQL schema (env CONVMEM_PG_SCHEMA)"
+        "--pg-schema", default=env("PG_SCHEMA", DEFAULT_SCHEMA), help="PostgreSQL schema (env CONVMEM_PG_SCHEMA)"
     )
     if not server:
         return
     parser.add_argument(
         "--pg-pool-max",
         type=int,
-        default=_env_num("PG_POOL_MAX", 16, int),
+        default=env_int("PG_POOL_MAX", 16),
         help="most PostgreSQL connections per server process (env CONVMEM_PG_POOL_MAX)",
     )
     parser.add_argument(
         "--pg-statement-timeout",
         type=float,
-        default=_env_num("PG_STATEMENT_TIMEOUT", 30.0),
+        default=env_float("PG_STATEMENT_TIMEOUT", 30.0),
         help="seconds before PostgreSQL cancels a statement (Timeout) (env CONVMEM_PG_STATEMENT_TIMEOUT)",
     )
     parser.add_argument(
         "--pg-connect-timeout",
         type=float,
-        default=_env_num("PG_CONNECT_TIMEOUT", 10.0),
+        default=env_float("PG_CONNECT_TIMEOUT", 10.0),
         help="seconds to wait for a PostgreSQL connection (env CONVMEM_PG_CONNECT_TIMEOUT)",
     )
     parser.add_argument(
         "--pg-no-prepare",
         action="store_true",
-        default=_env_flag("PG_NO_PREPARE"),
+        default=env_flag("PG_NO_PREPARE"),
         help="never use server-side prepared statements (for PgBouncer in transaction pooling) "
         "(env CONVMEM_PG_NO_PREPARE)",
     )
     parser.add_argument(
         "--pg-allow-async-commit",
         action="store_true",
-        default=_env_flag("PG_ALLOW_ASYNC_COMMIT"),
+        default=env_flag("PG_ALLOW_ASYNC_COMMIT"),
         help="DANGEROUS: serve even when PostgreSQL runs with synchronous_commit = off, "
         "so acknowledged appends can be lost in a crash (env CONVMEM_PG_ALLOW_ASYNC_COMMIT)",
     )
