@@ -36,7 +36,7 @@ def _fsck(root: str) -> tuple[Callable[[], object] | None, str]:
     if check is not None:
         return (lambda: check(root)), "logstore.maintenance.check"
     env = dict(os.environ, PYTHONPATH=ROOT)
-    cli = "import sys; from convmem.mcp_adapter.cli import main; sys.exit(main())"
+    cli = "import sys; from convmem.cli import main; sys.exit(main())"
     cmd = [sys.executable, "-c", cli, "fsck", root, "--json"]
     probe = subprocess.run([*cmd[:3], "fsck", "--help"], capture_output=True, env=env)
     if probe.returncode != 0:

@@ -24,7 +24,7 @@ def available() -> str | None:
         from mcp import Client  # noqa: F401
         from mcp.client.streamable_http import streamable_http_client  # noqa: F401
 
-        import convmem.mcp_adapter.cli  # noqa: F401
+        import convmem.cli  # noqa: F401
     except ImportError as exc:
         return f"MCP server or client not importable: {exc}"
     return None
@@ -37,7 +37,7 @@ def _env() -> dict[str, str]:
 
 
 def _cmd(*args: str) -> list[str]:
-    return [sys.executable, "-c", "import sys; from convmem.mcp_adapter.cli import main; sys.exit(main())", *args]
+    return [sys.executable, "-c", "import sys; from convmem.cli import main; sys.exit(main())", *args]
 
 
 def add_site(data_dir: str) -> None:
@@ -75,7 +75,7 @@ class Server:
         elif noop_payload:
             cmd = [sys.executable, *python_args, "-m", "bench.noopserver", noop_payload, *args]
         elif python_args:
-            cmd = [sys.executable, *python_args, "-m", "convmem.mcp_adapter.cli", *args]
+            cmd = [sys.executable, *python_args, "-m", "convmem", *args]
         else:
             cmd = _cmd(*args)
         self.proc = subprocess.Popen(

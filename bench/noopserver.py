@@ -63,8 +63,8 @@ def bare_main() -> None:
     from starlette.responses import Response
     from starlette.routing import Route
 
+    from convmem.cli import build_parser
     from convmem.mcp_adapter import serve
-    from convmem.mcp_adapter.cli import build_parser
 
     async def mcp(request: Request) -> Response:
         await request.body()
@@ -94,7 +94,7 @@ def main() -> None:
         bare_main()
         return
     _install(sys.argv[1])
-    from convmem.mcp_adapter.cli import main as cli_main
+    from convmem.cli import main as cli_main
 
     sys.exit(cli_main(sys.argv[2:]))
 

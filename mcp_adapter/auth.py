@@ -46,9 +46,9 @@ import anyio
 import anyio.to_thread
 
 from convmem.logstore import InvalidConversationId, SiteName, Unavailable
+from convmem.logstore.site_credentials import DUMMY_HASH, CredentialError, CredentialFile, PasswordHash
 
 from . import metrics
-from .credentials import DUMMY_HASH, CredentialError, CredentialFile, PasswordHash
 from .errors import ToolFailure, from_store_error, throttled, unauthenticated
 from .fairslots import FairSlots
 from .throttle import LoginThrottle

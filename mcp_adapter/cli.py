@@ -1,14 +1,11 @@
-"""The ``convmem`` command: serve the MCP server and manage sites.
+"""``convmem serve`` and ``convmem site``: the server's own commands.
 
-Every option of ``serve`` can also be given as a ``CONVMEM_*`` environment
-variable (the option name in upper case, dashes as underscores, e.g.
-``CONVMEM_DATA_DIR``); a command-line option wins over the environment.
-
-Start-up: :func:`main` builds the full parser of the one command it runs
-(``convmem fsck`` imports the maintenance code, not the MCP server), and
-``convmem --help`` builds none: it lists the commands from their one-line
-help in :data:`COMMANDS` and :data:`convmem.tools.cli.COMMANDS`. Nothing
-here imports the engine, the MCP types, psycopg or numpy at module level.
+:data:`COMMANDS` gives their one-line help and :func:`add_subcommands` their
+full parsers; :mod:`convmem.cli` puts them on the ``convmem`` command line
+next to the operator tools. Every option of ``serve`` can also be given as a
+``CONVMEM_*`` environment variable (see :mod:`convmem.options`). Nothing
+here imports the engine, the MCP types, psycopg or numpy at module level:
+each command imports what it runs when it runs.
 """
 
 from __future__ import annotations
@@ -18,33 +15,15 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
+
+from convmem.options import add_quota_options, env, env_flag, env_float, env_int
 
 if TYPE_CHECKING:
     from convmem.logstore import MemoryStore
 
-ENV_PREFIX = "CONVMEM_"
-DEMO_SITE = "demo-site"
 MIN_PASSWORD_LENGTH = 12
-
-
-def _env(name: str, default: Any = None) -> Any:
-    return os.environ.get(ENV_PREFIX + name, default)
-
-
-def _env_flag(name: str) -> bool:
-    return str(_env(name, "")).strip().lower() in ("1", "true", "yes", "on")
-
-
-def _env_int(name: str, default: int) -> int:
-    raw = _env(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise SystemExit(f"convmem: {ENV_PREFIX}{name} must be an integer, got {raw!r}") from None
 
 
 def _fail(message: str, code: int = 1) -> int:
@@ -124,8 +103,7 @@ def _site_command(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse
 def cmd_site_add(args: argparse.Namespace) -> int:
     """``convmem site add NAME``: create a site; print its password once (or take it from stdin)."""
     from convmem.logstore import StoreError
-
-    from .credentials import CredentialError, generate_password
+    from convmem.logstore.site_credentials import CredentialError, generate_password
 
     site = _site_name(args.name)
     if site is None:
@@ -181,7 +159,7 @@ def cmd_site_list(args: argparse.Namespace) -> int:
 @_site_command
 def cmd_site_passwd(args: argparse.Namespace) -> int:
     """``convmem site passwd NAME``: give a site a new password (generated, or from stdin)."""
-    from .credentials import CredentialError, generate_password
+    from convmem.logstore.site_credentials import DEMO_SITE, CredentialError, generate_password
 
     password = _read_password_stdin() if args.password_stdin else generate_password()
     if password is None:
@@ -204,8 +182,7 @@ def cmd_site_passwd(args: argparse.Namespace) -> int:
 def cmd_site_remove(args: argparse.Namespace) -> int:
     """``convmem site remove NAME [--force]``: delete a site (and, with --force, its conversations)."""
     from convmem.logstore import ListSelector, StoreError
-
-    from .credentials import CredentialError
+    from convmem.logstore.site_credentials import DEMO_SITE, CredentialError
 
     with _site_store(args, need_store=False) as (creds, store, where):
         if args.name not in creds.sites():
@@ -347,24 +324,13 @@ def _data_dir_parent() -> argparse.ArgumentParser:
     return parent
 
 
-def _env_float(name: str, default: float) -> float:
-    raw = _env(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise SystemExit(f"convmem: {ENV_PREFIX}{name} must be a number, got {raw!r}") from None
-
-
 def add_security_options(serve: argparse.ArgumentParser) -> None:
     """``serve`` options limiting what clients (authenticated or not) can make the server do."""
-    from .connguard import DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS_PER_ADDRESS
-    from .http import BODY_TIMEOUT
+    from .limits import BODY_TIMEOUT, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS_PER_ADDRESS
     from .throttle import ThrottleSettings
 
     t = ThrottleSettings()
-    allowed = [h.strip() for h in str(_env("ALLOWED_HOSTS", "")).split(",") if h.strip()]
+    allowed = [h.strip() for h in str(env("ALLOWED_HOSTS", "")).split(",") if h.strip()]
     serve.add_argument(
         "--allowed-host",
         dest="allowed_hosts",
@@ -377,26 +343,26 @@ def add_security_options(serve: argparse.ArgumentParser) -> None:
     serve.add_argument(
         "--limit-concurrency",
         type=int,
-        default=_env_int("LIMIT_CONCURRENCY", 512),
+        default=env_int("LIMIT_CONCURRENCY", 512),
         help="most connections and requests at once; beyond it requests are answered 503 "
         "(env CONVMEM_LIMIT_CONCURRENCY)",
     )
     serve.add_argument(
         "--max-connections-per-address",
         type=int,
-        default=_env_int("MAX_CONNECTIONS_PER_ADDRESS", DEFAULT_MAX_CONNECTIONS_PER_ADDRESS),
+        default=env_int("MAX_CONNECTIONS_PER_ADDRESS", DEFAULT_MAX_CONNECTIONS_PER_ADDRESS),
         help="most connections one client address may hold (env CONVMEM_MAX_CONNECTIONS_PER_ADDRESS)",
     )
     serve.add_argument(
         "--header-timeout",
         type=float,
-        default=_env_float("HEADER_TIMEOUT", DEFAULT_HEADER_TIMEOUT),
+        default=env_float("HEADER_TIMEOUT", DEFAULT_HEADER_TIMEOUT),
         help="seconds a client has to send a request's headers (env CONVMEM_HEADER_TIMEOUT)",
     )
     serve.add_argument(
         "--body-timeout",
         type=float,
-        default=_env_float("BODY_TIMEOUT", BODY_TIMEOUT),
+        default=env_float("BODY_TIMEOUT", BODY_TIMEOUT),
         help="seconds a client has to send a request's body (env CONVMEM_BODY_TIMEOUT)",
     )
     add_quota_options(serve)
@@ -406,7 +372,7 @@ def add_security_options(serve: argparse.ArgumentParser) -> None:
             f"--login-failures-per-{scope}",
             dest=f"throttle_{scope}_burst",
             type=int,
-            default=_env_int(f"LOGIN_FAILURES_PER_{upper}", burst),
+            default=env_int(f"LOGIN_FAILURES_PER_{upper}", burst),
             help=f"failed logins one {scope} may make in a burst before being throttled "
             f"(env CONVMEM_LOGIN_FAILURES_PER_{upper})",
         )
@@ -414,115 +380,31 @@ def add_security_options(serve: argparse.ArgumentParser) -> None:
             f"--login-refill-per-{scope}",
             dest=f"throttle_{scope}_rate",
             type=float,
-            default=_env_float(f"LOGIN_REFILL_PER_{upper}", rate),
+            default=env_float(f"LOGIN_REFILL_PER_{upper}", rate),
             help=f"failed logins per second a throttled {scope} gets back (env CONVMEM_LOGIN_REFILL_PER_{upper})",
         )
 
 
-def parse_size(text: str) -> int:
-    """A byte count: digits with an optional K, M, G or T suffix (powers of 1024); 0 means unlimited."""
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    raw = text.strip().upper().removesuffix("B").removesuffix("I")
-    scale = units.get(raw[-1:], 1)
-    digits = raw[:-1] if raw[-1:] in units else raw
-    if not digits.isdigit():
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 500M, 20G)")
-    return int(digits) * scale
-
-
-def add_quota_options(parser: argparse.ArgumentParser) -> None:
-    """``--quota-bytes``, ``--quota-files`` and ``--quota-conversations`` (shared by ``serve`` and ``stats``).
-
-    Absent: the default (None here; see :meth:`SiteQuota.from_options`); 0 lifts the limit.
-    """
-    from convmem.logstore.quota import DEFAULT_MAX_BYTES, DEFAULT_MAX_FILES
-
-    default_bytes = _env("QUOTA_BYTES")
-    default_files = _env("QUOTA_FILES")
-    default_convs = _env("QUOTA_CONVERSATIONS")
-    parser.add_argument(
-        "--quota-bytes",
-        type=parse_size,
-        default=parse_size(default_bytes) if default_bytes else None,
-        metavar="SIZE",
-        help=f"most bytes one site may take on disk (preallocated space included), e.g. 20G; default "
-        f"{DEFAULT_MAX_BYTES // 1024**3}G; 0 = unlimited (env CONVMEM_QUOTA_BYTES)",
-    )
-    parser.add_argument(
-        "--quota-files",
-        type=int,
-        default=int(default_files) if default_files else None,
-        metavar="N",
-        help=f"most files and directories one site may take on disk; default {DEFAULT_MAX_FILES}; "
-        "0 = unlimited (env CONVMEM_QUOTA_FILES)",
-    )
-    parser.add_argument(
-        "--quota-conversations",
-        type=int,
-        default=int(default_convs) if default_convs else None,
-        metavar="N",
-        help="most conversations one site may hold; default and 0: unlimited (env CONVMEM_QUOTA_CONVERSATIONS)",
-    )
-
-
-#: The built-in commands and their one-line help (the operator tools' are in convmem.tools.cli).
+#: The server's commands and their one-line help (the operator tools' are in convmem.tools.cli).
 COMMANDS = {
     "serve": "run the MCP server",
     "site": "manage sites (tenants) and their passwords",
 }
 
 
-def _top_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argparse.ArgumentParser]]:
-    parser = argparse.ArgumentParser(prog="convmem", description="Durable conversation memory for AI agents, over MCP.")
-    parser.add_argument("--version", action=_VersionAction)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    return parser, sub
-
-
-class _VersionAction(argparse.Action):
-    """``--version``: the installed version, read (from the package metadata) only when asked."""
-
-    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help="show the version and exit")
-
-    def __call__(self, parser: argparse.ArgumentParser, *_args: Any, **_kwargs: Any) -> None:
-        from . import __version__
-
-        sys.stdout.write(f"convmem {__version__}\n")  # where argparse's own version action prints it
-        parser.exit()
-
-
-def build_parser(
-    only: str | None = None,
-) -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argparse.ArgumentParser]]:
-    """The argument parser and its subcommand collection.
-
-    With ``only``, the full parser of that one command (what :func:`main`
-    runs); without, every command's (for the tests and the documentation).
-    """
-    from convmem.tools.cli import add_subcommands
-
-    parser, sub = _top_parser()
+def add_subcommands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser], only: str | None = None) -> None:
+    """Add ``serve`` and ``site`` (or only the one named ``only``, if it is one) to a ``convmem`` command line."""
     if only in (None, "serve"):
-        _add_serve(sub)
+        _add_serve(subparsers)
     if only in (None, "site"):
-        _add_site(sub)
-    add_subcommands(sub, only=only)
-    return parser, sub
-
-
-def _listing_parser() -> argparse.ArgumentParser:
-    """The top-level parser with every command named but none built: ``--help``, ``--version`` and typos."""
-    from convmem.tools.cli import COMMANDS as TOOL_COMMANDS
-
-    parser, sub = _top_parser()
-    for name, text in {**COMMANDS, **TOOL_COMMANDS}.items():
-        sub.add_parser(name, help=text, add_help=False)
-    return parser
+        _add_site(subparsers)
 
 
 def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from . import metrics, requestlog, tls, workers
+    from convmem.logstore.site_credentials import DEMO_SITE
+
+    # Only modules that load no server code (the MCP SDK, Starlette, uvicorn): `serve --help` stays quick.
+    from . import tls, workers
     from .store_select import add_store_arguments
 
     serve = sub.add_parser(
@@ -531,55 +413,67 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         description="Run the MCP server (streamable HTTP at /mcp, or stdio).",
     )
     add_store_arguments(serve, server=True)
-    serve.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="interface to listen on (env CONVMEM_HOST)")
+    serve.add_argument("--host", default=env("HOST", "127.0.0.1"), help="interface to listen on (env CONVMEM_HOST)")
     serve.add_argument(
-        "--port", type=int, default=_env_int("PORT", 8765), help="TCP port; 0 picks a free one (env CONVMEM_PORT)"
+        "--port", type=int, default=env_int("PORT", 8765), help="TCP port; 0 picks a free one (env CONVMEM_PORT)"
     )
     serve.add_argument(
         "--stdio",
         action="store_true",
-        default=_env_flag("STDIO"),
+        default=env_flag("STDIO"),
         help="serve one client over stdin/stdout instead of HTTP (env CONVMEM_STDIO)",
     )
     serve.add_argument(
         "--site",
-        default=_env("SITE"),
+        default=env("SITE"),
         help="with --stdio: the site to act for; its password comes from CONVMEM_PASSWORD (env CONVMEM_SITE)",
     )
     serve.add_argument(
         "--demo-site",
         action="store_true",
-        default=_env_flag("DEMO_SITE"),
+        default=env_flag("DEMO_SITE"),
         help=f"create the site {DEMO_SITE!r} on first run, keep its password under DATA_DIR/auth and "
         "print a ready-to-paste client configuration (env CONVMEM_DEMO_SITE)",
     )
     serve.add_argument(
         "--max-concurrency",
         type=int,
-        default=_env_int("MAX_CONCURRENCY", 16),
+        default=env_int("MAX_CONCURRENCY", 16),
         help="most storage calls running at once (env CONVMEM_MAX_CONCURRENCY)",
     )
     serve.add_argument(
         "--lock-timeout",
         type=float,
-        default=float(_env("LOCK_TIMEOUT", "5.0")),
+        default=float(env("LOCK_TIMEOUT", "5.0")),
         help="seconds an append waits for a busy conversation before Timeout (env CONVMEM_LOCK_TIMEOUT)",
     )
     serve.add_argument(
         "--memory-retention-days",
         type=float,
-        default=float(_env("MEMORY_RETENTION_DAYS", "30")),
+        default=float(env("MEMORY_RETENTION_DAYS", "30")),
         help="days a soft-deleted long-term memory is kept before it is erased (env CONVMEM_MEMORY_RETENTION_DAYS)",
     )
     serve.add_argument(
         "--log-level",
-        default=_env("LOG_LEVEL", "info"),
+        default=env("LOG_LEVEL", "info"),
         choices=["debug", "info", "warning", "error"],
         help="log verbosity (env CONVMEM_LOG_LEVEL)",
     )
     tls.add_arguments(serve)  # ops: TLS, --trust-proxy, --insecure-bind
-    metrics.add_arguments(serve)  # ops: --metrics-token-file
-    requestlog.add_arguments(serve)  # ops: --log-format
+    serve.add_argument(
+        "--metrics-token-file",
+        default=env("METRICS_TOKEN_FILE"),
+        metavar="FILE",
+        help="file holding a token that lets non-loopback clients read /metrics with "
+        "'Authorization: Bearer TOKEN' (env CONVMEM_METRICS_TOKEN_FILE, or the token itself in "
+        "CONVMEM_METRICS_TOKEN); without one, /metrics answers loopback clients only",
+    )
+    serve.add_argument(
+        "--log-format",
+        default=env("LOG_FORMAT", "text"),
+        choices=["text", "json"],
+        help="stderr log lines as text or one JSON object each (env CONVMEM_LOG_FORMAT)",
+    )
     add_security_options(serve)
     workers.add_arguments(serve)  # --workers N
     serve.set_defaults(func=cmd_serve)
@@ -627,27 +521,3 @@ def _add_site(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "running server had already admitted (default 1)",
     )
     remove.set_defaults(func=cmd_site_remove)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``convmem`` console script."""
-    # Everything convmem writes (data, credentials, exports) is tenant data: owner only,
-    # whatever umask the caller runs with. The engine also sets explicit modes itself.
-    os.umask(0o077)
-    argv = list(sys.argv[1:] if argv is None else argv)
-    # The command is the first word that is not an option (the top level takes only --help and --version).
-    name = next((a for a in argv if not a.startswith("-")), None)
-    from convmem.tools.cli import COMMANDS as TOOL_COMMANDS
-
-    if name in COMMANDS or name in TOOL_COMMANDS:
-        parser, _ = build_parser(only=name)
-    else:
-        parser = _listing_parser()
-    args = parser.parse_args(argv)
-    args.argv = argv  # what `serve --workers` starts each worker with
-    func: Callable[[argparse.Namespace], int] = args.func
-    return func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

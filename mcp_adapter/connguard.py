@@ -37,12 +37,10 @@ try:  # the C parser of uvicorn[standard]; h11 where it does not install
 except ImportError:  # pragma: no cover - httptools is a dependency where it installs
     HttpToolsProtocol = None  # type: ignore[assignment,misc]
 
+from .limits import DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS_PER_ADDRESS
+
 logger = logging.getLogger("convmem.http")
 
-#: Seconds a client has to send a request's line and headers.
-DEFAULT_HEADER_TIMEOUT = 10.0
-#: Most connections one client address may hold at once.
-DEFAULT_MAX_CONNECTIONS_PER_ADDRESS = 64
 #: Most bytes of request line and headers (h11's own default limit, kept for httptools).
 MAX_HEAD_BYTES = 16 * 1024
 #: What uvicorn answers a malformed request (the same text for an oversized head with h11).

@@ -53,6 +53,7 @@ from convmem.logstore import MAX_BATCH_BYTES
 from . import exchange, metrics
 from .auth import Authenticator
 from .errors import ToolFailure, unauthenticated
+from .limits import BODY_TIMEOUT
 from .requestlog import RequestLog
 from .server import Backend
 from .wire import ResultSplice
@@ -69,8 +70,6 @@ MAX_BODY_BYTES = 3 * MAX_BATCH_BYTES + 256 * 1024
 UNAUTHENTICATED_BODY_BYTES = 64 * 1024
 #: Most request bodies larger than UNAUTHENTICATED_BODY_BYTES read and parsed at the same time.
 LARGE_BODY_SLOTS = 4
-#: Seconds a client has to deliver a whole request body.
-BODY_TIMEOUT = 30.0
 
 _LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 

@@ -162,18 +162,6 @@ def endpoint(token: str | None) -> Any:
     return metrics
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--metrics-token-file`` of ``convmem serve`` (the token itself may come from ``CONVMEM_METRICS_TOKEN``)."""
-    parser.add_argument(
-        "--metrics-token-file",
-        default=os.environ.get("CONVMEM_METRICS_TOKEN_FILE"),
-        metavar="FILE",
-        help="file holding a token that lets non-loopback clients read /metrics with "
-        "'Authorization: Bearer TOKEN' (env CONVMEM_METRICS_TOKEN_FILE, or the token itself in "
-        "CONVMEM_METRICS_TOKEN); without one, /metrics answers loopback clients only",
-    )
-
-
 def token_from(args: argparse.Namespace) -> str | None:
     """The metrics token configured for ``args``; raises OSError/ValueError for an unreadable or empty file."""
     path = getattr(args, "metrics_token_file", None)

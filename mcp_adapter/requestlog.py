@@ -20,7 +20,6 @@ Over stdio there is no HTTP request: each tool call gets its own id and line.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import binascii
 import contextvars
@@ -363,16 +362,6 @@ class TextFormatter(logging.Formatter):
         if isinstance(request, dict):
             text += " " + " ".join(f"{k}={_field_value(v)}" for k, v in request.items() if v is not None)
         return text
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--log-format`` of ``convmem serve``."""
-    parser.add_argument(
-        "--log-format",
-        default=os.environ.get("CONVMEM_LOG_FORMAT", "text"),
-        choices=["text", "json"],
-        help="stderr log lines as text or one JSON object each (env CONVMEM_LOG_FORMAT)",
-    )
 
 
 def configure(fmt: str) -> None:

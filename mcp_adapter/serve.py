@@ -27,11 +27,11 @@ import uvicorn
 from mcp.server.stdio import stdio_server
 
 from convmem.logstore import MemoryStore, SiteQuota, StoreError, open_store
+from convmem.logstore.site_credentials import DEMO_SITE, CredentialError, CredentialFile, generate_password
 
 from . import __version__, handoff, metrics, requestlog, tls, workers
 from .auth import Authenticator
 from .connguard import guarded_protocol
-from .credentials import CredentialError, CredentialFile, generate_password
 from .cursors import CURSOR_SECRET_KEY, LazySeal, seal_for
 from .http import HEALTH_PATH, MCP_PATH, build_app, is_loopback
 from .server import Backend, build_server
@@ -352,8 +352,6 @@ def serve_http(args: argparse.Namespace) -> int:
     try:
         creds.ensure_dir()
         if args.demo_site and worker is None:
-            from .cli import DEMO_SITE
-
             demo = (DEMO_SITE, ensure_demo_site(creds, DEMO_SITE))
         site_count = len(creds.sites())
     except (OSError, StoreError) as exc:

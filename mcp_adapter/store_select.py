@@ -14,34 +14,14 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from convmem.logstore import MemoryStore, open_store
-from convmem.logstore.memories import LongTermStore
-from convmem.logstore.postgres import DEFAULT_SCHEMA, PgLongTermMemory, PgStore, is_dsn
+from convmem.logstore.postgres import DEFAULT_SCHEMA, is_dsn  # no driver: psycopg loads with a PostgreSQL store
+from convmem.options import env, env_flag, env_float, env_int
 
-from .credentials import CredentialFile
-
-ENV_PREFIX = "CONVMEM_"
-
-
-def _env(name: str, default: Any = None) -> Any:
-    return os.environ.get(ENV_PREFIX + name, default)
-
-
-def _env_flag(name: str) -> bool:
-    return str(_env(name, "")).strip().lower() in ("1", "true", "yes", "on")
-
-
-def _env_num(name: str, default: float, kind: type = float) -> Any:
-    raw = _env(name)
-    if raw in (None, ""):
-        return default
-    try:
-        return kind(raw)
-    except ValueError:
-        raise SystemExit(f"convmem: {ENV_PREFIX}{name} must be a number, got {raw!r}") from None
-
+if TYPE_CHECKING:
+    from convmem.logstore import MemoryStore
+    from convmem.logstore.memories import LongTermStore
 
 class StoreConfigError(Exception):
     """Neither a data directory nor a store was given (or both, differently)."""
@@ -61,9 +41,9 @@ class StoreChoice:
 
     def describe(self) -> str:
         if self.is_postgres:
-            from convmem.logstore.postgres._store import _redact
+            from convmem.logstore.postgres import redact_dsn
 
-            return f"PostgreSQL {_redact(self.target)} (schema {self.schema})"
+            return f"PostgreSQL {redact_dsn(self.target)} (schema {self.schema})"
         return f"data directory {os.path.abspath(self.target)}"
 
 
@@ -71,48 +51,48 @@ def add_store_arguments(parser: argparse.ArgumentParser, *, server: bool = False
     """``--data-dir``/``--store`` and the PostgreSQL options (all also from ``CONVMEM_*``)."""
     parser.add_argument(
         "--data-dir",
-        default=_env("DATA_DIR"),
+        default=env("DATA_DIR"),
         help="local data directory (conversations and credentials; env CONVMEM_DATA_DIR)",
     )
     parser.add_argument(
         "--store",
-        default=_env("STORE"),
+        default=env("STORE"),
         help="where the data lives: a directory, or postgresql://... to use PostgreSQL (env CONVMEM_STORE)",
     )
     parser.add_argument(
-        "--pg-schema", default=_env("PG_SCHEMA", DEFAULT_SCHEMA), help="PostgreSQL schema (env CONVMEM_PG_SCHEMA)"
+        "--pg-schema", default=env("PG_SCHEMA", DEFAULT_SCHEMA), help="PostgreSQL schema (env CONVMEM_PG_SCHEMA)"
     )
     if not server:
         return
     parser.add_argument(
         "--pg-pool-max",
         type=int,
-        default=_env_num("PG_POOL_MAX", 16, int),
+        default=env_int("PG_POOL_MAX", 16),
         help="most PostgreSQL connections per server process (env CONVMEM_PG_POOL_MAX)",
     )
     parser.add_argument(
         "--pg-statement-timeout",
         type=float,
-        default=_env_num("PG_STATEMENT_TIMEOUT", 30.0),
+        default=env_float("PG_STATEMENT_TIMEOUT", 30.0),
         help="seconds before PostgreSQL cancels a statement (Timeout) (env CONVMEM_PG_STATEMENT_TIMEOUT)",
     )
     parser.add_argument(
         "--pg-connect-timeout",
         type=float,
-        default=_env_num("PG_CONNECT_TIMEOUT", 10.0),
+        default=env_float("PG_CONNECT_TIMEOUT", 10.0),
         help="seconds to wait for a PostgreSQL connection (env CONVMEM_PG_CONNECT_TIMEOUT)",
     )
     parser.add_argument(
         "--pg-no-prepare",
         action="store_true",
-        default=_env_flag("PG_NO_PREPARE"),
+        default=env_flag("PG_NO_PREPARE"),
         help="never use server-side prepared statements (for PgBouncer in transaction pooling) "
         "(env CONVMEM_PG_NO_PREPARE)",
     )
     parser.add_argument(
         "--pg-allow-async-commit",
         action="store_true",
-        default=_env_flag("PG_ALLOW_ASYNC_COMMIT"),
+        default=env_flag("PG_ALLOW_ASYNC_COMMIT"),
         help="DANGEROUS: serve even when PostgreSQL runs with synchronous_commit = off, "
         "so acknowledged appends can be lost in a crash (env CONVMEM_PG_ALLOW_ASYNC_COMMIT)",
     )
@@ -136,6 +116,8 @@ def open_chosen(choice: StoreChoice, args: argparse.Namespace) -> MemoryStore:
     """Open the chosen store (raises StoreError/OSError when it cannot)."""
     lock_timeout = float(getattr(args, "lock_timeout", 5.0))
     if choice.is_postgres:
+        from convmem.logstore.postgres import PgStore
+
         return PgStore(
             choice.target,
             schema=choice.schema,
@@ -146,6 +128,8 @@ def open_chosen(choice: StoreChoice, args: argparse.Namespace) -> MemoryStore:
             prepare=not getattr(args, "pg_no_prepare", False),
             allow_async_commit=bool(getattr(args, "pg_allow_async_commit", False)),
         )
+    from convmem.logstore import open_store
+
     Path(choice.target).mkdir(parents=True, exist_ok=True)
     return open_store(choice.target, lock_timeout=lock_timeout)
 
@@ -156,6 +140,8 @@ def memory_opener(
     """How to open the long-term memory store when it lives in the database; None for a data directory."""
     if not choice.is_postgres:
         return None
+    from convmem.logstore.postgres import PgLongTermMemory, PgStore
+
     assert isinstance(store, PgStore)
     pg: PgStore = store
     return lambda: PgLongTermMemory(pg, retention_seconds=retention_seconds)
@@ -164,8 +150,10 @@ def memory_opener(
 def credentials_for(choice: StoreChoice, store: MemoryStore | None) -> Any:
     """The credential source matching the store (a CredentialFile or a PgCredentials)."""
     if choice.is_postgres:
-        from .pg_credentials import PgCredentials
+        from convmem.logstore.postgres import PgCredentials, PgStore
 
         assert isinstance(store, PgStore)
         return PgCredentials(store)
+    from convmem.logstore.site_credentials import CredentialFile
+
     return CredentialFile(choice.target)

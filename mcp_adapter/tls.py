@@ -23,7 +23,7 @@ import os
 import ssl
 from typing import Any
 
-from .tlsgate import DEFAULT_HANDSHAKE_TIMEOUT
+from .limits import DEFAULT_HANDSHAKE_TIMEOUT
 
 logger = logging.getLogger("convmem.tls")
 

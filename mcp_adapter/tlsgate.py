@@ -23,9 +23,7 @@ import ssl
 from typing import Any, cast
 
 from .connguard import AddressTable
-
-#: Seconds a client has to complete its TLS handshake.
-DEFAULT_HANDSHAKE_TIMEOUT = 10.0
+from .limits import DEFAULT_HANDSHAKE_TIMEOUT
 
 
 def tls_gate_protocol(

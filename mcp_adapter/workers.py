@@ -130,9 +130,9 @@ class Supervisor:
 
     def _command(self, channel: socket.socket) -> list[str]:
         fds = f"{channel.fileno()},{self._read_end}"
-        run = "import sys; from convmem.mcp_adapter.cli import main; sys.exit(main())"
+        # The `convmem` command again (`python -m convmem`, so a worker needs no console script on PATH).
         # Later options win in argparse: each worker is one process serving what it is handed.
-        return [sys.executable, "-c", run, *self._argv, "--workers", "1", "--worker-fds", fds]
+        return [sys.executable, "-m", "convmem", *self._argv, "--workers", "1", "--worker-fds", fds]
 
     def _spawn(self, i: int) -> subprocess.Popen[bytes]:
         channel = self._dispatcher.attach(i)

@@ -37,7 +37,7 @@ def subprocess_env(**extra: str) -> dict[str, str]:
 
 def convmem_cmd(*args: str) -> list[str]:
     """argv running the ``convmem`` CLI with this interpreter."""
-    return [sys.executable, "-c", "import sys; from convmem.mcp_adapter.cli import main; sys.exit(main())", *args]
+    return [sys.executable, "-c", "import sys; from convmem.cli import main; sys.exit(main())", *args]
 
 
 def run_convmem(*args: str, input: str | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

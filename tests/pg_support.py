@@ -123,8 +123,8 @@ def backend_credentials(request: Any, data_dir: Path) -> Iterator[tuple[Any, lis
     For PostgreSQL it opens a store in a fresh schema (dropped afterwards) and
     returns the ``--store``/``--pg-schema`` arguments pointing a server at it.
     """
-    from convmem.mcp_adapter.credentials import CredentialFile
-    from convmem.mcp_adapter.pg_credentials import PgCredentials
+    from convmem.logstore.postgres import PgCredentials
+    from convmem.logstore.site_credentials import CredentialFile
 
     if request.param == "file":
         yield CredentialFile(data_dir), []

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from convmem.logstore.site_credentials import CredentialFile, PasswordHash
 from convmem.mcp_adapter import auth as auth_module
 from convmem.mcp_adapter.auth import Authenticator, parse_basic
-from convmem.mcp_adapter.credentials import CredentialFile, PasswordHash
 from convmem.mcp_adapter.errors import ToolFailure
 
 pytestmark = pytest.mark.anyio

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from mcp_helpers import REPO_ROOT, run_convmem
 
+from convmem.cli import build_parser
 from convmem.logstore import Tail, layout, open_store
-from convmem.mcp_adapter.cli import build_parser
-from convmem.mcp_adapter.credentials import CredentialFile
+from convmem.logstore.site_credentials import CredentialFile
 from convmem.mcp_adapter.serve import INSPECTOR_PACKAGE
 
 

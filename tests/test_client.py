@@ -20,7 +20,7 @@ import pytest
 
 from convmem.client import Appender, AsyncMemoryClient, MemoryClient, ToolError
 from convmem.logstore import FileStore, Range
-from convmem.mcp_adapter.credentials import CredentialFile
+from convmem.logstore.site_credentials import CredentialFile
 from tests.mcp_helpers import ServerProcess
 
 SITE, PASSWORD = "client-site", "client-password-0123456789"

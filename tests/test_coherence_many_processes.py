@@ -30,7 +30,7 @@ import pytest
 from coherence_support import auth, call, create_memory, error_code, new_memory
 from mcp_helpers import ServerProcess, run_convmem
 
-from convmem.mcp_adapter.credentials import CredentialFile
+from convmem.logstore.site_credentials import CredentialFile
 
 STABLE = ("alpha", "bravo")
 REPLACED = "romeo"

@@ -24,7 +24,7 @@ from mcp_helpers import ServerProcess, run_convmem
 
 from convmem.logstore import layout
 from convmem.logstore.incarnation import read_id
-from convmem.mcp_adapter.credentials import CredentialFile
+from convmem.logstore.site_credentials import CredentialFile
 
 SITE = "echo"
 OLD_PW = "old-owner-password-0123"

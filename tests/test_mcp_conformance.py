@@ -16,7 +16,7 @@ import pytest
 from mcp_helpers import ServerProcess
 from node_support import cannot_run, npx_or_skip
 
-from convmem.mcp_adapter.credentials import CredentialFile
+from convmem.logstore.site_credentials import CredentialFile
 
 CONFORMANCE_PACKAGE = "@modelcontextprotocol/conformance@0.1.16"
 SCENARIOS = ["server-initialize", "ping", "tools-list", "dns-rebinding-protection"]

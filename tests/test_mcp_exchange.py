@@ -26,9 +26,9 @@ from mcp.server.transport_security import RequestBodyLimitMiddleware
 from starlette.types import ASGIApp, Message
 
 from convmem.logstore import open_store
+from convmem.logstore.site_credentials import CredentialFile
 from convmem.mcp_adapter import exchange
 from convmem.mcp_adapter.auth import Authenticator
-from convmem.mcp_adapter.credentials import CredentialFile
 from convmem.mcp_adapter.http import build_app
 from convmem.mcp_adapter.server import Backend, build_server
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from mcp_helpers import ServerProcess
 
+from convmem.logstore.site_credentials import CredentialFile
 from convmem.mcp_adapter import connguard
-from convmem.mcp_adapter.credentials import CredentialFile
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import pytest
 from mcp_helpers import ServerProcess, basic
 from node_support import cannot_run, npx_or_skip
 
-from convmem.mcp_adapter.credentials import CredentialFile
+from convmem.logstore.site_credentials import CredentialFile
 from convmem.mcp_adapter.serve import INSPECTOR_PACKAGE
 
 SITE, PASSWORD = "inspector-site", "inspector-password-0123456789"

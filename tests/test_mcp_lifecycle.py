@@ -20,7 +20,7 @@ from mcp_helpers import ServerProcess, basic, connect, error_of
 
 from convmem.logstore import Range, open_store
 from convmem.logstore import writer as logstore_writer
-from convmem.mcp_adapter.credentials import CredentialFile
+from convmem.logstore.site_credentials import CredentialFile
 
 pytestmark = pytest.mark.anyio
 

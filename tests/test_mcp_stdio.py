@@ -13,7 +13,7 @@ from mcp.client.stdio import StdioServerParameters
 from mcp_helpers import convmem_cmd, error_of, subprocess_env
 
 from convmem.logstore import Tail, open_store
-from convmem.mcp_adapter.credentials import CredentialFile
+from convmem.logstore.site_credentials import CredentialFile
 
 pytestmark = pytest.mark.anyio
 

@@ -14,7 +14,7 @@ import pytest
 from mcp_helpers import ServerProcess
 from test_mcp_inspector import PASSWORD, SITE, inspector, run_inspector
 
-from convmem.mcp_adapter.credentials import CredentialFile
+from convmem.logstore.site_credentials import CredentialFile
 
 __all__ = ["inspector"]
 

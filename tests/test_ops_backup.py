@@ -22,7 +22,7 @@ from typing import Any
 
 from convmem.logstore import FileStore, Range
 from convmem.logstore.maintenance import check
-from convmem.mcp_adapter.credentials import CredentialFile
+from convmem.logstore.site_credentials import CredentialFile
 from tests.logstore_helpers import write_at_data_end
 from tests.tools_support import REPO, cli
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from convmem.mcp_adapter.cli import build_parser
+from convmem.cli import build_parser
 from tests.mcp_helpers import ServerProcess, basic, connect
 from tests.pg_support import drop_schema, new_schema
 

@@ -1,4 +1,4 @@
-"""The hardened Authenticator over site credentials kept in PostgreSQL (:mod:`mcp_adapter.pg_credentials`)."""
+"""The hardened Authenticator over site credentials kept in PostgreSQL (:class:`logstore.postgres.PgCredentials`)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from convmem.logstore.postgres import PgStore
+from convmem.logstore.postgres import PgCredentials, PgStore
+from convmem.logstore.site_credentials import SCRYPT_N, PasswordHash, _scrypt
 from convmem.mcp_adapter.auth import Authenticator
-from convmem.mcp_adapter.credentials import SCRYPT_N, PasswordHash, _scrypt
 from convmem.mcp_adapter.errors import ToolFailure
-from convmem.mcp_adapter.pg_credentials import PgCredentials
 from tests.pg_support import drop_schema, new_schema
 
 pytestmark = pytest.mark.anyio

@@ -30,8 +30,7 @@ import pytest
 from mcp_helpers import ServerProcess, basic
 
 from convmem.logstore import Unavailable
-from convmem.logstore.postgres import PgStore
-from convmem.mcp_adapter.pg_credentials import PgCredentials
+from convmem.logstore.postgres import PgCredentials, PgStore
 from tests import pgcluster
 
 SITE, PASSWORD = "ha-site-0001", "ha-password-0123456789"

@@ -17,7 +17,7 @@ from mcp_helpers import convmem_cmd, run_convmem, subprocess_env
 from convmem.logstore import FileStore, Range
 from convmem.logstore.maintenance import iter_conversation_items
 from convmem.logstore.postgres import PgStore
-from convmem.mcp_adapter.credentials import CredentialFile
+from convmem.logstore.site_credentials import CredentialFile
 from tests.pg_support import drop_schema, new_schema
 
 SITES = ["site-mig-a", "site-mig-b"]

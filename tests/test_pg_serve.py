@@ -45,7 +45,7 @@ def test_site_commands_keep_sites_in_postgres(pg: tuple[str, str]) -> None:
     listed = _site(pg, "list")
     assert listed.stdout.split() == ["other-site-01", SITE]
     with PgStore(pg[0], schema=pg[1]) as store:
-        from convmem.mcp_adapter.pg_credentials import PgCredentials
+        from convmem.logstore.postgres import PgCredentials
 
         creds = PgCredentials(store)
         assert creds.verify(SITE, password) and not creds.verify(SITE, "wrong-password-000")
@@ -158,7 +158,7 @@ def test_stats_on_postgres(pg: tuple[str, str]) -> None:
 
 def test_site_add_refuses_rows_left_in_the_database_unless_purged(pg: tuple[str, str]) -> None:
     """A name whose conversations are still in the database is not handed to a new owner silently."""
-    from convmem.mcp_adapter.pg_credentials import PgCredentials
+    from convmem.logstore.postgres import PgCredentials
 
     assert _site(pg, "add", SITE, "--password-stdin", stdin=PASSWORD + "\n").returncode == 0
     with PgStore(pg[0], schema=pg[1]) as store:

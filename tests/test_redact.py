@@ -24,7 +24,7 @@ from convmem.logstore.idempotency import digest
 from convmem.logstore.maintenance import TOMBSTONE, MaintenanceError
 from convmem.logstore.postgres import PgStore
 from convmem.logstore.redaction import RedactionError
-from convmem.mcp_adapter.credentials import CredentialFile
+from convmem.logstore.site_credentials import CredentialFile
 from tests.mcp_helpers import ServerProcess, run_convmem, subprocess_env
 from tests.pg_support import drop_schema, new_schema
 

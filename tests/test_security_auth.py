@@ -11,9 +11,9 @@ import anyio
 import anyio.to_thread
 import pytest
 
+from convmem.logstore.site_credentials import SCRYPT_N, CredentialFile, PasswordHash, _scrypt
 from convmem.mcp_adapter import auth as auth_module
 from convmem.mcp_adapter.auth import Authenticator
-from convmem.mcp_adapter.credentials import SCRYPT_N, CredentialFile, PasswordHash, _scrypt
 from convmem.mcp_adapter.errors import ToolFailure
 from convmem.mcp_adapter.throttle import LoginThrottle, ThrottleSettings
 

@@ -16,7 +16,7 @@ import pytest
 from mcp_helpers import ServerProcess
 
 from convmem.logstore import InvalidCursor, ListCursor
-from convmem.mcp_adapter.credentials import CredentialFile
+from convmem.logstore.site_credentials import CredentialFile
 from convmem.mcp_adapter.cursors import CursorSeal
 
 SITE, PASSWORD = "cursor-site-01", "cursor-password-01"

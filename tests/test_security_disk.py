@@ -26,7 +26,7 @@ from convmem.logstore.memories.access import ACCESS_FILE
 from convmem.logstore.memories.site import LOG_NAME, memories_dir
 from convmem.logstore.memories.tokens import SECRET_FILE, USED_FILE
 from convmem.logstore.quota import ACCOUNT_FILE, DEFAULT_MAX_BYTES, DEFAULT_MAX_FILES
-from convmem.mcp_adapter.credentials import CredentialFile
+from convmem.logstore.site_credentials import CredentialFile
 
 SITE, PASSWORD = "disk-site-0001", "disk-password-0123456789"
 

@@ -28,7 +28,7 @@ import pytest
 import trustme
 from mcp_helpers import ServerProcess
 
-from convmem.mcp_adapter.credentials import CredentialFile
+from convmem.logstore.site_credentials import CredentialFile
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -17,7 +17,7 @@ import httpx2
 import pytest
 from mcp_helpers import ServerProcess, convmem_cmd, subprocess_env
 
-from convmem.mcp_adapter.credentials import CredentialFile
+from convmem.logstore.site_credentials import CredentialFile
 
 SITE = "front-door-site"
 PASSWORD = "front-door-password-01"

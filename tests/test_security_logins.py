@@ -14,9 +14,9 @@ from pathlib import Path
 import anyio
 import pytest
 
+from convmem.logstore.site_credentials import CredentialFile, PasswordHash
 from convmem.mcp_adapter import auth as auth_module
 from convmem.mcp_adapter.auth import Authenticator
-from convmem.mcp_adapter.credentials import CredentialFile, PasswordHash
 from convmem.mcp_adapter.errors import ToolFailure
 from convmem.mcp_adapter.fairslots import FairSlots
 from convmem.mcp_adapter.throttle import LoginThrottle, ThrottleSettings

@@ -20,8 +20,8 @@ from pathlib import Path
 import httpx2
 from mcp_helpers import ServerProcess
 
+from convmem.logstore.site_credentials import CredentialFile
 from convmem.mcp_adapter import requestlog
-from convmem.mcp_adapter.credentials import CredentialFile
 
 SITE, PASSWORD = "log-site-0001", "log-password-0001"
 FORGED = "1999-12-31 00:00:00,000 INFO convmem.request: request site=bravo tool=memory_delete outcome=ok"

@@ -11,7 +11,7 @@ import pytest
 from mcp_helpers import ServerProcess, basic, run_convmem
 
 from convmem.logstore import ListSelector, QuotaExceeded, SiteQuota, Tail, open_store, quota, site_usage
-from convmem.mcp_adapter.credentials import CredentialFile
+from convmem.logstore.site_credentials import CredentialFile
 from convmem.mcp_adapter.errors import from_store_error
 
 SITE = "quota-site-01"

@@ -19,7 +19,7 @@ import httpx2
 import pytest
 from mcp_helpers import ServerProcess, run_convmem
 
-from convmem.mcp_adapter.credentials import CredentialFile
+from convmem.logstore.site_credentials import CredentialFile
 
 SITE = "tenant-site"
 OLD_PASSWORD = "old-owner-password-0123"

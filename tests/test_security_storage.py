@@ -53,7 +53,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONVMEM_")}
     env["PYTHONPATH"] = str(REPO)
     return subprocess.run(
-        [sys.executable, "-c", "import sys; from convmem.mcp_adapter.cli import main; sys.exit(main())", *args],
+        [sys.executable, "-c", "import sys; from convmem.cli import main; sys.exit(main())", *args],
         capture_output=True,
         text=True,
         timeout=120,

@@ -19,7 +19,7 @@ import trustme
 from coherence_support import auth, call, error_code
 from mcp_helpers import ServerProcess
 
-from convmem.mcp_adapter.credentials import CredentialFile
+from convmem.logstore.site_credentials import CredentialFile
 from convmem.mcp_adapter.workers import WORKER_HEADER
 
 SITE, PASSWORD = "workers-site", "workers-password-0123456789"

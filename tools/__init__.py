@@ -3,5 +3,6 @@
 
 Each tool is one module with ``add_parser(subparsers)``; :func:`tools.cli.add_subcommands`
 registers them all on a ``convmem`` command line. They use only :mod:`logstore`'s
-public API (:mod:`logstore.maintenance`).
+public API (:mod:`logstore.maintenance`) and the shared options of :mod:`convmem.options`,
+never the server (:mod:`convmem.mcp_adapter`).
 """

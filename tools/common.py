@@ -77,7 +77,7 @@ def registered_sites(data_dir: str) -> list[str]:
     only with its first conversation; the tools treat such a site as empty.
     """
     try:
-        from convmem.mcp_adapter.credentials import CredentialFile
+        from convmem.logstore.site_credentials import CredentialFile
     except ImportError:
         return []
     try:

@@ -34,7 +34,7 @@ import msgspec
 from convmem.logstore import MAX_BATCH_BYTES, MAX_BATCH_ITEMS, FileStore, StoreError, Tail
 from convmem.logstore.maintenance import Restorer, iter_conversation_items, iter_conversations, list_sites
 from convmem.logstore.memories import LongTermMemory, LongTermStore
-from convmem.logstore.postgres import DEFAULT_SCHEMA, PgLongTermMemory, PgStore, is_dsn, item_crc
+from convmem.logstore.postgres import DEFAULT_SCHEMA, is_dsn  # the rest loads psycopg: imported when used
 
 from .common import EXIT_PROBLEMS_LEFT, fail, plural
 from .migrate_memories import migrate_memories
@@ -143,7 +143,7 @@ class DirSide(Side):
         self._restorer.restore_batch(site, conv, first, stamp, [_decoder.decode(p) for p in parts])
 
     def credentials(self) -> Any:
-        from convmem.mcp_adapter.credentials import CredentialFile
+        from convmem.logstore.site_credentials import CredentialFile
 
         return CredentialFile(self.path)
 
@@ -162,6 +162,8 @@ class DirSide(Side):
 
 class PgSide(Side):
     def __init__(self, dsn: str, schema: str) -> None:
+        from convmem.logstore.postgres import PgStore
+
         self.store = PgStore(dsn, schema=schema, pool_max=4)
         self._memories: LongTermStore | None = None
 
@@ -187,12 +189,14 @@ class PgSide(Side):
         self.store.restore_batch(site, conv, first, stamp, parts)
 
     def credentials(self) -> Any:
-        from convmem.mcp_adapter.pg_credentials import PgCredentials
+        from convmem.logstore.postgres import PgCredentials
 
         return PgCredentials(self.store)
 
     def memories(self) -> LongTermStore:
         if self._memories is None:
+            from convmem.logstore.postgres import PgLongTermMemory
+
             self._memories = PgLongTermMemory(self.store, listen=False)
         return self._memories
 
@@ -242,6 +246,8 @@ def copy_conversation(src: Side, dst: Side, site: str, conv: str) -> int:
 
 
 def checksum(side: Side, site: str, conv: str) -> tuple[int, int]:
+    from convmem.logstore.postgres import item_crc
+
     crc = n = 0
     for it in side.items(site, conv, 0):
         crc = item_crc(crc, it.seq, it.recorded_at_us, it.payload)
@@ -265,7 +271,7 @@ def copy_credentials(src: Side, dst: Side, sites: list[str]) -> int:
 
 
 def _put_hash(creds: Any, site: str, h: Any) -> None:
-    from convmem.mcp_adapter.pg_credentials import PgCredentials
+    from convmem.logstore.postgres import PgCredentials
 
     if isinstance(creds, PgCredentials):
         creds.put_hash(site, h)

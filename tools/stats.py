@@ -13,6 +13,7 @@ import sys
 
 from convmem.logstore import MAX_CONVERSATION_ITEMS, SiteQuota, Usage, site_usage
 from convmem.logstore.maintenance import MaintenanceError, SiteStats, site_has_data, stats
+from convmem.options import add_quota_options
 
 from . import memories
 from .common import (
@@ -39,8 +40,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--site", metavar="S", help="only this site")
     p.add_argument("--top", type=int, default=10, metavar="N", help="how many of the largest to show (default 10)")
     p.add_argument("--json", action="store_true", help="print JSON")
-    from convmem.mcp_adapter.cli import add_quota_options
-
     add_quota_options(p)
     p.set_defaults(func=command(run))
     exit_8_on_usage_error(p)

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import httpx2
 
-from convmem.mcp_adapter.credentials import CredentialFile
+from convmem.logstore.site_credentials import CredentialFile
 
 ATTACKED, ATTACKED_PASSWORD = "attacked-site", "attacked-password-0001"
 BODY = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "list_conversations"}})

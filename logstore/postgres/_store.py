@@ -61,6 +61,7 @@ from ..model import (
 )
 from ..store import MemoryStore
 from ..timefmt import format_us, parse_rfc3339
+from ._dsn import DEFAULT_SCHEMA
 from ._errors import first_line, translate
 from ._follow import Listener
 from ._schema import (
@@ -76,7 +77,6 @@ from ._schema import (
 
 logger = logging.getLogger("logstore.postgres")
 
-DEFAULT_SCHEMA = "convmem"
 #: ``synchronous_commit`` values under which a returned COMMIT is durable on the primary.
 _DURABLE_COMMIT = frozenset({"on", "local", "remote_write", "remote_apply"})
 #: Advisory lock key serializing concurrent schema creation (any fixed 64-bit number).
@@ -85,11 +85,6 @@ _DDL_LOCK = 0x636F6E766D656D
 
 class AsyncCommitRefused(Unavailable):
     """The server acknowledges commits before they are durable (``synchronous_commit = off``)."""
-
-
-def is_dsn(text: str | None) -> bool:
-    """True when ``text`` names a PostgreSQL server rather than a directory."""
-    return bool(text) and str(text).startswith(("postgresql://", "postgres://"))
 
 
 class PgStore(MemoryStore):
@@ -145,7 +140,7 @@ class PgStore(MemoryStore):
         except StoreError:
             raise
         except psycopg.Error as exc:
-            raise Unavailable(f"cannot use PostgreSQL at {_redact(dsn)}: {first_line(exc)}") from exc
+            raise Unavailable(f"cannot use PostgreSQL at {redact_dsn(dsn)}: {first_line(exc)}") from exc
         self._pool.open(wait=False)
         #: How this store connects (for the listening connections of followers and of the memory store).
         self.connect_kwargs = kwargs
@@ -631,7 +626,7 @@ def _decode_one(site: str, conversation_id: str, row: Any) -> dict[str, Any]:
     )
 
 
-def _redact(dsn: str) -> str:
+def redact_dsn(dsn: str) -> str:
     """``dsn`` without its password, for messages."""
     try:
         info = psycopg.conninfo.conninfo_to_dict(dsn)

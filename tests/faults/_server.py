@@ -15,7 +15,7 @@ from typing import Any
 import httpx2
 from mcp_helpers import ServerProcess
 
-from convmem.mcp_adapter.credentials import CredentialFile
+from convmem.logstore.site_credentials import CredentialFile
 
 from ._common import SITE
 

@@ -1,4 +1,10 @@
-"""The site credential file: ``DATA_DIR/auth/sites.json``.
+"""Site passwords: their salted scrypt hashes, the checks every credential store shares, and the file store.
+
+The server authenticates with them (:mod:`convmem.mcp_adapter.auth` keeps the
+HTTP Basic parsing and the login cache); ``convmem site`` and the operator
+tools read and change them. :class:`CredentialFile` keeps them in
+``DATA_DIR/auth/sites.json``; :class:`convmem.logstore.postgres.PgCredentials`
+keeps the same hashes in the database.
 
 Each site (tenant) has one password, stored only as a salted scrypt hash::
 
@@ -29,11 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from convmem.logstore import SiteName
+from .ids import SiteName
 
 AUTH_DIRNAME = "auth"
 SITES_FILENAME = "sites.json"
 DEMO_PASSWORD_FILENAME = "demo-site.password"
+#: The site ``convmem serve --demo-site`` creates; its password is remembered (``read_demo_password``).
+DEMO_SITE = "demo-site"
 
 #: scrypt cost, OWASP's current recommendation (Password Storage Cheat Sheet): N=2**17, r=8, p=1,
 #: about 128 MiB and a few hundred milliseconds per run. Hashes made with weaker parameters are

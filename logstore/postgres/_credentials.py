@@ -1,8 +1,8 @@
 """Site credentials kept in PostgreSQL, so every server process sees the same sites.
 
-The same salted scrypt hashes as :mod:`.credentials`, one row per site in
-``<schema>.site_credentials``. It offers the methods of
-:class:`~.credentials.CredentialFile` that the server and ``convmem site``
+The same salted scrypt hashes as :mod:`convmem.logstore.site_credentials`, one row
+per site in ``<schema>.site_credentials``. It offers the methods of
+:class:`~convmem.logstore.site_credentials.CredentialFile` that the server and ``convmem site``
 use. ``stamp()`` is a cheap change marker (the number of sites and the
 latest change number), so the authenticator reloads the hashes, and drops its
 cache, as soon as another process adds a site, changes a password or removes
@@ -16,10 +16,9 @@ import datetime as dt
 import secrets
 from typing import Any
 
-from convmem.logstore import SiteName
-from convmem.logstore.postgres import PgStore
-
-from .credentials import CredentialError, PasswordChecks, PasswordHash
+from ..ids import SiteName
+from ..site_credentials import CredentialError, PasswordChecks, PasswordHash
+from ._store import PgStore
 
 _DEMO_KEY = "demo-site.password"
 
