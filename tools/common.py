@@ -76,10 +76,8 @@ def registered_sites(data_dir: str) -> list[str]:
     A site exists from ``site add`` on, but the engine writes its directory
     only with its first conversation; the tools treat such a site as empty.
     """
-    try:
-        from convmem.logstore.site_credentials import CredentialFile
-    except ImportError:
-        return []
+    from convmem.logstore.site_credentials import CredentialFile
+
     try:
         return CredentialFile(data_dir).sites()
     except (OSError, ValueError):
