@@ -23,8 +23,9 @@ import psycopg
 import pytest
 from memories_support import MemoryStores, create, delete, fields
 
+from convmem.logstore.memories.errors import NotFound
 from convmem.logstore.postgres._memories import drop_site_memories
-from convmem.logstore.postgres._memscrub import partition_of
+from convmem.logstore.postgres._memscrub import ScrubPending, partition_of
 
 SITE = "erase-site-01"
 
@@ -120,6 +121,53 @@ def test_site_remove_leaves_no_bytes(servers: MemoryStores) -> None:
     store = servers.open(listen=False)
     _mid, needles = _victim(store)
     assert drop_site_memories(store._store, SITE)
+    assert _holding(str(servers.dsn), servers.schema, needles) == []
+
+
+def _owed(servers: MemoryStores) -> list[tuple[str, str]]:
+    """The rewrites recorded as owed: (site, erasing transaction id)."""
+    with psycopg.connect(str(servers.dsn), autocommit=True) as conn:
+        rows = conn.execute(f'SELECT site, erased_xid::text FROM "{servers.schema}".memory_scrubs'.encode())
+        return [(str(a), str(b)) for a, b in rows.fetchall()]
+
+
+def test_an_open_snapshot_keeps_the_bytes_and_the_erasure_says_what_holds_them(servers: MemoryStores) -> None:
+    store = servers.open(listen=False)
+    mid, needles = _victim(store)
+    with psycopg.connect(str(servers.dsn)) as holder:
+        holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT 1")  # the snapshot is taken; no lock on any table
+        pid = holder.info.backend_pid
+        with pytest.raises(ScrubPending) as caught:
+            delete(store, mid, force=True, site=SITE)
+        assert f"session pid {pid}" in str(caught.value) and "may still be in the files" in str(caught.value)
+        assert caught.value.table == partition_of(holder, servers.schema, SITE)
+        assert [site for site, _xid in _owed(servers)] == [SITE]
+        # The rewrite ran and kept the deleted row version (the holder may still read it): the bytes are there.
+        assert {n for _name, n in _holding(str(servers.dsn), servers.schema, needles)} == set(needles)
+        with pytest.raises(NotFound):
+            store.get(SITE, mid)  # erased all the same
+        holder.rollback()
+    assert store.sweep_once() == []  # nothing to purge; the owed rewrite is retried, and now nothing holds it
+    assert _owed(servers) == []
+    assert _holding(str(servers.dsn), servers.schema, needles) == []
+
+
+def test_a_failed_rewrite_stays_owed_until_the_sweep_does_it(servers: MemoryStores) -> None:
+    store = servers.open(listen=False, lock_timeout=0.2)
+    mid, needles = _victim(store)
+    with psycopg.connect(str(servers.dsn)) as holder:
+        table = partition_of(holder, servers.schema, SITE)
+        # ACCESS SHARE lets the DELETE through (ROW EXCLUSIVE) but not VACUUM FULL (ACCESS EXCLUSIVE).
+        holder.execute(f'LOCK TABLE "{servers.schema}".{table} IN ACCESS SHARE MODE'.encode())
+        with pytest.raises(ScrubPending) as caught:
+            delete(store, mid, force=True, site=SITE)
+        assert "failed" in str(caught.value) and caught.value.held == []
+        assert [site for site, _xid in _owed(servers)] == [SITE]
+        assert _holding(str(servers.dsn), servers.schema, needles[:1])
+        holder.rollback()
+    assert store.sweep_once() == []
+    assert _owed(servers) == []
     assert _holding(str(servers.dsn), servers.schema, needles) == []
 
 

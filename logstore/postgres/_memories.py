@@ -66,7 +66,7 @@ from ..memories.state import record_body
 from ..timefmt import now_us
 from ._errors import DatabaseTimeout
 from ._memnotify import ChangeListener
-from ._memscrub import partition_of, scrub
+from ._memscrub import ScrubPending, owed_tables, partition_of, scrub
 from ._memsite import SiteView, memory_from_row
 from ._memsql import SWEEP_LOCK, TOKEN_SECRET_KEY, MemoryStatements
 from ._store import PgStore
@@ -185,34 +185,40 @@ class PgLongTermMemory(LongTermStore):
         cutoff = self._now() - self._retention_us
         return any(m.deleted_us is not None and m.deleted_us <= cutoff for m in view.state.values())
 
-    def _write(self, view: SiteView, nonce: str | None, change: Callable[[_Tx], _T]) -> _T:
+    def _write(
+        self, view: SiteView, nonce: str | None, change: Callable[[_Tx], _T], *, report_purge: bool = False
+    ) -> _T:
         """Run ``change`` in a write transaction of the site (steps 1-5 of the module's docstring).
 
         ``change(tx)`` returns what the caller wants and notes in ``tx`` what it
-        wrote; after the commit the view is brought up to date with it.
+        wrote; after the commit the view is brought up to date with it. After an
+        erasure the site's partition is rewritten: ``ScrubPending`` when the
+        erased bytes may remain and the change itself erased (or ``report_purge``);
+        a rewrite owed after the retention purge of another call is only logged
+        (it is recorded, and the sweep retries it).
         """
-        out, erased = self._write_tx(view, nonce, change)
-        if erased:
-            self._scrub(view.site)
+        out, purged, erased = self._write_tx(view, nonce, change)
+        if purged or erased:
+            try:
+                self._scrub(view.site)
+            except ScrubPending as exc:
+                if erased or report_purge:
+                    raise
+                logger.warning("after the retention purge of site %s: %s", view.site, exc)
         return out
 
     def _scrub(self, site: str) -> None:
-        """Rewrite the partition of ``site`` so erased rows leave no bytes in its pages (see ``_memscrub``)."""
-        table = "memories"
-        try:
-            with self._store._conn(writing=True) as conn:
-                table = partition_of(conn, self._store.schema, site)
-                scrub(conn, self._store.schema, table, self._store.lock_timeout)
-        except psycopg.Error as exc:
-            logger.warning("rewriting %s after an erasure of site %s failed", table, site, exc_info=True)
-            raise Unavailable(
-                f"the memory is erased (no server shows it again), but rewriting table {table} to remove its "
-                f"bytes from the pages failed ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
-                "the next erasure in that table rewrites it"
-            ) from exc
+        """Rewrite the partition of ``site`` so erased rows leave no bytes in its pages (see ``_memscrub``).
 
-    def _write_tx(self, view: SiteView, nonce: str | None, change: Callable[[_Tx], _T]) -> tuple[_T, bool]:
-        """The transaction of :meth:`_write`: its result, and whether it erased rows."""
+        ``ScrubPending`` when the bytes may remain: the rewrite failed, or something still sees the rows.
+        """
+        with self._store._conn(writing=True) as conn:
+            scrub_site(conn, self._store.schema, site, self._store.lock_timeout)
+
+    def _write_tx(
+        self, view: SiteView, nonce: str | None, change: Callable[[_Tx], _T]
+    ) -> tuple[_T, bool, bool]:
+        """The transaction of :meth:`_write`: its result, whether retention purged rows, whether ``change`` erased."""
         site = view.site
         with view.mutex, self._store._conn(writing=True) as conn:
             before = view.seen
@@ -237,6 +243,8 @@ class PgLongTermMemory(LongTermStore):
                         conn.execute(self._sql.mark_erased, (site,))
                     tx = _Tx(conn, n)
                     out = change(tx)
+                    if purged or any(isinstance(item, str) for item in tx.applied):
+                        conn.execute(self._sql.owe_scrub, (site, self._now()))
                     if nonce is not None and n % 64 == 0:
                         conn.execute(self._sql.prune_tokens, (site, self._now() - tokens.USED_KEPT_US))
                     conn.execute(self._sql.notify, (f"{self._store.schema}/{site}",))
@@ -264,7 +272,7 @@ class PgLongTermMemory(LongTermStore):
                 except psycopg.Error:  # committed all the same: the next call's counter check catches up
                     logger.warning("refreshing site %s after a write failed", site, exc_info=True)
             assert tx is not None
-            return out, bool(purged) or any(isinstance(item, str) for item in tx.applied)
+            return out, bool(purged), any(isinstance(item, str) for item in tx.applied)
 
     def _vector(self, view: SiteView, memory_id: str, fields: Fields) -> bytes | None:
         """The stored form of the vector of ``fields`` (JSON bytes), None without a model."""
@@ -441,7 +449,7 @@ class PgLongTermMemory(LongTermStore):
             due = sorted(
                 m.memory_id for m in view.state.values() if m.deleted_us is not None and m.deleted_us <= cutoff
             )
-            self._write(view, None, _nothing)
+            self._write(view, None, _nothing, report_purge=True)
             return [mid for mid in due if mid not in view.state]
 
     # ------------------------------------------------------------ API: reads
@@ -539,10 +547,27 @@ class PgLongTermMemory(LongTermStore):
                 for site in swept:
                     if self._stop.is_set():
                         break
-                    self._write(self._view(site), None, _nothing)
+                    self._write(self._view(site), None, _nothing)  # an owed rewrite is retried just below
+                self._retry_scrubs()
                 return swept
             finally:
                 lock_conn.execute(self._sql.sweep_unlock, (SWEEP_LOCK,))
+
+    def _retry_scrubs(self) -> None:
+        """Rewrite every partition whose erasures are still owed (``memory_scrubs``); run by the sweep."""
+        with self._store._conn(writing=True) as conn:
+            tables = owed_tables(conn, self._store.schema)
+        for table in tables:
+            if self._stop.is_set():
+                return
+            try:
+                with self._store._conn(writing=True) as conn:
+                    done = scrub(conn, self._store.schema, table, self._store.lock_timeout)
+            except Exception:  # psycopg's, or the store's translation of it: owed still, retried next round
+                logger.warning("retrying the owed rewrite of %s failed", table, exc_info=True)
+                continue
+            if done.held:
+                logger.warning("the owed rewrite of %s is still held by %s", table, "; ".join(done.held))
 
     def close(self) -> None:
         self._stop.set()
@@ -616,8 +641,34 @@ def drop_site_memories(store: PgStore, site: str) -> bool:
         gone = conn.execute(sql_.drop_site, (site,)).fetchall()
         conn.execute(sql_.drop_tokens, (site,))
         conn.execute(sql_.mark_erased, (site,))
+        if gone:
+            conn.execute(sql_.owe_scrub, (site, now_us()))
         conn.execute(sql_.notify, (f"{store.schema}/{site}",))
     if gone:
         with store._conn(writing=True) as conn:
-            scrub(conn, store.schema, partition_of(conn, store.schema, site), store.lock_timeout)
+            scrub_site(conn, store.schema, site, store.lock_timeout)
     return bool(gone)
+
+
+def scrub_site(conn: _Conn, schema: str, site: str, lock_timeout: float) -> None:
+    """Rewrite the partition of ``site`` after its erasure committed; ``ScrubPending`` when its bytes may remain."""
+    table = "memories"
+    try:
+        table = partition_of(conn, schema, site)
+        done = scrub(conn, schema, table, lock_timeout, site)
+    except psycopg.Error as exc:
+        logger.warning("rewriting %s after an erasure of site %s failed", table, site, exc_info=True)
+        raise ScrubPending(
+            f"the memory is erased (no server shows it again), but rewriting table {table} to remove its "
+            f"bytes from the pages failed ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
+            "the rewrite is recorded as owed (memory_scrubs) and the retention sweep retries it",
+            table, [],
+        ) from exc
+    if done.held:
+        raise ScrubPending(
+            f"the memory is erased (no server shows it again), but its bytes may still be in the files of table "
+            f"{table}: the rewrite had to keep the deleted row versions because {'; '.join(done.held)} can "
+            "still see them; the rewrite is recorded as owed (memory_scrubs) and the retention sweep repeats it "
+            "once that has ended",
+            table, done.held,
+        )

@@ -32,6 +32,11 @@ class MemoryStatements:
             "INSERT INTO {s}.memory_sites AS ms (site, changes, erased) VALUES (%s, 1, 0) "
             "ON CONFLICT (site) DO UPDATE SET changes = ms.changes + 1 RETURNING ms.changes"
         )
+        # In the erasing transaction: the rewrite this erasure needs is owed until a scrub is known to have done it.
+        self.owe_scrub = q(
+            "INSERT INTO {s}.memory_scrubs AS o (site, erased_xid, owed_since) VALUES (%s, pg_current_xact_id(), %s) "
+            "ON CONFLICT (site) DO UPDATE SET erased_xid = excluded.erased_xid"
+        )
         self.mark_erased = q("UPDATE {s}.memory_sites SET erased = changes WHERE site = %s")
         self.counters = q("SELECT changes, erased FROM {s}.memory_sites WHERE site = %s")
         self.rows_all = q(f"SELECT {COLUMNS} FROM {{s}}.memories WHERE site = %s")
