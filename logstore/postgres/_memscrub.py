@@ -138,12 +138,14 @@ def owed_tables(conn: psycopg.Connection[Any], schema: str) -> list[str]:
 
 
 def scrub(
-    conn: psycopg.Connection[Any], schema: str, table: str, lock_timeout_s: float, site: str | None = None
+    conn: psycopg.Connection[Any], schema: str, table: str, lock_timeout_s: float, site: str | None = None,
+    *, only_if_due: bool = False,
 ) -> Scrubbed:
     """Rewrite ``schema.table`` without the row versions of its owed erasures (autocommit ``conn``).
 
     ``held`` of the result names what still holds ``site``'s owed erasure (with no ``site``: the table's oldest
     owed erasure); psycopg errors (a lock not granted in time, a lost connection) leave the records owed.
+    ``only_if_due``: no rewrite when it would clear no record (every owed erasure is still held).
     """
     s = sql.Identifier(schema)
     in_table = _in_table(schema, table)
@@ -166,6 +168,11 @@ def scrub(
     try:
         for _ in range(2):
             safe = conn.execute(safe_q).fetchall()
+            if only_if_due and not safe:
+                owed = conn.execute(owed_q, owed_args).fetchone()
+                done.held = holders(conn, str(owed[0])) if owed is not None else []
+                if done.held or owed is None:
+                    return done
             conn.execute("SELECT set_config('lock_timeout', %s, false)", (str(max(1, round(lock_timeout_s * 1000))),))
             started = time.monotonic()
             try:

@@ -15,11 +15,17 @@ COLUMNS = "memory_id, status, version, created_at, updated_at, last_accessed_at,
 
 
 class MemoryStatements:
-    """Every statement of the memory store, with the schema name quoted in."""
+    """Every statement of the memory store, with the schema name quoted in.
 
-    def __init__(self, schema: str) -> None:
+    The statements of one site's rows name ``table``: its partition of ``memories`` (the parent when ``table``
+    is ``memories``). PostgreSQL 15 locks every relation of a generic plan before it prunes partitions at run
+    time, so a statement naming the parent would lock all partitions, and wait for another site's rewrite.
+    """
+
+    def __init__(self, schema: str, table: str = "memories") -> None:
         def q(text: str) -> bytes:
-            return sql.SQL(text).format(s=sql.Identifier(schema)).as_string(None).encode()
+            text = text.replace("{s}.memories ", "{s}.{t} ")
+            return sql.SQL(text).format(s=sql.Identifier(schema), t=sql.Identifier(table)).as_string(None).encode()
 
         self.lock_timeout = b"SELECT set_config('lock_timeout', %s, true)"
         self.use_token = q(
