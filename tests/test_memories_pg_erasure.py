@@ -4,9 +4,13 @@ A forced delete, the retention sweep's purge and ``site remove`` each rewrite
 the partition of ``memories`` holding the site (``VACUUM FULL``). The tests
 search every relation file of the schema (heaps, TOAST tables, indexes) for a
 marker in the memory's text, its dedupe_key, a long source URI that PostgreSQL
-moves to the TOAST table, and a piece of the stored vector. One more test holds
-the ACCESS EXCLUSIVE lock a rewrite takes on one partition and shows that
-another site's calls, in another partition, go on meanwhile.
+moves to the TOAST table, and a piece of the stored vector. Two tests keep the
+rewrite from doing its work (a second session's REPEATABLE READ snapshot, a
+lock that makes it time out) and check what the call says, the owed record in
+``memory_scrubs``, and that the sweep's retry finishes the job. One more test
+holds the ACCESS EXCLUSIVE lock a rewrite takes on one partition and shows
+that another site's calls, in another partition, go on meanwhile, with the
+server's default plans and with generic plans forced.
 """
 
 from __future__ import annotations

@@ -26,11 +26,15 @@ that horizon: those the rewrite is certain to drop (a horizon only moves
 forward), and their records are deleted after it. An erasure still owed after
 the rewrite is answered with what holds it (:func:`holders`); when nothing
 holds it any more (the holder ended during the rewrite), the partition is
-rewritten once more.
+rewritten once more. The rewrite runs ``VERBOSE``, and when its report says it
+kept no dead row version at all (``0 dead row versions cannot be removed
+yet``, read when the server's messages are in English), every erasure owed
+before it is done, whatever the horizon check found.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -119,6 +123,20 @@ def _in_table(schema: str, table: str) -> sql.Composable:
     )
 
 
+_KEPT = re.compile(r"^(\d+) dead row versions cannot be removed yet")
+
+
+def kept_versions(details: list[str]) -> int | None:
+    """How many deleted row versions ``VACUUM (FULL, VERBOSE)`` reported it had to keep (from the DETAIL of its
+    notices); None when its report is not there or not in English (``lc_messages``): then the horizon check
+    alone decides."""
+    for detail in details:
+        found = _KEPT.match(detail)
+        if found:
+            return int(found.group(1))
+    return None
+
+
 def holders(conn: psycopg.Connection[Any], xid: str) -> list[str]:
     """What may still see row versions deleted by transaction ``xid`` (a xid8, as text); empty: nothing."""
     return [str(r[0]) for r in conn.execute(_HOLDERS.encode(), {"xid": xid}).fetchall()]
@@ -149,9 +167,10 @@ def scrub(
     """
     s = sql.Identifier(schema)
     in_table = _in_table(schema, table)
-    safe_q = sql.SQL(
-        "SELECT site, erased_xid::text FROM {s}.memory_scrubs WHERE {t} AND age(erased_xid::xid) > "
+    owed_now_q = sql.SQL(
+        "SELECT site, erased_xid::text, age(erased_xid::xid) > "
         "greatest(coalesce((SELECT max(a) FROM (" + _AGES + ") AS c(a)), 0), 0) + " + _DEFER
+        + " FROM {s}.memory_scrubs WHERE {t}"
     ).format(s=s, t=in_table)
     clear_q = sql.SQL("DELETE FROM {s}.memory_scrubs WHERE site = %s AND erased_xid = %s::xid8").format(s=s)
     if site is not None:
@@ -162,12 +181,18 @@ def scrub(
             "SELECT erased_xid::text FROM {s}.memory_scrubs WHERE {t} ORDER BY erased_xid LIMIT 1"
         ).format(s=s, t=in_table)
         owed_args = ()
-    vacuum = sql.SQL("VACUUM FULL {}.{}").format(s, sql.Identifier(table))
+    vacuum = sql.SQL("VACUUM (FULL, VERBOSE) {}.{}").format(s, sql.Identifier(table))
     done = Scrubbed()
+    notes: list[str] = []
+
+    def note(diag: psycopg.errors.Diagnostic) -> None:
+        notes.append(diag.message_detail or "")  # read now: the diagnostic is valid during the call only
+
     conn.execute("SELECT pg_advisory_lock(%s)", (SCRUB_LOCK,))
     try:
         for _ in range(2):
-            safe = conn.execute(safe_q).fetchall()
+            owed_now = conn.execute(owed_now_q).fetchall()
+            safe = [row for row in owed_now if row[2]]
             if only_if_due and not safe:
                 owed = conn.execute(owed_q, owed_args).fetchone()
                 done.held = holders(conn, str(owed[0])) if owed is not None else []
@@ -175,11 +200,16 @@ def scrub(
                     return done
             conn.execute("SELECT set_config('lock_timeout', %s, false)", (str(max(1, round(lock_timeout_s * 1000))),))
             started = time.monotonic()
+            notes.clear()
+            conn.add_notice_handler(note)
             try:
                 conn.execute(vacuum)
             finally:
+                conn.remove_notice_handler(note)
                 conn.execute("SELECT set_config('lock_timeout', '0', false)")
             done.seconds += time.monotonic() - started
+            if kept_versions(notes) == 0:
+                safe = owed_now  # the rewrite kept no deleted version at all: every erasure before it is gone
             for row in safe:
                 conn.execute(clear_q, (row[0], row[1]))
             owed = conn.execute(owed_q, owed_args).fetchone()
