@@ -158,7 +158,7 @@ def own_database(pg_server: str, tmp_path: Path) -> Iterator[MemoryStores]:
 
 def test_an_open_snapshot_keeps_the_bytes_and_the_erasure_says_what_holds_them(own_database: MemoryStores) -> None:
     servers = own_database
-    store = servers.open(listen=False)
+    store = servers.open(listen=False, lock_timeout=0.5)  # how long the erasure waits for the snapshot to end
     mid, needles = _victim(store)
     with psycopg.connect(str(servers.dsn)) as holder:
         holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
@@ -178,6 +178,21 @@ def test_an_open_snapshot_keeps_the_bytes_and_the_erasure_says_what_holds_them(o
         holder.rollback()
     assert store.sweep_once() == []  # nothing to purge; the owed rewrite is retried, and now nothing holds it
     assert _owed(servers) == []
+    assert _holding(str(servers.dsn), servers.schema, needles) == []
+    # A snapshot that ends while the erasure waits for it (within lock_timeout): the call succeeds.
+    patient = servers.open(listen=False, lock_timeout=30)
+    mid, needles = _victim(patient, "erase-site-02")
+    outcome: list[object] = []
+    with psycopg.connect(str(servers.dsn)) as holder:
+        holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT 1")
+        t = threading.Thread(target=lambda: outcome.append(delete(patient, mid, force=True, site="erase-site-02")))
+        t.start()
+        while not _owed(servers) and t.is_alive():  # committed; now waiting for the snapshot
+            threading.Event().wait(0.01)
+        holder.rollback()
+    t.join(60)
+    assert outcome == [None] and _owed(servers) == []
     assert _holding(str(servers.dsn), servers.schema, needles) == []
 
 

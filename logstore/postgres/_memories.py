@@ -680,7 +680,7 @@ def scrub_site(conn: _Conn, schema: str, site: str, lock_timeout: float) -> None
     table = "memories"
     try:
         table = partition_of(conn, schema, site)
-        done = scrub(conn, schema, table, lock_timeout, site)
+        done = scrub(conn, schema, table, lock_timeout, site, wait_s=lock_timeout)
     except psycopg.Error as exc:
         logger.warning("rewriting %s after an erasure of site %s failed", table, site, exc_info=True)
         raise ScrubPending(

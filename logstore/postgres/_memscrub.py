@@ -26,7 +26,9 @@ that horizon: those the rewrite is certain to drop (a horizon only moves
 forward), and their records are deleted after it. An erasure still owed after
 the rewrite is answered with what holds it (:func:`holders`); when nothing
 holds it any more (the holder ended during the rewrite), the partition is
-rewritten once more. The rewrite runs ``VERBOSE``, and when its report says it
+rewritten once more. A call waits up to its ``lock_timeout`` for what holds its
+erasure to end before it rewrites (the short snapshots of other calls end in
+milliseconds), so only a snapshot held longer is reported. The rewrite runs ``VERBOSE``, and when its report says it
 kept no dead row version at all (``0 dead row versions cannot be removed
 yet``, read when the server's messages are in English), every erasure owed
 before it is done, whatever the horizon check found.
@@ -157,13 +159,15 @@ def owed_tables(conn: psycopg.Connection[Any], schema: str) -> list[str]:
 
 def scrub(
     conn: psycopg.Connection[Any], schema: str, table: str, lock_timeout_s: float, site: str | None = None,
-    *, only_if_due: bool = False,
+    *, only_if_due: bool = False, wait_s: float = 0.0,
 ) -> Scrubbed:
     """Rewrite ``schema.table`` without the row versions of its owed erasures (autocommit ``conn``).
 
     ``held`` of the result names what still holds ``site``'s owed erasure (with no ``site``: the table's oldest
     owed erasure); psycopg errors (a lock not granted in time, a lost connection) leave the records owed.
-    ``only_if_due``: no rewrite when it would clear no record (every owed erasure is still held).
+    Before a rewrite, it waits up to ``wait_s`` seconds in all for what holds that erasure to end (a snapshot
+    of an ordinary call ends within milliseconds); the rewrite is not done while that wait goes on, and no
+    advisory lock is held. ``only_if_due``: no rewrite when it would clear no record (all are still held).
     """
     s = sql.Identifier(schema)
     in_table = _in_table(schema, table)
@@ -188,9 +192,13 @@ def scrub(
     def note(diag: psycopg.errors.Diagnostic) -> None:
         notes.append(diag.message_detail or "")  # read now: the diagnostic is valid during the call only
 
-    conn.execute("SELECT pg_advisory_lock(%s)", (SCRUB_LOCK,))
-    try:
-        for _ in range(2):
+    deadline = time.monotonic() + wait_s
+    for _ in range(2):
+        target = conn.execute(owed_q, owed_args).fetchone()
+        if target is not None:
+            _wait_for_holders(conn, str(target[0]), deadline)
+        conn.execute("SELECT pg_advisory_lock(%s)", (SCRUB_LOCK,))
+        try:
             owed_now = conn.execute(owed_now_q).fetchall()
             safe = [row for row in owed_now if row[2]]
             if only_if_due and not safe:
@@ -212,15 +220,24 @@ def scrub(
                 safe = owed_now  # the rewrite kept no deleted version at all: every erasure before it is gone
             for row in safe:
                 conn.execute(clear_q, (row[0], row[1]))
-            owed = conn.execute(owed_q, owed_args).fetchone()
-            if owed is None:
-                done.held = []
-                return done
-            done.held = holders(conn, str(owed[0]))
-            if done.held:
-                return done
-            # Owed, and nothing holds it now: what held it ended during the rewrite. Once more.
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (SCRUB_LOCK,))
+        owed = conn.execute(owed_q, owed_args).fetchone()
+        if owed is None:
+            done.held = []
+            return done
+        done.held = holders(conn, str(owed[0]))
+        if done.held and time.monotonic() >= deadline:
+            return done
+        # Owed, and what holds it ended during the rewrite, or may end before the deadline: once more.
+    if not done.held:
         done.held = ["a removal horizon this check could not name (the rewrite was run twice)"]
-        return done
-    finally:
-        conn.execute("SELECT pg_advisory_unlock(%s)", (SCRUB_LOCK,))
+    return done
+
+
+def _wait_for_holders(conn: psycopg.Connection[Any], xid: str, deadline: float) -> None:
+    """Wait until nothing may see the row versions transaction ``xid`` deleted, or until ``deadline``."""
+    pause = 0.01
+    while time.monotonic() < deadline and holders(conn, xid):
+        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        pause = min(pause * 2, 0.2)
