@@ -318,9 +318,19 @@ CREATE TABLE IF NOT EXISTS convmem.memory_tokens (
     PRIMARY KEY (site, nonce)
 );
 
+-- Rewrites owed after an erasure (see logstore/postgres/_memscrub.py). Under Citus the erasing transaction's id
+-- recorded here is the coordinator's, and the horizon check reads the coordinator's sessions and slots only:
+-- it does not see a snapshot open on a worker (not run here: Citus cannot be installed on the test machine).
+CREATE TABLE IF NOT EXISTS convmem.memory_scrubs (
+    site       text COLLATE "C" PRIMARY KEY,
+    erased_xid xid8 NOT NULL,
+    owed_since bigint NOT NULL
+);
+
 SELECT create_distributed_table('convmem.memories', 'site', colocate_with => 'convmem.conversations');
 SELECT create_distributed_table('convmem.memory_sites', 'site', colocate_with => 'convmem.conversations');
 SELECT create_distributed_table('convmem.memory_tokens', 'site', colocate_with => 'convmem.conversations');
+SELECT create_distributed_table('convmem.memory_scrubs', 'site', colocate_with => 'convmem.conversations');
 
 INSERT INTO convmem.meta (key, value) VALUES ('schema_version', '1');
 

@@ -178,16 +178,20 @@ def test_a_token_from_another_schema_is_refused(pg_server: str, tmp_path: Path) 
         two.cleanup()
 
 
-def test_a_schema_made_before_memories_gets_their_tables(pg_server: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("older", [("memories", "memory_sites", "memory_tokens", "memory_scrubs"), ("memory_scrubs",)])
+def test_a_schema_made_before_memories_gets_their_tables(
+    pg_server: str, tmp_path: Path, older: tuple[str, ...]
+) -> None:
     stores = MemoryStores("postgres", tmp_path, pg_server)
     try:
         PgStore(pg_server, schema=stores.schema, pool_max=1).close()
         with psycopg.connect(pg_server, autocommit=True) as conn:  # as an older convmem left it
-            for table in ("memories", "memory_sites", "memory_tokens"):
+            for table in older:
                 conn.execute(f'DROP TABLE "{stores.schema}".{table}'.encode())
         store = stores.open()
         assert isinstance(store, PgLongTermMemory)
         assert create(store, fields(1)).version == 1
+        assert delete(store, create(store, fields(2)).memory_id, force=True) is None  # owes, then does, a rewrite
     finally:
         stores.cleanup()
 

@@ -4,9 +4,13 @@ A forced delete, the retention sweep's purge and ``site remove`` each rewrite
 the partition of ``memories`` holding the site (``VACUUM FULL``). The tests
 search every relation file of the schema (heaps, TOAST tables, indexes) for a
 marker in the memory's text, its dedupe_key, a long source URI that PostgreSQL
-moves to the TOAST table, and a piece of the stored vector. One more test holds
-the ACCESS EXCLUSIVE lock a rewrite takes on one partition and shows that
-another site's calls, in another partition, go on meanwhile.
+moves to the TOAST table, and a piece of the stored vector. Two tests keep the
+rewrite from doing its work (a second session's REPEATABLE READ snapshot, a
+lock that makes it time out) and check what the call says, the owed record in
+``memory_scrubs``, and that the sweep's retry finishes the job. One more test
+holds the ACCESS EXCLUSIVE lock a rewrite takes on one partition and shows
+that another site's calls, in another partition, go on meanwhile, with the
+server's default plans and with generic plans forced.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ import psycopg
 import pytest
 from memories_support import MemoryStores, create, delete, fields
 
+from convmem.logstore.memories.errors import NotFound
 from convmem.logstore.postgres._memories import drop_site_memories
-from convmem.logstore.postgres._memscrub import partition_of
+from convmem.logstore.postgres._memscrub import ScrubPending, partition_of
 
 SITE = "erase-site-01"
 
@@ -123,16 +128,119 @@ def test_site_remove_leaves_no_bytes(servers: MemoryStores) -> None:
     assert _holding(str(servers.dsn), servers.schema, needles) == []
 
 
-def test_a_rewrite_of_one_partition_leaves_other_sites_calls_running(servers: MemoryStores) -> None:
-    store = servers.open(listen=False)
+def _owed(servers: MemoryStores) -> list[tuple[str, str]]:
+    """The rewrites recorded as owed: (site, erasing transaction id)."""
+    with psycopg.connect(str(servers.dsn), autocommit=True) as conn:
+        rows = conn.execute(f'SELECT site, erased_xid::text FROM "{servers.schema}".memory_scrubs'.encode())
+        return [(str(a), str(b)) for a, b in rows.fetchall()]
+
+
+@pytest.fixture
+def own_database(pg_server: str, tmp_path: Path) -> Iterator[MemoryStores]:
+    """Stores in a database of their own: a snapshot held there holds back no other test's erasures (a test
+    server given by CONVMEM_TEST_POSTGRES may be shared by both workers of the suite)."""
+    from psycopg.conninfo import make_conninfo
+
+    name = "convmem_erasure_" + secrets.token_hex(4)
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        datadir = str(conn.execute("SHOW data_directory").fetchone()[0])  # type: ignore[index]
+        if not os.access(datadir, os.R_OK):
+            pytest.skip("the test server's data directory is not readable here")
+        conn.execute(f"CREATE DATABASE {name}".encode())
+    stores = MemoryStores("postgres", tmp_path, make_conninfo(pg_server, dbname=name))
+    try:
+        yield stores
+    finally:
+        stores.cleanup()
+        with psycopg.connect(pg_server, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)".encode())
+
+
+def test_an_open_snapshot_keeps_the_bytes_and_the_erasure_says_what_holds_them(own_database: MemoryStores) -> None:
+    servers = own_database
+    store = servers.open(listen=False, lock_timeout=0.5)  # how long the erasure waits for the snapshot to end
+    mid, needles = _victim(store)
+    with psycopg.connect(str(servers.dsn)) as holder:
+        holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT 1")  # the snapshot is taken; no lock on any table
+        pid = holder.info.backend_pid
+        with pytest.raises(ScrubPending) as caught:
+            delete(store, mid, force=True, site=SITE)
+        assert f"session pid {pid}" in str(caught.value) and "may still be in the files" in str(caught.value)
+        assert caught.value.table == partition_of(holder, servers.schema, SITE)
+        assert [site for site, _xid in _owed(servers)] == [SITE]
+        # The rewrite ran and kept the deleted row version (the holder may still read it): the bytes are there.
+        assert {n for _name, n in _holding(str(servers.dsn), servers.schema, needles)} == set(needles)
+        with pytest.raises(NotFound):
+            store.get(SITE, mid)  # erased all the same
+        assert store.sweep_once() == []  # still held: the sweep leaves it owed
+        assert [site for site, _xid in _owed(servers)] == [SITE]
+        holder.rollback()
+    assert store.sweep_once() == []  # nothing to purge; the owed rewrite is retried, and now nothing holds it
+    assert _owed(servers) == []
+    assert _holding(str(servers.dsn), servers.schema, needles) == []
+    # A snapshot that ends while the erasure waits for it (within lock_timeout): the call succeeds.
+    patient = servers.open(listen=False, lock_timeout=30)
+    mid, needles = _victim(patient, "erase-site-02")
+    outcome: list[object] = []
+    with psycopg.connect(str(servers.dsn)) as holder:
+        holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT 1")
+        t = threading.Thread(target=lambda: outcome.append(delete(patient, mid, force=True, site="erase-site-02")))
+        t.start()
+        while not _owed(servers) and t.is_alive():  # committed; now waiting for the snapshot
+            threading.Event().wait(0.01)
+        holder.rollback()
+    t.join(60)
+    assert outcome == [None] and _owed(servers) == []
+    assert _holding(str(servers.dsn), servers.schema, needles) == []
+
+
+def test_a_failed_rewrite_stays_owed_until_the_sweep_does_it(servers: MemoryStores) -> None:
+    store = servers.open(listen=False, lock_timeout=0.2)
+    mid, needles = _victim(store)
+    with psycopg.connect(str(servers.dsn)) as holder:
+        table = partition_of(holder, servers.schema, SITE)
+        # ACCESS SHARE lets the DELETE through (ROW EXCLUSIVE) but not VACUUM FULL (ACCESS EXCLUSIVE).
+        holder.execute(f'LOCK TABLE "{servers.schema}".{table} IN ACCESS SHARE MODE'.encode())
+        with pytest.raises(ScrubPending) as caught:
+            delete(store, mid, force=True, site=SITE)
+        assert "failed" in str(caught.value) and caught.value.held == []
+        assert [site for site, _xid in _owed(servers)] == [SITE]
+        assert _holding(str(servers.dsn), servers.schema, needles[:1])
+        holder.rollback()
+    assert store.sweep_once() == []
+    assert _owed(servers) == []
+    assert _holding(str(servers.dsn), servers.schema, needles) == []
+
+
+@pytest.mark.parametrize("plans", ["default", "force_generic_plan"])
+def test_a_rewrite_of_one_partition_leaves_other_sites_calls_running(servers: MemoryStores, plans: str) -> None:
+    """With ``force_generic_plan`` every statement runs a generic plan (as PostgreSQL may pick after five
+    executions of a prepared one): PostgreSQL 15 locks every relation of a generic plan before run-time
+    pruning, so a statement naming the parent table would wait for the lock on any partition."""
+    from convmem.logstore.postgres import PgLongTermMemory, PgStore
+
+    if plans == "default":
+        store = servers.open(listen=False)
+    else:
+        dsn = str(servers.dsn)
+        dsn += ("&" if "?" in dsn else "?") + "options=-c%20plan_cache_mode%3D" + plans
+        logs = PgStore(dsn, schema=servers.schema, pool_min=1, pool_max=4)
+        servers.opened.append(logs)
+        store = PgLongTermMemory(logs, listen=False)
+        servers.opened.append(store)
+        with logs._conn() as conn:
+            assert conn.execute("SHOW plan_cache_mode").fetchone() == (plans,)
     with psycopg.connect(str(servers.dsn), autocommit=True) as conn:
         create(store, fields(1), SITE)  # makes the tables
         mine = partition_of(conn, servers.schema, SITE)
         other = next(s for s in (f"erase-other-{i:02d}" for i in range(100))
                      if partition_of(conn, servers.schema, s) != mine)
     for n in range(12):  # past psycopg's prepare threshold: the statements are prepared on the server
-        create(store, fields(n + 10), other)
+        m = create(store, fields(n + 10), other)
         store.search(other, f"quokka{n + 10}")
+        store.get(other, m.memory_id)
     done = threading.Event()
     with psycopg.connect(str(servers.dsn)) as holder:
         holder.execute(f'LOCK TABLE "{servers.schema}".{mine} IN ACCESS EXCLUSIVE MODE'.encode())
@@ -143,13 +251,15 @@ def test_a_rewrite_of_one_partition_leaves_other_sites_calls_running(servers: Me
         assert held is not None and held[0] == 1
 
         def calls() -> None:
-            create(store, fields(99), other)
+            m = create(store, fields(99), other)
             assert store.search(other, "quokka99")
+            assert store.get(other, m.memory_id).memory_id == m.memory_id
+            store.flush_access()
             done.set()
 
         t = threading.Thread(target=calls)
         t.start()
-        t.join(30)
+        t.join(10)
         finished = done.is_set()
         holder.rollback()
     t.join(30)

@@ -66,7 +66,7 @@ from ..memories.state import record_body
 from ..timefmt import now_us
 from ._errors import DatabaseTimeout
 from ._memnotify import ChangeListener
-from ._memscrub import partition_of, scrub
+from ._memscrub import ScrubPending, owed_tables, partition_of, scrub
 from ._memsite import SiteView, memory_from_row
 from ._memsql import SWEEP_LOCK, TOKEN_SECRET_KEY, MemoryStatements
 from ._store import PgStore
@@ -106,6 +106,8 @@ class PgLongTermMemory(LongTermStore):
         self._factory = retriever_factory or default_retriever
         self._book = tokens.TokenBook(f"PostgreSQL schema {store.schema}", secret=self._load_secret)
         self._sites: dict[str, SiteView] = {}
+        #: The statements of each partition of ``memories`` (see :meth:`_statements_of`).
+        self._by_table: dict[str, MemoryStatements] = {}
         #: Sites by last use, least recent first (whose ranking index to release past ``index_budget``).
         self._recent: OrderedDict[str, None] = OrderedDict()
         self._index_budget = index_budget
@@ -144,12 +146,33 @@ class PgLongTermMemory(LongTermStore):
             if self._closed:
                 raise Unavailable("the memory store is closed")
             view = self._sites.get(site)
+        if view is None:
+            statements = self._statements_of(site)
+        with self._lock:
+            if self._closed:
+                raise Unavailable("the memory store is closed")
+            view = self._sites.get(site)
             if view is None:
-                view = self._sites[site] = SiteView(site, self._sql, self._factory)
+                view = self._sites[site] = SiteView(site, statements, self._factory)
             if self._listen and self._listener is None:
                 store = self._store
                 self._listener = ChangeListener(store.dsn, store.schema, store.connect_kwargs, self._heard)
         return view
+
+    def _statements_of(self, site: str) -> MemoryStatements:
+        """The statements of ``site``, naming its partition of ``memories`` (looked up once per site).
+
+        A statement naming the parent table locks every partition when it runs a generic plan (PostgreSQL 15
+        locks all of a cached plan's relations before run-time pruning), so it would wait for another
+        site's rewrite; one naming the partition locks that partition alone.
+        """
+        with self._store._conn() as conn:
+            table = partition_of(conn, self._store.schema, site)
+        with self._lock:
+            found = self._by_table.get(table)
+            if found is None:
+                found = self._by_table[table] = MemoryStatements(self._store.schema, table)
+            return found
 
     def _heard(self, site: str) -> None:
         """A notification from another server (or this one): bring the site up to date if held."""
@@ -185,34 +208,40 @@ class PgLongTermMemory(LongTermStore):
         cutoff = self._now() - self._retention_us
         return any(m.deleted_us is not None and m.deleted_us <= cutoff for m in view.state.values())
 
-    def _write(self, view: SiteView, nonce: str | None, change: Callable[[_Tx], _T]) -> _T:
+    def _write(
+        self, view: SiteView, nonce: str | None, change: Callable[[_Tx], _T], *, report_purge: bool = False
+    ) -> _T:
         """Run ``change`` in a write transaction of the site (steps 1-5 of the module's docstring).
 
         ``change(tx)`` returns what the caller wants and notes in ``tx`` what it
-        wrote; after the commit the view is brought up to date with it.
+        wrote; after the commit the view is brought up to date with it. After an
+        erasure the site's partition is rewritten: ``ScrubPending`` when the
+        erased bytes may remain and the change itself erased (or ``report_purge``);
+        a rewrite owed after the retention purge of another call is only logged
+        (it is recorded, and the sweep retries it).
         """
-        out, erased = self._write_tx(view, nonce, change)
-        if erased:
-            self._scrub(view.site)
+        out, purged, erased = self._write_tx(view, nonce, change)
+        if purged or erased:
+            try:
+                self._scrub(view.site)
+            except ScrubPending as exc:
+                if erased or report_purge:
+                    raise
+                logger.warning("after the retention purge of site %s: %s", view.site, exc)
         return out
 
     def _scrub(self, site: str) -> None:
-        """Rewrite the partition of ``site`` so erased rows leave no bytes in its pages (see ``_memscrub``)."""
-        table = "memories"
-        try:
-            with self._store._conn(writing=True) as conn:
-                table = partition_of(conn, self._store.schema, site)
-                scrub(conn, self._store.schema, table, self._store.lock_timeout)
-        except psycopg.Error as exc:
-            logger.warning("rewriting %s after an erasure of site %s failed", table, site, exc_info=True)
-            raise Unavailable(
-                f"the memory is erased (no server shows it again), but rewriting table {table} to remove its "
-                f"bytes from the pages failed ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
-                "the next erasure in that table rewrites it"
-            ) from exc
+        """Rewrite the partition of ``site`` so erased rows leave no bytes in its pages (see ``_memscrub``).
 
-    def _write_tx(self, view: SiteView, nonce: str | None, change: Callable[[_Tx], _T]) -> tuple[_T, bool]:
-        """The transaction of :meth:`_write`: its result, and whether it erased rows."""
+        ``ScrubPending`` when the bytes may remain: the rewrite failed, or something still sees the rows.
+        """
+        with self._store._conn(writing=True) as conn:
+            scrub_site(conn, self._store.schema, site, self._store.lock_timeout)
+
+    def _write_tx(
+        self, view: SiteView, nonce: str | None, change: Callable[[_Tx], _T]
+    ) -> tuple[_T, bool, bool]:
+        """The transaction of :meth:`_write`: its result, whether retention purged rows, whether ``change`` erased."""
         site = view.site
         with view.mutex, self._store._conn(writing=True) as conn:
             before = view.seen
@@ -220,29 +249,31 @@ class PgLongTermMemory(LongTermStore):
             tx: _Tx | None = None
             try:
                 with conn.transaction():
-                    conn.execute(self._sql.lock_timeout, (str(max(1, round(self._store.lock_timeout * 1000))),))
+                    conn.execute(view.sql.lock_timeout, (str(max(1, round(self._store.lock_timeout * 1000))),))
                     if nonce is not None:
                         now = self._now()
-                        if conn.execute(self._sql.use_token, (site, nonce, now)).fetchone() is None:
+                        if conn.execute(view.sql.use_token, (site, nonce, now)).fetchone() is None:
                             raise VerifyRequired(
                                 "used", "verify_token was already used (each token authorises one write)"
                             )
-                    row = conn.execute(self._sql.bump, (site,)).fetchone()
+                    row = conn.execute(view.sql.bump, (site,)).fetchone()
                     assert row is not None
                     n = int(row[0])
                     purged = [str(r[0]) for r in conn.execute(
-                        self._sql.purge, (site, self._now() - self._retention_us)
+                        view.sql.purge, (site, self._now() - self._retention_us)
                     ).fetchall()]
                     if purged:
-                        conn.execute(self._sql.mark_erased, (site,))
+                        conn.execute(view.sql.mark_erased, (site,))
                     tx = _Tx(conn, n)
                     out = change(tx)
+                    if purged or any(isinstance(item, str) for item in tx.applied):
+                        conn.execute(view.sql.owe_scrub, (site, self._now()))
                     if nonce is not None and n % 64 == 0:
-                        conn.execute(self._sql.prune_tokens, (site, self._now() - tokens.USED_KEPT_US))
-                    conn.execute(self._sql.notify, (f"{self._store.schema}/{site}",))
+                        conn.execute(view.sql.prune_tokens, (site, self._now() - tokens.USED_KEPT_US))
+                    conn.execute(view.sql.notify, (f"{self._store.schema}/{site}",))
             except pgerr.UniqueViolation:
                 key = tx.key if tx is not None else None
-                row = conn.execute(self._sql.owner, (site, key)).fetchone() if key is not None else None
+                row = conn.execute(view.sql.owner, (site, key)).fetchone() if key is not None else None
                 raise DuplicateMemory(str(row[0]) if row else "", key or "") from None
             except pgerr.LockNotAvailable:
                 waited = time.monotonic() - started
@@ -264,7 +295,7 @@ class PgLongTermMemory(LongTermStore):
                 except psycopg.Error:  # committed all the same: the next call's counter check catches up
                     logger.warning("refreshing site %s after a write failed", site, exc_info=True)
             assert tx is not None
-            return out, bool(purged) or any(isinstance(item, str) for item in tx.applied)
+            return out, bool(purged), any(isinstance(item, str) for item in tx.applied)
 
     def _vector(self, view: SiteView, memory_id: str, fields: Fields) -> bytes | None:
         """The stored form of the vector of ``fields`` (JSON bytes), None without a model."""
@@ -317,11 +348,11 @@ class PgLongTermMemory(LongTermStore):
         vec = self._vector(view, "", fields)
 
         def change(tx: _Tx) -> Memory:
-            self._check_room(tx, view.site)
+            self._check_room(tx, view)
             at = self._stamp()
             m = Memory(new_memory_id(at), fields, STATUS_ACTIVE, at, at, at, None, 1)
             tx.key = fields.dedupe_key
-            return tx.wrote(tx.conn.execute(self._sql.insert, _insert_args(view.site, m, vec, tx.n)).fetchone())
+            return tx.wrote(tx.conn.execute(view.sql.insert, _insert_args(view.site, m, vec, tx.n)).fetchone())
 
         return self._write(view, nonce, change)
 
@@ -338,10 +369,10 @@ class PgLongTermMemory(LongTermStore):
             at = self._stamp()
             tx.key = fields.dedupe_key
             row = tx.conn.execute(
-                self._sql.update, (body, fields.dedupe_key, vec, at, at, tx.n, view.site, memory_id, expected)
+                view.sql.update, (body, fields.dedupe_key, vec, at, at, tx.n, view.site, memory_id, expected)
             ).fetchone()
             if row is None:
-                cur = self._one(tx.conn, view.site, memory_id)
+                cur = self._one(tx.conn, view, memory_id)
                 if not cur.active:
                     raise NotFound(memory_id, "this memory is soft-deleted and cannot be updated")
                 assert expected is not None
@@ -350,14 +381,14 @@ class PgLongTermMemory(LongTermStore):
 
         return self._write(view, nonce, change)
 
-    def _check_room(self, tx: _Tx, site: str) -> None:
+    def _check_room(self, tx: _Tx, view: SiteView) -> None:
         """MemoryStoreFull when the site holds the most memories it may (its writers are serialised)."""
-        count = tx.conn.execute(self._sql.count, (site,)).fetchone()
+        count = tx.conn.execute(view.sql.count, (view.site,)).fetchone()
         if count is not None and int(count[0]) >= MAX_MEMORIES_PER_SITE:
             raise MemoryStoreFull(MAX_MEMORIES_PER_SITE)
 
-    def _one(self, conn: _Conn, site: str, memory_id: str) -> Memory:
-        row = conn.execute(self._sql.one, (site, memory_id)).fetchone()
+    def _one(self, conn: _Conn, view: SiteView, memory_id: str) -> Memory:
+        row = conn.execute(view.sql.one, (view.site, memory_id)).fetchone()
         if row is None:
             raise NotFound(memory_id)
         return memory_from_row(row)[0]
@@ -369,15 +400,15 @@ class PgLongTermMemory(LongTermStore):
 
         def change(tx: _Tx) -> Memory | None:
             if force:
-                if tx.conn.execute(self._sql.erase, (view.site, memory_id)).fetchone() is None:
+                if tx.conn.execute(view.sql.erase, (view.site, memory_id)).fetchone() is None:
                     raise NotFound(memory_id)
-                tx.conn.execute(self._sql.mark_erased, (view.site,))
+                tx.conn.execute(view.sql.mark_erased, (view.site,))
                 tx.applied.append(memory_id)
                 return None
             at = self._stamp()
-            row = tx.conn.execute(self._sql.soft_delete, (at, at, at, tx.n, view.site, memory_id)).fetchone()
+            row = tx.conn.execute(view.sql.soft_delete, (at, at, at, tx.n, view.site, memory_id)).fetchone()
             if row is None:
-                return self._one(tx.conn, view.site, memory_id)  # soft-deleted already: as it is
+                return self._one(tx.conn, view, memory_id)  # soft-deleted already: as it is
             return tx.wrote(row)
 
         return self._write(view, nonce, change)
@@ -407,7 +438,7 @@ class PgLongTermMemory(LongTermStore):
             added = present = 0
             for s in records:
                 m = s.memory
-                row = tx.conn.execute(self._sql.one, (view.site, m.memory_id)).fetchone()
+                row = tx.conn.execute(view.sql.one, (view.site, m.memory_id)).fetchone()
                 if row is not None:
                     if record_body(memory_from_row(row)[0]) != record_body(m):
                         raise InvalidMemory(
@@ -415,10 +446,10 @@ class PgLongTermMemory(LongTermStore):
                         )
                     present += 1
                     continue
-                self._check_room(tx, view.site)
+                self._check_room(tx, view)
                 tx.key = m.fields.dedupe_key if m.active else None
                 vec = msgspec.json.encode(s.vector) if s.vector is not None else None
-                tx.wrote(tx.conn.execute(self._sql.insert, _insert_args(view.site, m, vec, tx.n)).fetchone())
+                tx.wrote(tx.conn.execute(view.sql.insert, _insert_args(view.site, m, vec, tx.n)).fetchone())
                 added += 1
             return added, present
 
@@ -426,7 +457,7 @@ class PgLongTermMemory(LongTermStore):
 
     def export_stored(self, site: str) -> list[StoredMemory]:
         with self._held(site) as view, self._store._conn() as conn:
-            rows = [memory_from_row(r) for r in conn.execute(self._sql.rows_all, (view.site,)).fetchall()]
+            rows = [memory_from_row(r) for r in conn.execute(view.sql.rows_all, (view.site,)).fetchall()]
             out = [StoredMemory(m.touched(view.touched.get(m.memory_id, 0)), vec) for m, vec in rows]
         return sorted(out, key=lambda s: (s.memory.created_us, s.memory.memory_id))
 
@@ -441,7 +472,7 @@ class PgLongTermMemory(LongTermStore):
             due = sorted(
                 m.memory_id for m in view.state.values() if m.deleted_us is not None and m.deleted_us <= cutoff
             )
-            self._write(view, None, _nothing)
+            self._write(view, None, _nothing, report_purge=True)
             return [mid for mid in due if mid not in view.state]
 
     # ------------------------------------------------------------ API: reads
@@ -539,10 +570,27 @@ class PgLongTermMemory(LongTermStore):
                 for site in swept:
                     if self._stop.is_set():
                         break
-                    self._write(self._view(site), None, _nothing)
+                    self._write(self._view(site), None, _nothing)  # an owed rewrite is retried just below
+                self._retry_scrubs()
                 return swept
             finally:
                 lock_conn.execute(self._sql.sweep_unlock, (SWEEP_LOCK,))
+
+    def _retry_scrubs(self) -> None:
+        """Rewrite every partition whose erasures are still owed (``memory_scrubs``); run by the sweep."""
+        with self._store._conn(writing=True) as conn:
+            tables = owed_tables(conn, self._store.schema)
+        for table in tables:
+            if self._stop.is_set():
+                return
+            try:
+                with self._store._conn(writing=True) as conn:
+                    done = scrub(conn, self._store.schema, table, self._store.lock_timeout, only_if_due=True)
+            except Exception:  # psycopg's, or the store's translation of it: owed still, retried next round
+                logger.warning("retrying the owed rewrite of %s failed", table, exc_info=True)
+                continue
+            if done.held:
+                logger.warning("the owed rewrite of %s is still held by %s", table, "; ".join(done.held))
 
     def close(self) -> None:
         self._stop.set()
@@ -598,9 +646,10 @@ def _nothing(tx: _Tx) -> None:
 
 def held_memories(store: PgStore, site: str) -> int:
     """How many memories (active and soft-deleted) ``site`` holds in the database of ``store``."""
-    sql_ = MemoryStatements(store.schema)
+    site = SiteName(site)
     with store._conn() as conn:
-        row = conn.execute(sql_.count, (SiteName(site),)).fetchone()
+        sql_ = MemoryStatements(store.schema, partition_of(conn, store.schema, site))
+        row = conn.execute(sql_.count, (site,)).fetchone()
     return int(row[0]) if row else 0
 
 
@@ -610,14 +659,41 @@ def drop_site_memories(store: PgStore, site: str) -> bool:
     Counted as an erasure of the site, so every server holding the site reads it again on its next call.
     """
     site = SiteName(site)
-    sql_ = MemoryStatements(store.schema)
+    with store._conn() as conn:
+        sql_ = MemoryStatements(store.schema, partition_of(conn, store.schema, site))
     with store._conn(writing=True) as conn, conn.transaction():
         conn.execute(sql_.bump, (site,))
         gone = conn.execute(sql_.drop_site, (site,)).fetchall()
         conn.execute(sql_.drop_tokens, (site,))
         conn.execute(sql_.mark_erased, (site,))
+        if gone:
+            conn.execute(sql_.owe_scrub, (site, now_us()))
         conn.execute(sql_.notify, (f"{store.schema}/{site}",))
     if gone:
         with store._conn(writing=True) as conn:
-            scrub(conn, store.schema, partition_of(conn, store.schema, site), store.lock_timeout)
+            scrub_site(conn, store.schema, site, store.lock_timeout)
     return bool(gone)
+
+
+def scrub_site(conn: _Conn, schema: str, site: str, lock_timeout: float) -> None:
+    """Rewrite the partition of ``site`` after its erasure committed; ``ScrubPending`` when its bytes may remain."""
+    table = "memories"
+    try:
+        table = partition_of(conn, schema, site)
+        done = scrub(conn, schema, table, lock_timeout, site, wait_s=lock_timeout)
+    except psycopg.Error as exc:
+        logger.warning("rewriting %s after an erasure of site %s failed", table, site, exc_info=True)
+        raise ScrubPending(
+            f"the memory is erased (no server shows it again), but rewriting table {table} to remove its "
+            f"bytes from the pages failed ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
+            "the rewrite is recorded as owed (memory_scrubs) and the retention sweep retries it",
+            table, [],
+        ) from exc
+    if done.held:
+        raise ScrubPending(
+            f"the memory is erased (no server shows it again), but its bytes may still be in the files of table "
+            f"{table}: the rewrite had to keep the deleted row versions because {'; '.join(done.held)} can "
+            "still see them; the rewrite is recorded as owed (memory_scrubs) and the retention sweep repeats it "
+            "once that has ended",
+            table, done.held,
+        )

@@ -15,11 +15,17 @@ COLUMNS = "memory_id, status, version, created_at, updated_at, last_accessed_at,
 
 
 class MemoryStatements:
-    """Every statement of the memory store, with the schema name quoted in."""
+    """Every statement of the memory store, with the schema name quoted in.
 
-    def __init__(self, schema: str) -> None:
+    The statements of one site's rows name ``table``: its partition of ``memories`` (the parent when ``table``
+    is ``memories``). PostgreSQL 15 locks every relation of a generic plan before it prunes partitions at run
+    time, so a statement naming the parent would lock all partitions, and wait for another site's rewrite.
+    """
+
+    def __init__(self, schema: str, table: str = "memories") -> None:
         def q(text: str) -> bytes:
-            return sql.SQL(text).format(s=sql.Identifier(schema)).as_string(None).encode()
+            text = text.replace("{s}.memories ", "{s}.{t} ")
+            return sql.SQL(text).format(s=sql.Identifier(schema), t=sql.Identifier(table)).as_string(None).encode()
 
         self.lock_timeout = b"SELECT set_config('lock_timeout', %s, true)"
         self.use_token = q(
@@ -31,6 +37,11 @@ class MemoryStatements:
         self.bump = q(
             "INSERT INTO {s}.memory_sites AS ms (site, changes, erased) VALUES (%s, 1, 0) "
             "ON CONFLICT (site) DO UPDATE SET changes = ms.changes + 1 RETURNING ms.changes"
+        )
+        # In the erasing transaction: the rewrite this erasure needs is owed until a scrub is known to have done it.
+        self.owe_scrub = q(
+            "INSERT INTO {s}.memory_scrubs AS o (site, erased_xid, owed_since) VALUES (%s, pg_current_xact_id(), %s) "
+            "ON CONFLICT (site) DO UPDATE SET erased_xid = excluded.erased_xid"
         )
         self.mark_erased = q("UPDATE {s}.memory_sites SET erased = changes WHERE site = %s")
         self.counters = q("SELECT changes, erased FROM {s}.memory_sites WHERE site = %s")

@@ -284,6 +284,19 @@ CREATE TABLE IF NOT EXISTS {schema}.memory_tokens (
 """
 
 
+#: Rewrites of ``memories`` still owed after an erasure (see ``_memscrub``): one row per site, written in the
+#: erasing transaction itself (so no crash can lose it) with that transaction's id, and deleted only once a
+#: rewrite of the site's partition is known to have dropped every row version that transaction deleted. The
+#: retention sweep retries what is owed. Additive: a schema made before it gets it on start-up.
+_DDL_SCRUBS = """
+CREATE TABLE IF NOT EXISTS {schema}.memory_scrubs (
+    site       text COLLATE "C" PRIMARY KEY,
+    erased_xid xid8 NOT NULL,
+    owed_since bigint NOT NULL
+);
+"""
+
+
 #: Hash partitions of ``memories`` by site: erasing one memory rewrites one of them (``VACUUM FULL``), so the
 #: rewrite's ACCESS EXCLUSIVE lock holds up the sites of that partition only. Fixed: changing it is a migration.
 MEMORY_PARTITIONS = 16
@@ -300,7 +313,7 @@ def _memories_text() -> str:
         f"    FOR VALUES WITH (MODULUS {MEMORY_PARTITIONS}, REMAINDER {r});"
         for r in range(MEMORY_PARTITIONS)
     )
-    return _DDL_MEMORIES.replace("{partitions}", parts)
+    return _DDL_MEMORIES.replace("{partitions}", parts) + _DDL_SCRUBS
 
 
 def ddl(schema: str) -> sql.Composed:
@@ -312,6 +325,11 @@ def ddl(schema: str) -> sql.Composed:
 def memories_ddl(schema: str) -> sql.Composed:
     """The idempotent DDL of the long-term memory tables alone (for a schema made before them)."""
     return sql.SQL(_memories_text()).format(schema=sql.Identifier(schema))
+
+
+def scrubs_ddl(schema: str) -> sql.Composed:
+    """The idempotent DDL of ``memory_scrubs`` alone (for a schema made before it)."""
+    return sql.SQL(_DDL_SCRUBS).format(schema=sql.Identifier(schema))
 
 
 #: A ``memories`` table made before the partitions becomes the partitioned one in one transaction (the

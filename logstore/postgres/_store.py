@@ -73,6 +73,7 @@ from ._schema import (
     keys_ddl,
     memories_ddl,
     partition_memories_ddl,
+    scrubs_ddl,
 )
 
 logger = logging.getLogger("logstore.postgres")
@@ -195,6 +196,7 @@ class PgStore(MemoryStore):
         # The last object of each addition: with it, all of that addition's objects are there.
         self._add(conn, "followers", keys_ddl(self.schema))
         self._add(conn, "memory_tokens", memories_ddl(self.schema))
+        self._add(conn, "memory_scrubs", scrubs_ddl(self.schema))
         self._partition_memories(conn)
 
     def _partition_memories(self, conn: psycopg.Connection[Any]) -> None:
