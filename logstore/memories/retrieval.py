@@ -156,7 +156,7 @@ class EncodedQuery:
     vector: Vectors | None
 
 
-@dataclass
+@dataclass(slots=True)
 class _Entry:
     key: int
     category: str
@@ -165,6 +165,7 @@ class _Entry:
 
 
 _Keep = Callable[[_Entry], bool]
+_NO_TAGS: frozenset[str] = frozenset()
 _Default = Literal["default"]
 
 
@@ -216,6 +217,8 @@ class Retriever:
         self._ids: dict[int, str] = {}
         self._inactive: set[int] = set()  # keys of soft-deleted memories
         self._next_key = 1
+        #: Every distinct tag set of the entries, shared by them (see ``_tag_set``); grows only with new sets.
+        self._tag_sets: dict[frozenset[str], frozenset[str]] = {}
         self._closed = False
         #: How many docs of the last load had no usable stored vector (encoded again).
         self.recomputed = 0
@@ -277,6 +280,7 @@ class Retriever:
             self._lexical = LexicalIndex(self._tuning.bm25)
             self._semantic = semantic
             self._entries.clear()
+            self._tag_sets.clear()
             self._ids.clear()
             self._inactive.clear()
             self._next_key = 1
@@ -298,7 +302,7 @@ class Retriever:
             if old is None:
                 entry = self._new_entry(doc)
             else:
-                entry = _Entry(old.key, doc.category, frozenset(doc.tags), doc.active)
+                entry = _Entry(old.key, doc.category, self._tag_set(doc.tags), doc.active)
                 self._entries[doc.memory_id] = entry
                 if doc.active:
                     self._inactive.discard(entry.key)
@@ -471,12 +475,21 @@ class Retriever:
 
     # -- internals ---------------------------------------------------------
 
+    def _tag_set(self, tags: Sequence[str]) -> frozenset[str]:
+        """``frozenset(tags)``, one object for every memory with the same tags (a site reuses a few)."""
+        if not tags:
+            return _NO_TAGS
+        key = frozenset(tags)
+        if len(self._tag_sets) > 2 * len(self._entries) + 64:  # sets of erased memories linger: start again
+            self._tag_sets.clear()
+        return self._tag_sets.setdefault(key, key)
+
     def _check_open(self) -> None:
         if self._closed:
             raise ValueError("retriever is closed")
 
     def _new_entry(self, doc: MemoryDoc) -> _Entry:
-        entry = _Entry(self._next_key, doc.category, frozenset(doc.tags), doc.active)
+        entry = _Entry(self._next_key, doc.category, self._tag_set(doc.tags), doc.active)
         self._next_key += 1
         self._entries[doc.memory_id] = entry
         self._ids[entry.key] = doc.memory_id

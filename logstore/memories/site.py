@@ -14,6 +14,7 @@ exactly one wins.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import threading
 import time
@@ -179,6 +180,7 @@ class SiteMemories:
         if self._retriever is None:
             self._retriever = self.config.retriever_factory(os.path.join(self.dir, SEARCH_DIR))
             self._retriever.load(self._docs())
+            _return_freed_memory()
         return self._retriever
 
     def _docs(self) -> list[Any]:
@@ -235,7 +237,11 @@ class SiteMemories:
             for ev in result.events:
                 apply(state, ev.body)
                 self._note_vector(ev.body)
-            self.state = {k: m.touched(max(times.get(k, 0), self._touched.get(k, 0))) for k, m in state.items()}
+            for k, rec in state.items():  # in place: a copy of every record would leave its freed first behind
+                seen = max(times.get(k, 0), self._touched.get(k, 0))
+                if seen > rec.last_accessed_us:
+                    state[k] = rec.touched(seen)
+            self.state = state
             self._last_at = max((ev.recorded_us for ev in result.events), default=0)
             if self._retriever is not None:
                 self._retriever.load(self._docs())  # else kept in _vecs until the index is built
@@ -722,6 +728,27 @@ def _note_vector(vecs: dict[str, Any], body: Mapping[str, Any]) -> None:
         vecs[mid] = body.get("vec")
     elif op == "erase":
         vecs.pop(mid, None)
+
+
+def _return_freed_memory() -> None:
+    """Hand the C heap's free pages back to the system (glibc's ``malloc_trim``; nothing elsewhere).
+
+    Reading a site's log and building its index allocate several times what
+    the index keeps (every event decoded, every stored vector's text); glibc
+    keeps what was freed for later use, so without this a process's memory
+    stays at the open's peak. Called once per index built; a few milliseconds.
+    """
+    global _trim
+    if _trim is None:
+        try:
+            _trim = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _trim = False
+    if _trim:
+        _trim(0)
+
+
+_trim: Any = None
 
 
 def layout_header_size() -> int:

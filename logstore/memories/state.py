@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import calendar
+import sys
 from typing import Any
 
 from ..timefmt import format_us, parse_rfc3339
@@ -43,7 +44,7 @@ def memory_from_body(body: dict[str, Any], last_accessed_us: int = 0) -> Memory:
     return Memory(
         memory_id=body["id"],
         fields=fields_from_stored(body),
-        status=body["status"],
+        status=sys.intern(body["status"]),
         created_us=parse_ts(body["created_at"]),
         updated_us=updated,
         last_accessed_us=max(last_accessed_us, updated),
