@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from convmem.logstore.memories.retrieval import MemoryDoc, Retriever
 
@@ -91,7 +92,7 @@ def _pct(values: Sequence[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def _site_with_vectors(data_dir: str, docs: Sequence[MemoryDoc]) -> None:
+def _site_with_vectors(data_dir: str, docs: Sequence[MemoryDoc], site: str = mcpserver.SITE) -> None:
     """A data directory whose site holds ``docs`` as create events with their stored vectors, as writes leave it.
 
     Written directly (one log rewrite) rather than through 10,000 verify+upsert calls; the vectors come from
@@ -120,7 +121,7 @@ def _site_with_vectors(data_dir: str, docs: Sequence[MemoryDoc]) -> None:
         body = {"op": "create", "id": mid, "at": at + i, "record": record,
                 "vec": vectors.pack(v, emb.model_id, embedding_text(d))}
         events.append((at + i, body))
-    path = os.path.join(memories_dir(data_dir, mcpserver.SITE), LOG_NAME)
+    path = os.path.join(memories_dir(data_dir, site), LOG_NAME)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     eventlog.rewrite_file(path, events)
 
@@ -139,18 +140,163 @@ from convmem.logstore.memories import LongTermMemory
 ltm = LongTermMemory({data_dir!r})
 default_encoder().embed_one("warm the encoder's arena")
 r0 = rss()
-t2 = time.perf_counter()
+c2, t2 = time.process_time(), time.perf_counter()
 ltm.search({mcpserver.SITE!r}, "deploy on friday", limit=2)
-t3 = time.perf_counter()
+c3, t3 = time.process_time(), time.perf_counter()
 r1 = rss()
+import ctypes, gc
+gc.collect()
+ctypes.CDLL("libc.so.6").malloc_trim(0)  # what the open freed but the allocator kept goes back to the system
+r2 = rss()
 site = ltm.site({mcpserver.SITE!r})
-print(json.dumps({{"model_s": t1 - t0, "open_s": t3 - t2, "index_mib": r1 - r0,
+print(json.dumps({{"model_s": t1 - t0, "open_s": t3 - t2, "open_cpu_s": c3 - c2, "index_mib": r1 - r0,
+                  "kept_mib": r2 - r0,
                   "memories": len(site.state), "recomputed": site._retriever.recomputed,
                   "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
 ltm.close()
 """
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+#: Searches in flight for the concurrency figure, and calls per thread.
+IN_FLIGHT = 8
+
+
+class _Overlap:
+    """The shipped encoder, counting how many of its encodes ran at once at most (what the locks allowed)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        from convmem.logstore.memories.encoder import default_encoder
+
+        self.inner = default_encoder()
+        self.dim = self.inner.dim
+        self.model_id = self.inner.model_id
+        self._lock = threading.Lock()
+        self.now = self.most = 0
+
+    def embed_one(self, text: str) -> Any:
+        with self._lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        try:
+            return self.inner.embed_one(text)
+        finally:
+            with self._lock:
+                self.now -= 1
+
+    def embed(self, texts: Sequence[str]) -> Any:
+        return self.inner.embed(texts)
+
+
+def _inflight_row(ctx: Ctx, data_dir: str) -> Row:
+    """memory_search's p50 with ``IN_FLIGHT`` calls in flight (threads, as a server's workers run them) over
+    its p50 alone, on the 10,000-memory site; every call encodes its query and ranks (no cached answer)."""
+    import threading
+
+    from convmem.logstore.memories import LongTermMemory  # type: ignore[attr-defined,unused-ignore]
+
+    texts = list(dict.fromkeys(q.text for q in queries()))
+    per_thread = 15 if ctx.quick else 40
+    alone_calls = IN_FLIGHT * per_thread
+    overlap = _Overlap()
+    ltm = LongTermMemory(data_dir, retriever_factory=lambda d: Retriever(d, answers_kept=0, query_vectors_kept=0,
+                                                                         embedder=overlap))
+    try:
+        for t in texts[:30]:  # warm up: the open, the encoder's arena
+            ltm.search(mcpserver.SITE, t, limit=10)
+
+        def timed(i: int) -> float:
+            t0 = time.perf_counter()
+            ltm.search(mcpserver.SITE, texts[i % len(texts)], limit=10)
+            return (time.perf_counter() - t0) * 1000
+
+        alone = [timed(i) for i in range(alone_calls)]
+        overlap.most = 0
+        together: list[float] = []
+        start = threading.Barrier(IN_FLIGHT)
+        done = threading.Lock()
+
+        def worker(w: int) -> None:
+            start.wait()
+            mine = [timed(w * per_thread + j) for j in range(per_thread)]
+            with done:
+                together.extend(mine)
+
+        threads = [threading.Thread(target=worker, args=(w,)) for w in range(IN_FLIGHT)]
+        t0 = time.perf_counter()
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        wall = time.perf_counter() - t0
+    finally:
+        ltm.close()
+    p_alone, p_together = statistics.median(alone), statistics.median(together)
+    return Row("memory", f"memory_search p50 with {IN_FLIGHT} calls in flight vs alone ({SITE_SIZE:,} memories, "
+               f"{os.cpu_count()} cores)", "ratio", higher_better=False, samples={CONVMEM: [p_together / p_alone]},
+               note=f"{p_together:.2f} ms in flight, {p_alone:.2f} ms alone; "
+                    f"{len(together) / wall:.0f} calls/s in flight; {len(together)} calls; "
+                    f"at most {overlap.most} encodes at once",
+               extra={"headline": "ltm_search_inflight_vs_alone", "value": p_together / p_alone,
+                      "inflight_ms": p_together, "alone_ms": p_alone, "in_flight": IN_FLIGHT,
+                      "calls_per_s": len(together) / wall, "encodes_at_once": overlap.most})
+
+
+#: The many-sites figure: sites, memories each, the store's budget (memories held over all sites), rounds.
+MANY_SITES, MANY_SITE_SIZE, MANY_BUDGET, MANY_ROUNDS = 12, 2_500, 10_000, 3
+
+
+def _many_sites_rows(ctx: Ctx) -> list[Row]:
+    """A store with more sites than its budget holds, each searched in turn, round after round, in a fresh
+    process: the memories it holds (at most the budget plus the site in use) and its RSS, which must stop
+    growing once the budget is reached."""
+    docs = synthetic_docs(SITE_SIZE)
+    data_dir = os.path.join(ctx.workdir, "ltm-many-sites")
+    sites = [f"many-{i:02d}" for i in range(MANY_SITES)]
+    for i, site in enumerate(sites):
+        lo = (i * MANY_SITE_SIZE) % SITE_SIZE
+        _site_with_vectors(data_dir, docs[lo:lo + MANY_SITE_SIZE], site)
+    code = f"""
+import json, statistics, time
+def rss():
+    return int(open('/proc/self/statm').read().split()[1]) * 4096 / 2**20
+from convmem.logstore.memories import LongTermMemory
+from convmem.logstore.memories.encoder import default_encoder
+default_encoder().embed_one("warm the encoder's arena")
+ltm = LongTermMemory({data_dir!r}, index_budget={MANY_BUDGET})
+sites = {sites!r}
+base = rss()
+worst, rss_at, reopen = 0.0, [], []
+for rnd in range({MANY_ROUNDS}):
+    for s in sites:
+        t0 = time.perf_counter()
+        ltm.search(s, "deploy on friday", limit=2)
+        if rnd:
+            reopen.append(time.perf_counter() - t0)
+        held = sum(site.indexed() for site in ltm._sites.values())
+        worst = max(worst, (held - ltm._sites[s].indexed()) / {MANY_BUDGET})
+    rss_at.append(rss() - base)
+fds = len(__import__('os').listdir('/proc/self/fd'))
+print(json.dumps({{"worst": worst, "rss": rss_at, "reopen_s": statistics.median(reopen), "fds": fds}}))
+ltm.close()
+"""
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    growth = res["rss"][-1] - res["rss"][0]
+    what = f"{MANY_SITES} sites of {MANY_SITE_SIZE:,} memories, budget {MANY_BUDGET:,}, {MANY_ROUNDS} rounds"
+    return [Row("memory", f"many sites: memories held beyond the site in use, most over the budget ({what})",
+                "ratio", higher_better=False, samples={CONVMEM: [res["worst"]]},
+                note=f"a released site's next search (read and rebuild) p50 {res['reopen_s'] * 1000:.0f} ms; "
+                     f"{res['fds']} descriptors open at the end",
+                extra={"headline": "ltm_many_sites_held_vs_budget", "value": res["worst"],
+                       "reopen_s": res["reopen_s"], "fds": res["fds"]}),
+            Row("memory", f"many sites: RSS growth from the end of round 1 to the end of round {MANY_ROUNDS} ({what})",
+                "MiB", higher_better=False, samples={CONVMEM: [growth]},
+                note="RSS above the store's start after each round: " + ", ".join(f"{x:.0f}" for x in res["rss"]),
+                extra={"headline": "ltm_many_sites_rss_growth_mib", "value": growth, "rss_mib": res["rss"]})]
 
 
 def _recall_rows() -> list[Row]:
@@ -358,10 +504,22 @@ def run(ctx: Ctx) -> list[Row]:
                     higher_better=False, samples={CONVMEM: [cold["model_s"]]}))
     rows.append(Row("memory", f"open of a {SITE_SIZE:,}-memory site (first search: log read, index built from "
                     "stored vectors)", "s", higher_better=False, samples={CONVMEM: [cold["open_s"]]},
-                    note=f"index +{cold['index_mib']:.0f} MiB RSS beyond the model; {cold['recomputed']:.0f} "
+                    note=f"CPU time {cold['open_cpu_s']:.2f} s; "
+                         f"index +{cold['index_mib']:.0f} MiB RSS beyond the model; {cold['recomputed']:.0f} "
                          f"vectors recomputed; process peak RSS {cold['rss_mib']:.0f} MiB",
                     extra={"headline": "ltm_open_s", "value": cold["open_s"], "rss_mib": cold["rss_mib"],
-                           "index_mib": cold["index_mib"], "recomputed": cold["recomputed"]}))
+                           "index_mib": cold["index_mib"], "recomputed": cold["recomputed"],
+                           "cpu_s": cold["open_cpu_s"]}))
+    per_10k = cold["index_mib"] * 10_000 / cold["memories"]
+    rows.append(Row("memory", f"memory of a {SITE_SIZE:,}-memory site beyond the model (RSS after its open, "
+                    "per 10,000 memories)", "MiB", higher_better=False, samples={CONVMEM: [per_10k]},
+                    note=f"{cold['kept_mib']:.1f} MiB once the allocator returned what the open freed "
+                         f"(malloc_trim); records, BM25 table, vector matrix",
+                    extra={"headline": "ltm_mib_per_10k", "value": per_10k, "kept_mib": cold["kept_mib"],
+                           "memories": cold["memories"]}))
+    ctx.progress.step("memory: 8 searches in flight; many sites under the budget", advance=0)
+    rows.append(_inflight_row(ctx, site_dir))
+    rows.extend(_many_sites_rows(ctx))
     ctx.progress.step("memory: latency at 10,000 memories", advance=1)
     rows.extend(_latency_rows(ctx))
     ctx.progress.step("memory: recall_memory with and without memory_context over MCP", advance=1)

@@ -30,7 +30,8 @@ RATIO_KEYS = (
 #: The long-term memory workload's headline figures (``--only memory``), kept apart from ``ratios``.
 MEMORY_KEYS = ("ltm_fusion_recall2", "ltm_fusion_recall2_test", "ltm_para_recall2", "ltm_para_recall5_gain",
                "ltm_rest_recall5_gain", "ltm_abstention", "ltm_search_p50_ms", "ltm_context_p50_ms",
-               "ltm_context_added_ms", "ltm_context_repeat_added_ms", "ltm_open_s")
+               "ltm_context_added_ms", "ltm_context_repeat_added_ms", "ltm_open_s", "ltm_mib_per_10k",
+               "ltm_search_inflight_vs_alone", "ltm_many_sites_held_vs_budget", "ltm_many_sites_rss_growth_mib")
 
 Interval = tuple[float, float, float]
 
@@ -247,6 +248,10 @@ MEMORY_TARGETS = [  # long-term memory quality and cost
     ("ltm_context_repeat_added_ms", "<=", 1.0, "long-term memory: memory_context (repeated hint) adds, p50"),
     ("ltm_search_p50_ms", "<=", 10.0, "long-term memory: memory_search p50 at 10,000 memories"),
     ("ltm_open_s", "<=", 1.0, "long-term memory: open of a 10,000-memory site"),
+    ("ltm_mib_per_10k", "<=", 40.0, "long-term memory: RSS per 10,000 memories beyond the model"),
+    ("ltm_search_inflight_vs_alone", "<=", 4.0, "long-term memory: memory_search p50, 8 in flight vs alone"),
+    ("ltm_many_sites_held_vs_budget", "<=", 1.0,
+     "long-term memory: many sites: memories held beyond the site in use within the budget"),
 ]
 
 

@@ -201,6 +201,14 @@ class SiteGuard:
             for site_path in list(self._held):
                 self._supersede_locked(site_path)
 
+    def forget(self, site_path: str) -> None:
+        """Close the descriptor held for ``site_path`` (at the end of its use if one is in flight).
+
+        For a store letting go of a site it has not used lately; the next use opens the file again.
+        """
+        with self._mutex:
+            self._supersede_locked(site_path)
+
     def current(self, site_path: str) -> Incarnation | None:
         """The incarnation the path names now (one ``stat`` when it is the one this process holds); None when absent.
 

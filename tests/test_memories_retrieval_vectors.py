@@ -189,3 +189,86 @@ def test_site_indexes_are_released_least_recently_used_first(tmp_path: Path) -> 
         assert _retriever_of_site(store, sites[0]).recomputed == 0  # the vectors were read back from the log
         store.search(sites[0], "quokka facts", limit=2)  # the next call brings the total back under the budget
         assert [store._sites[s].indexed() for s in sites] == [2, 0, 2]
+
+
+def _open_fds() -> set[str]:
+    """The paths this process's descriptors point to."""
+    out = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out.add(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass
+    return out
+
+
+def test_a_store_over_its_budget_lets_go_of_whole_sites(tmp_path: Path) -> None:
+    """Past the budget a site's records, index and descriptors all go; its next use reads them back, unchanged."""
+    sites = [f"many-site-{i:02d}" for i in range(5)]
+    made: dict[str, list[str]] = {}
+    with LongTermMemory(tmp_path, index_budget=4) as store:
+        for s in sites:
+            made[s] = [create(store, fields(i, summary=f"the {s} user likes wombat{i} facts"), site=s).memory_id
+                       for i in range(2)]
+            store.search(s, "wombat facts", limit=2)
+            # Every site but the one in use fits the budget; the one in use is never released.
+            assert sum(x.indexed() for x in store._sites.values()) - store._sites[s].indexed() <= 4
+        released = [s for s in sites if store._sites[s].indexed() == 0]
+        assert released == sites[:3]
+        held_paths = _open_fds()
+        for s in released:
+            site = store._sites[s]
+            assert site.state == {} and site._retriever is None and site.log.fd is None and site._lock_fd is None
+            assert not any(p.startswith(site._site_path + os.sep) for p in held_paths), s
+        hits = store.search(sites[0], "wombat facts", limit=2)  # read again from the log, index rebuilt
+        assert sorted(m.memory_id for m, _ in hits) == sorted(made[sites[0]])
+        assert _retriever_of_site(store, sites[0]).recomputed == 0
+        assert store.get(sites[1], made[sites[1]][1]).memory_id == made[sites[1]][1]
+
+
+class Gated:
+    """The shipped encoder, but an encode of ``gate_text`` waits until ``release`` is set."""
+
+    def __init__(self, inner: Encoder, gate_text: str) -> None:
+        import threading
+
+        self.inner = inner
+        self.dim = inner.dim
+        self.model_id = inner.model_id
+        self.gate_text = gate_text
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def embed_one(self, text: str) -> Any:
+        if text == self.gate_text:
+            self.entered.set()
+            assert self.release.wait(60), "never released"
+        return self.inner.embed_one(text)
+
+    def embed(self, texts: Sequence[str]) -> Any:
+        return np.stack([self.embed_one(t) for t in texts]) if texts else self.inner.embed(texts)
+
+
+def test_a_search_encodes_its_query_without_holding_the_site(tmp_path: Path) -> None:
+    """While one search's query is being encoded, other calls on the same site go on (and the search then
+    ranks with that vector: the same answer as without the wait)."""
+    import threading
+
+    slow = "which animal facts does the user enjoy"
+    gated = Gated(default_encoder(), slow)
+    with LongTermMemory(tmp_path, retriever_factory=lambda d: Retriever(d, embedder=gated)) as store:
+        m = create(store, fields(1, summary="the user likes quokka facts"))
+        create(store, fields(2, summary="deploys go out on Tuesdays"))
+        expected = [x.memory_id for x, _ in store.search(SITE, slow + " please", limit=2)]
+        found: list[list[str]] = []
+        t = threading.Thread(target=lambda: found.append([x.memory_id for x, _ in store.search(SITE, slow, limit=2)]))
+        t.start()
+        assert gated.entered.wait(60)
+        # The site's mutex is free: a read, a search of another hint and a verify all complete meanwhile.
+        assert store.get(SITE, m.memory_id).memory_id == m.memory_id
+        assert store.search(SITE, "quokka", limit=1)[0][0].memory_id == m.memory_id
+        store.verify(SITE, "create", fields(3, summary="the user likes quokka pictures"))
+        assert not found
+        gated.release.set()
+        t.join(60)
+        assert found and found[0][0] == m.memory_id and found[0][0] == expected[0]

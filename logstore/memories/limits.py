@@ -21,6 +21,7 @@ DEFAULT_RETENTION_SECONDS = 30 * 24 * 3600
 SEARCH_LIMIT_MAX = 20
 #: Length bounds of a memory_context hint and of a search query.
 CONTEXT_MAX = 1000
-#: Memories held in search indexes over all sites of a process, by default (about 4 MiB per 1,000): past it,
-#: the least recently used sites' indexes are released (LongTermMemory's ``index_budget``).
+#: Memories a process holds over all its sites (records and search indexes; about 5 MiB of RSS per 1,000,
+#: measured by ``python -m bench --only memory``), by default: past it, the least recently used sites are
+#: released whole (LongTermMemory's ``index_budget``; PostgreSQL's releases indexes only).
 INDEX_BUDGET = 50_000

@@ -44,6 +44,11 @@ def check_verify(
     return fields
 
 
+def verify_query(fields: Fields) -> str:
+    """The search a verify runs for look-alikes of ``fields``: all of its text."""
+    return " ".join([fields.subject, fields.summary, fields.details, *fields.tags])[:4000]
+
+
 def related(
     state: Mapping[str, Memory],
     retriever: Callable[[], RetrieverLike],
@@ -51,8 +56,12 @@ def related(
     fields: Fields | None,
     memory_id: str | None,
     limit: int,
+    encoded: Any = None,
 ) -> list[tuple[Memory, float | None]]:
-    """What a verify shows: the target, the active holders of the candidate's dedupe_key, then look-alikes."""
+    """What a verify shows: the target, the active holders of the candidate's dedupe_key, then look-alikes.
+
+    ``encoded``: the query vector of the candidate's :func:`verify_query`, if the caller encoded it already.
+    """
     out: list[tuple[Memory, float | None]] = []
     seen: set[str] = set()
     target = None
@@ -71,8 +80,8 @@ def related(
                 seen.add(m.memory_id)
     basis = fields if fields is not None else (target.fields if target is not None else None)
     if basis is not None and state:
-        query = " ".join([basis.subject, basis.summary, basis.details, *basis.tags])
-        for hit in retriever().search(query[:4000], limit=limit + len(seen)):
+        query = verify_query(basis)
+        for hit in retriever().search(query, limit=limit + len(seen), encoded=encoded if basis is fields else None):
             found = state.get(hit.memory_id)
             if found is not None and found.active and hit.memory_id not in seen:
                 out.append((found, float(hit.score if hit.similarity is None else hit.similarity)))
@@ -91,9 +100,14 @@ def ranked(
     tags: Sequence[str],
     include_deleted: bool,
     relevant_only: bool,
+    encoded: Any = None,
 ) -> list[tuple[Memory, float]]:
-    """The retriever's hits for ``query`` as current memories with their scores, filters applied again."""
-    hits = retriever.search(query, limit=limit, category=category, tags=tags, include_deleted=include_deleted)
+    """The retriever's hits for ``query`` as current memories with their scores, filters applied again.
+
+    ``encoded``: the query's vector, if the caller encoded it already (``RetrieverLike.encode_query``).
+    """
+    hits = retriever.search(query, limit=limit, category=category, tags=tags, include_deleted=include_deleted,
+                            encoded=encoded)
     out: list[tuple[Memory, float]] = []
     for hit in hits:
         if relevant_only and not hit.relevant:

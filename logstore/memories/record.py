@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -52,7 +53,7 @@ def check_memory_id(value: object, field: str = "memory_id") -> str:
     return value
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Fields:
     """The fields a caller writes; every one validated."""
 
@@ -76,7 +77,7 @@ class Fields:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Memory:
     """One stored memory as the current state holds it (timestamps in microseconds)."""
 
@@ -190,13 +191,18 @@ def _texts(f: Fields, prefix: str) -> list[tuple[str, str]]:
 
 
 def fields_from_stored(raw: Mapping[str, Any]) -> Fields:
-    """Fields as the event log stores them (already validated when written)."""
+    """Fields as the event log stores them (already validated when written).
+
+    Category and tags are interned: a site's memories share a few of them, and
+    a store holds every record of its sites in memory (one string each, not one
+    per memory).
+    """
     return Fields(
-        category=raw["category"],
+        category=sys.intern(raw["category"]),
         subject=raw["subject"],
         summary=raw["summary"],
         details=raw.get("details", ""),
-        tags=tuple(raw.get("tags", ())),
+        tags=tuple(sys.intern(t) for t in raw.get("tags", ())),
         source_uris=tuple(raw.get("source_uris", ())),
         dedupe_key=raw.get("dedupe_key"),
     )

@@ -142,7 +142,21 @@ def embedding_text(doc: MemoryDoc) -> str:
     return s
 
 
-@dataclass
+@dataclass(frozen=True)
+class EncodedQuery:
+    """A query's vector, computed by :meth:`Retriever.encode_query` before the caller takes any lock.
+
+    ``text`` is what the encoder was given (see ``Retriever._query_text``),
+    ``model_id`` the model that gave ``vector`` (None without one); a search
+    uses the vector only if both match what it would compute itself.
+    """
+
+    text: str
+    model_id: str | None
+    vector: Vectors | None
+
+
+@dataclass(slots=True)
 class _Entry:
     key: int
     category: str
@@ -151,6 +165,7 @@ class _Entry:
 
 
 _Keep = Callable[[_Entry], bool]
+_NO_TAGS: frozenset[str] = frozenset()
 _Default = Literal["default"]
 
 
@@ -202,6 +217,8 @@ class Retriever:
         self._ids: dict[int, str] = {}
         self._inactive: set[int] = set()  # keys of soft-deleted memories
         self._next_key = 1
+        #: Every distinct tag set of the entries, shared by them (see ``_tag_set``); grows only with new sets.
+        self._tag_sets: dict[frozenset[str], frozenset[str]] = {}
         self._closed = False
         #: How many docs of the last load had no usable stored vector (encoded again).
         self.recomputed = 0
@@ -263,6 +280,7 @@ class Retriever:
             self._lexical = LexicalIndex(self._tuning.bm25)
             self._semantic = semantic
             self._entries.clear()
+            self._tag_sets.clear()
             self._ids.clear()
             self._inactive.clear()
             self._next_key = 1
@@ -284,7 +302,7 @@ class Retriever:
             if old is None:
                 entry = self._new_entry(doc)
             else:
-                entry = _Entry(old.key, doc.category, frozenset(doc.tags), doc.active)
+                entry = _Entry(old.key, doc.category, self._tag_set(doc.tags), doc.active)
                 self._entries[doc.memory_id] = entry
                 if doc.active:
                     self._inactive.discard(entry.key)
@@ -334,6 +352,7 @@ class Retriever:
         category: str | None = None,
         tags: Sequence[str] = (),
         include_deleted: bool = False,
+        encoded: EncodedQuery | None = None,
     ) -> list[Hit]:
         """At most ``limit`` memories relevant to ``query``, best first.
 
@@ -341,7 +360,9 @@ class Retriever:
         ``category`` when given; only those carrying every tag in ``tags``
         (exact, case-sensitive match). A memory that neither ranking finds
         relevant is never returned, so the list may be shorter than ``limit``.
-        A query not seen lately is encoded before the lock is taken.
+        A query not seen lately is encoded before the lock is taken, unless
+        ``encoded`` (from :meth:`encode_query`, by a caller that encoded it
+        before taking locks of its own) already holds its vector.
         """
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
@@ -352,7 +373,7 @@ class Retriever:
             if cached is not None:
                 self._answers.move_to_end(key)
                 return list(cached)
-        qvec = self._query_vector(query)
+        qvec = self._given_vector(query, encoded) if encoded is not None else self._query_vector(query)
         with self._lock:
             self._check_open()
             lex, sem, sims, terms = self._rankings(query, qvec, category, key[3], include_deleted,
@@ -381,6 +402,28 @@ class Retriever:
     def _query_text(self, query: str) -> str:
         """What the encoder is given for ``query``: the query as typed (stripped), "" when it has no words."""
         return query.strip() if query_terms(query) else ""
+
+    def encode_query(self, query: str) -> EncodedQuery:
+        """The vector :meth:`search` needs for ``query`` (from the table of query vectors, else encoded now).
+
+        Takes the lock only to read and fill that table, never while encoding:
+        a caller that serialises its searches under a lock of its own (a
+        site's mutex) encodes first, so that encodes of several threads run
+        in parallel, and then hands the result to :meth:`search`.
+        """
+        return EncodedQuery(self._query_text(query), self._model_id(), self._query_vector(query))
+
+    def _model_id(self) -> str | None:
+        return self._embedder.model_id if self._embedder is not None else None
+
+    def _given_vector(self, query: str, encoded: EncodedQuery) -> Vectors | None:
+        """``encoded``'s vector if it was made for ``query`` by this retriever's model, else computed now."""
+        if encoded.text == self._query_text(query) and encoded.model_id == self._model_id():
+            if self._embedder is None or self._tuning.semantic <= 0 or not encoded.text:
+                return None
+            if encoded.vector is not None:
+                return encoded.vector
+        return self._query_vector(query)
 
     def _query_vector(self, query: str) -> Vectors | None:
         """The vector of ``query`` (None without a model or words): from the table, else encoded unlocked."""
@@ -432,12 +475,21 @@ class Retriever:
 
     # -- internals ---------------------------------------------------------
 
+    def _tag_set(self, tags: Sequence[str]) -> frozenset[str]:
+        """``frozenset(tags)``, one object for every memory with the same tags (a site reuses a few)."""
+        if not tags:
+            return _NO_TAGS
+        key = frozenset(tags)
+        if len(self._tag_sets) > 2 * len(self._entries) + 64:  # sets of erased memories linger: start again
+            self._tag_sets.clear()
+        return self._tag_sets.setdefault(key, key)
+
     def _check_open(self) -> None:
         if self._closed:
             raise ValueError("retriever is closed")
 
     def _new_entry(self, doc: MemoryDoc) -> _Entry:
-        entry = _Entry(self._next_key, doc.category, frozenset(doc.tags), doc.active)
+        entry = _Entry(self._next_key, doc.category, self._tag_set(doc.tags), doc.active)
         self._next_key += 1
         self._entries[doc.memory_id] = entry
         self._ids[entry.key] = doc.memory_id

@@ -14,6 +14,7 @@ exactly one wins.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import threading
 import time
@@ -30,7 +31,7 @@ from .eventlog import EventLog, ScanResult
 from .indexing import RetrieverFactory, RetrieverLike, fields_doc, to_doc
 from .interface import StoredMemory
 from .limits import MAX_MEMORIES_PER_SITE
-from .planning import check_dedupe, check_verify, ranked, related, surface_pick
+from .planning import check_dedupe, check_verify, ranked, related, surface_pick, verify_query
 from .record import STATUS_ACTIVE, STATUS_DELETED, Fields, Memory, new_memory_id, parse_fields
 from .state import apply, record_body
 
@@ -179,6 +180,7 @@ class SiteMemories:
         if self._retriever is None:
             self._retriever = self.config.retriever_factory(os.path.join(self.dir, SEARCH_DIR))
             self._retriever.load(self._docs())
+            _return_freed_memory()
         return self._retriever
 
     def _docs(self) -> list[Any]:
@@ -235,7 +237,11 @@ class SiteMemories:
             for ev in result.events:
                 apply(state, ev.body)
                 self._note_vector(ev.body)
-            self.state = {k: m.touched(max(times.get(k, 0), self._touched.get(k, 0))) for k, m in state.items()}
+            for k, rec in state.items():  # in place: a copy of every record would leave its freed first behind
+                seen = max(times.get(k, 0), self._touched.get(k, 0))
+                if seen > rec.last_accessed_us:
+                    state[k] = rec.touched(seen)
+            self.state = state
             self._last_at = max((ev.recorded_us for ev in result.events), default=0)
             if self._retriever is not None:
                 self._retriever.load(self._docs())  # else kept in _vecs until the index is built
@@ -355,8 +361,9 @@ class SiteMemories:
         For a delete, the change includes ``force``: the token erases only if asked with it.
         """
         fields = check_verify(intent, candidate, memory_id, force)
+        encoded = self._encoded(verify_query(fields)) if fields is not None else None
         with self._locked(False):
-            found = related(self.state, self._retriever_now, intent, fields, memory_id, limit)
+            found = related(self.state, self._retriever_now, intent, fields, memory_id, limit, encoded)
         now = self._now()
         what = tokens.digest(intent, memory_id, fields.to_json() if fields is not None else None, force)
         return found, self.book.mint(self.site, intent, what, now), tokens.expires_us(now)
@@ -530,20 +537,36 @@ class SiteMemories:
         """Ranked memories, each with its readable score (the similarity, see ``retrieval.Hit``).
 
         ``relevant_only`` (the auto-surface) leaves out hits below the relevance threshold.
+        The query is encoded before the site's mutex is taken (see :meth:`_encoded`).
         """
+        encoded = self._encoded(query)
         with self._locked(False):
-            out = self._search_locked(query, limit, category, tags, include_deleted, relevant_only)
+            out = self._search_locked(query, limit, category, tags, include_deleted, relevant_only, encoded)
             if touch and out:
                 fresh = self._touch([m for m, _ in out])
                 out = [(f, s) for f, (_, s) in zip(fresh, out, strict=True)]
             return out
 
     def _search_locked(self, query: str, limit: int, category: str | None, tags: Sequence[str],
-                       include_deleted: bool, relevant_only: bool = False) -> list[tuple[Memory, float]]:
+                       include_deleted: bool, relevant_only: bool = False,
+                       encoded: Any = None) -> list[tuple[Memory, float]]:
         """Ranked memories from the current state (the caller holds the lock and has refreshed)."""
         if not self.state:
             return []
-        return ranked(self.state, self._retriever_now(), query, limit, category, tags, include_deleted, relevant_only)
+        return ranked(self.state, self._retriever_now(), query, limit, category, tags, include_deleted, relevant_only,
+                      encoded)
+
+    def _encoded(self, query: str) -> Any:
+        """The vector of ``query``, encoded now, before the mutex (None when the index is not built yet).
+
+        The mutex serialises every call on the site in this process: encoding
+        under it would make concurrent searches wait for each other's encodes,
+        a few milliseconds each, on one core. The retriever is read without
+        the mutex; if another thread replaces it meanwhile the search sees a
+        vector of the same model (or encodes again when it is not).
+        """
+        retriever = self._retriever
+        return None if retriever is None else retriever.encode_query(query)
 
     def try_surface(self, context: str, limit: int) -> list[Memory] | None:
         """The auto-surface for ``context`` if it needs no waiting and no file reads or writes; else None.
@@ -613,8 +636,9 @@ class SiteMemories:
             self._flushed_at = time.monotonic()
 
     def indexed(self) -> int:
-        """How many memories this site's search index holds now (0 when it is not built)."""
-        return len(self.state) if self._retriever is not None else 0
+        """How many memories this process holds for the site now: its records, and its index when built
+        (0 once :meth:`release` let them go)."""
+        return len(self.state)
 
     def drop_index(self) -> None:
         """Release the search index; the next search rebuilds it from the log's stored vectors."""
@@ -622,6 +646,31 @@ class SiteMemories:
             if self._retriever is not None:
                 self._retriever.close()
                 self._retriever = None
+
+    def release(self) -> None:
+        """Let go of everything this process holds for the site: index, records, descriptors.
+
+        For a store over its budget (see ``LongTermMemory``'s ``index_budget``).
+        Pending access times are written first (kept, and written later, if
+        that fails). The next call reads the log again from the start and the
+        next search rebuilds the index from its stored vectors, without the
+        model: the cost of an open. Nothing on disk changes.
+        """
+        with self._mutex:
+            if self._closed:
+                return
+            with contextlib.suppress(OSError):
+                self.flush_access()
+            self.drop_index()
+            self.log.close()
+            self.state = {}
+            self._vecs = {}
+            self._end = self._next_seq = 0
+            self._expiry_key = None
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
+            self._guard.forget(self._site_path)
 
     def close(self) -> None:
         with self._mutex:
@@ -679,6 +728,27 @@ def _note_vector(vecs: dict[str, Any], body: Mapping[str, Any]) -> None:
         vecs[mid] = body.get("vec")
     elif op == "erase":
         vecs.pop(mid, None)
+
+
+def _return_freed_memory() -> None:
+    """Hand the C heap's free pages back to the system (glibc's ``malloc_trim``; nothing elsewhere).
+
+    Reading a site's log and building its index allocate several times what
+    the index keeps (every event decoded, every stored vector's text); glibc
+    keeps what was freed for later use, so without this a process's memory
+    stays at the open's peak. Called once per index built; a few milliseconds.
+    """
+    global _trim
+    if _trim is None:
+        try:
+            _trim = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _trim = False
+    if _trim:
+        _trim(0)
+
+
+_trim: Any = None
 
 
 def layout_header_size() -> int:

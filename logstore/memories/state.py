@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import calendar
+import sys
 from typing import Any
 
 from ..timefmt import format_us, parse_rfc3339
@@ -37,13 +38,16 @@ def parse_ts(text: str) -> int:
     return parse_rfc3339(text)
 
 
-def memory_from_body(body: dict[str, Any], last_accessed_us: int = 0) -> Memory:
+def memory_from_body(body: dict[str, Any], last_accessed_us: int = 0, event_id: str | None = None) -> Memory:
+    """The record ``body``; ``event_id``, its event's id, is the one string kept for both when they are equal
+    (a store holds every record in memory: one copy of each id rather than two)."""
     deleted = body.get("deleted_at")
     updated = parse_ts(body["updated_at"])
+    rid = body["id"]
     return Memory(
-        memory_id=body["id"],
+        memory_id=event_id if event_id is not None and event_id == rid else rid,
         fields=fields_from_stored(body),
-        status=body["status"],
+        status=sys.intern(body["status"]),
         created_us=parse_ts(body["created_at"]),
         updated_us=updated,
         last_accessed_us=max(last_accessed_us, updated),
@@ -58,7 +62,7 @@ def apply(state: dict[str, Memory], body: dict[str, Any]) -> str:
     mid = str(body["id"])
     if op in ("create", "update"):
         prev = state.get(mid)
-        state[mid] = memory_from_body(body["record"], prev.last_accessed_us if prev is not None else 0)
+        state[mid] = memory_from_body(body["record"], prev.last_accessed_us if prev is not None else 0, mid)
     elif op == "delete":
         prev = state.get(mid)
         if prev is not None:

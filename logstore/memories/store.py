@@ -32,9 +32,12 @@ class LongTermMemory(LongTermStore):
     ``retention_seconds`` is how long a soft-deleted memory is kept before it
     is erased; ``clock`` (microseconds since the epoch) exists so tests can
     move time forward without waiting. ``index_budget`` bounds the memories
-    held in search indexes over all sites: past it the indexes of the least
-    recently used sites are released (and rebuilt from their stored vectors,
-    without the model, when next searched).
+    this process holds over all sites (records and search indexes): past it
+    the least recently used sites are released, records, index and
+    descriptors (read again from the log, and the index rebuilt from the
+    stored vectors without the model, when next used). The site in use is
+    never released, so the total may exceed the budget by that site's size
+    (at most ``MAX_MEMORIES_PER_SITE``) until the next call.
     """
 
     def __init__(
@@ -117,7 +120,7 @@ class LongTermMemory(LongTermStore):
             self._recent.move_to_end(site)
             victims = over_budget(self._sites, self._recent, site, self._index_budget)
         for v in victims:
-            v.drop_index()
+            v.release()
         return s
 
     # Convenience wrappers, one per tool.

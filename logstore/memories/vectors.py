@@ -59,7 +59,6 @@ def unpack_many(stored: Sequence[object], texts: Sequence[str], model_id: str, d
     out[: len(stored)] = 0.0
     redo: list[int] = []
     good: list[int] = []
-    chunks: list[bytes] = []
     want = 4 * ((2 * dim + 2) // 3)
     for i, (s, text) in enumerate(zip(stored, texts, strict=True)):
         if not isinstance(s, Mapping):
@@ -78,13 +77,12 @@ def unpack_many(stored: Sequence[object], texts: Sequence[str], model_id: str, d
         if len(raw) != 2 * dim:
             redo.append(i)
             continue
+        # Each row is cast into ``out`` at once: no list of decoded rows, no float32 copy beside ``out``
+        # (many short-lived blocks of the same size, reused, rather than thousands kept until the end).
+        out[i] = np.frombuffer(raw, dtype="<f2")
         good.append(i)
-        chunks.append(raw)
     if good:
-        half = np.frombuffer(b"".join(chunks), dtype="<f2").reshape(len(good), dim)
-        del chunks
         rows = np.asarray(good)
-        out[rows] = half  # cast in place: no float32 copy beside ``out``
         sub = out[rows] if len(good) != len(stored) else out[: len(stored)]
         with np.errstate(invalid="ignore", over="ignore"):
             norms = np.sqrt(np.einsum("ij,ij->i", sub, sub))
