@@ -1128,6 +1128,10 @@ def test_engine_io_goes_through_the_seam() -> None:
     for path in sorted(pkg.rglob("*.py")):
         if path.name == "fileio.py":
             continue
+        if path.name == "site_credentials.py":
+            # The password file under auth/ (moved here from the adapter): not a log the simulation
+            # models; its write-temp, fsync, rename and directory fsync are its own (tests/test_auth.py).
+            continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if not isinstance(node, ast.Call):
                 continue
