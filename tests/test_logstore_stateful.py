@@ -289,7 +289,7 @@ class PostgresVsModel(EngineVsModel):
 
 
 PostgresVsModel.TestCase.settings = settings(
-    max_examples=int(os.environ.get("CONVMEM_PG_STATEFUL_EXAMPLES", "60")),
+    max_examples=int(os.environ.get("CONVMEM_PG_STATEFUL_EXAMPLES", "30")),
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],

@@ -208,7 +208,7 @@ class PgMemoriesVsModel(MemoriesVsModel):
 
 
 PgMemoriesVsModel.TestCase.settings = settings(
-    max_examples=int(os.environ.get("CONVMEM_MEMORY_PG_EXAMPLES", "10")),
+    max_examples=int(os.environ.get("CONVMEM_MEMORY_PG_EXAMPLES", "6")),
     stateful_step_count=25,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
