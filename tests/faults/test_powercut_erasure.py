@@ -32,7 +32,6 @@ strict variant and the lenient model (CONVMEM_SOAK=1: many random variants).
 from __future__ import annotations
 
 import hashlib
-import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -47,6 +46,7 @@ from .test_powercut import (  # noqa: F401 - fixtures are used by name
     Recording,
     Writer,
     _check_listing,
+    _files_holding,
     _pool_filled_inline,
     _print_seed,
     explore,
@@ -74,16 +74,6 @@ def _needle(a: Ack, seq: int) -> bytes:
     """Bytes found only in the stored payload of ``seq`` of batch ``a`` (its text, a digest of its identity)."""
     assert a.pad >= 32
     return hashlib.sha256(f"{a.w}:{a.b}:{seq - a.first}".encode()).hexdigest()[:32].encode()
-
-
-def _files_holding(root: str, needles: list[bytes]) -> list[tuple[str, bytes]]:
-    hits = []
-    for dirpath, _dirs, names in os.walk(root):
-        for name in names:
-            with open(os.path.join(dirpath, name), "rb") as f:
-                data = f.read()
-            hits += [(os.path.relpath(os.path.join(dirpath, name), root), n) for n in needles if n in data]
-    return hits
 
 
 def _setup(w: Writer) -> None:
