@@ -15,6 +15,7 @@ from typing import Any
 
 from convmem.logstore import MAX_BATCH_ITEMS, MAX_READ_ITEMS
 
+from .bounds import IDEMPOTENCY_KEY_MAX, IDEMPOTENCY_KEY_PATTERN, MAX_WAIT_MS
 from .memory_schemas import with_memory_context
 
 JsonSchema = dict[str, Any]
@@ -246,15 +247,16 @@ LIST_CONVERSATIONS_RESPONSE: JsonSchema = {
 APPEND_OPTIONS: JsonSchema = {
     "idempotency_key": {
         "description": (
-            "Optional key you mint for this batch (1-128 characters from [A-Za-z0-9_-], e.g. a UUID) and send "
+            f"Optional key you mint for this batch (1-{IDEMPOTENCY_KEY_MAX} characters from [A-Za-z0-9_-], e.g. a "
+            "UUID) and send "
             "again, unchanged, with the same items when you retry it. A retry of a batch that was already stored "
             "writes nothing and returns its original first_seq/last_seq; the same key with other items fails "
             "with IdempotencyConflict naming the original range. Keys are remembered per conversation for at "
             "least its last 10,000 batches or 24 hours, whichever is longer."
         ),
-        "maxLength": 128,
+        "maxLength": IDEMPOTENCY_KEY_MAX,
         "minLength": 1,
-        "pattern": "^[A-Za-z0-9_-]+$",
+        "pattern": IDEMPOTENCY_KEY_PATTERN,
         "type": "string",
     },
     "expected_next_seq": {
@@ -268,9 +270,6 @@ APPEND_OPTIONS: JsonSchema = {
         "type": "integer",
     },
 }
-
-#: The most a replay_memory call may wait for new items (milliseconds).
-MAX_WAIT_MS = 30_000
 
 #: Optional property convmem adds to replay_memory.
 REPLAY_OPTIONS: JsonSchema = {

@@ -30,7 +30,9 @@ from convmem.logstore import (
     EmptyBatch,
     InvalidConversationId,
 )
+from convmem.logstore.memories.limits import CONTEXT_MAX
 
+from .bounds import IDEMPOTENCY_KEY_MAX, IDEMPOTENCY_KEY_PATTERN, MAX_WAIT_MS
 from .errors import ToolFailure, from_store_error, invalid_arguments
 
 _UINT64_MAX = 2**64 - 1
@@ -40,13 +42,15 @@ Offset = Annotated[int, msgspec.Meta(ge=0)]  # the uint64 ceiling is checked by 
 
 
 #: The optional long-term memory hint of append_memory and recall_memory (absent: the spec's behaviour).
-MemoryContext = Annotated[str, msgspec.Meta(min_length=1, max_length=1000)]
+MemoryContext = Annotated[str, msgspec.Meta(min_length=1, max_length=CONTEXT_MAX)]
 
 
 #: The optional idempotency key of append_memory.
-IdempotencyKey = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern="^[A-Za-z0-9_-]+$")]
+IdempotencyKey = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=IDEMPOTENCY_KEY_MAX, pattern=IDEMPOTENCY_KEY_PATTERN)
+]
 #: The optional wait of replay_memory, in milliseconds.
-WaitMs = Annotated[int, msgspec.Meta(ge=0, le=30_000)]
+WaitMs = Annotated[int, msgspec.Meta(ge=0, le=MAX_WAIT_MS)]
 
 
 class AppendArgs(msgspec.Struct, frozen=True):
