@@ -56,6 +56,10 @@ class CredentialError(Exception):
     """A site-management command cannot be carried out (message says why)."""
 
 
+class CredentialFileDamaged(CredentialError):
+    """``auth/sites.json`` exists but does not hold a credential document (message names the file)."""
+
+
 @dataclass(frozen=True, slots=True)
 class PasswordHash:
     """One site's salted scrypt hash and its parameters."""
@@ -228,20 +232,33 @@ class CredentialFile(PasswordChecks):
             self._pinned = None
 
     def load(self) -> dict[str, PasswordHash]:
-        """All sites and their hashes (empty when the file does not exist yet)."""
+        """All sites and their hashes (empty when the file does not exist yet).
+
+        Raises :class:`CredentialFileDamaged` when the file or an entry in it
+        cannot be read: nobody is let in, and nothing is written over it.
+        """
+        return self._hashes(self._load_doc())
+
+    def _hashes(self, doc: dict[str, Any]) -> dict[str, PasswordHash]:
+        try:
+            return {name: PasswordHash.from_json(entry) for name, entry in doc["sites"].items()}
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise CredentialFileDamaged(
+                f"{self.path}: an entry is not a password hash ({exc}); restore the file from a backup"
+            ) from None
+
+    def _load_doc(self) -> dict[str, Any]:
+        """The parsed file, checked to be ``{"sites": {name: {...}}}``; an empty document when absent."""
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
-            return {}
-        doc = json.loads(raw)
-        return {name: PasswordHash.from_json(entry) for name, entry in doc.get("sites", {}).items()}
-
-    def _load_doc(self) -> dict[str, Any]:
+            return {"version": 1, "sites": {}}
         try:
-            doc: dict[str, Any] = json.loads(self.path.read_bytes())
-        except FileNotFoundError:
-            doc = {"version": 1, "sites": {}}
-        doc.setdefault("sites", {})
+            doc = json.loads(raw)
+        except ValueError as exc:
+            raise CredentialFileDamaged(f"{self.path} is not valid JSON ({exc}); restore it from a backup") from None
+        if not isinstance(doc, dict) or not isinstance(doc.setdefault("sites", {}), dict):
+            raise CredentialFileDamaged(f"{self.path} does not hold a credential document; restore it from a backup")
         return doc
 
     def sites(self) -> list[str]:
@@ -263,6 +280,7 @@ class CredentialFile(PasswordChecks):
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
             doc = self._load_doc()
+            self._hashes(doc)  # never write a damaged document back with a change on top
             before = json.dumps(doc, sort_keys=True)
             yield doc
             if json.dumps(doc, sort_keys=True) != before or not self.path.exists():

@@ -46,7 +46,13 @@ import anyio
 import anyio.to_thread
 
 from convmem.logstore import InvalidConversationId, SiteName, Unavailable
-from convmem.logstore.site_credentials import DUMMY_HASH, CredentialError, CredentialFile, PasswordHash
+from convmem.logstore.site_credentials import (
+    DUMMY_HASH,
+    CredentialError,
+    CredentialFile,
+    CredentialFileDamaged,
+    PasswordHash,
+)
 
 from . import metrics
 from .errors import ToolFailure, from_store_error, throttled, unauthenticated
@@ -176,7 +182,19 @@ class Authenticator:
         with self._lock:
             if stamp == self._stamp:
                 return self._generation
-        hashes = self._credentials.load()
+        try:
+            hashes = self._credentials.load()
+        except CredentialFileDamaged as exc:
+            # Never fall back on the hashes read before: a removed site would keep its access.
+            with self._lock:
+                self._cache.clear()
+                self._rejected.clear()
+                self._stamp = None
+                self._hashes = {}
+                self._generation += 1
+            logger.error("%s", exc)
+            damaged = Unavailable("the site credential file is damaged; an operator must restore it")
+            raise from_store_error(damaged) from None
         with self._lock:
             if stamp != self._stamp:
                 self._hashes = hashes

@@ -87,10 +87,11 @@ def _site_command(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse
 
     def run(args: argparse.Namespace) -> int:
         from convmem.logstore import StoreError
+        from convmem.logstore.site_credentials import CredentialFileDamaged
 
         try:
             return fn(args)
-        except _StoreUnusable as exc:
+        except (_StoreUnusable, CredentialFileDamaged) as exc:
             return _fail(str(exc), 2)
         except StoreError as exc:
             return _fail(f"the store failed: {exc}", 2)
@@ -306,11 +307,16 @@ def _leftover_site_dir(data_dir: str, site: str) -> str | None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """``convmem serve``: run the MCP server over HTTP (default) or stdio."""
+    from convmem.logstore.site_credentials import CredentialFileDamaged
+
     from .serve import serve_http, serve_stdio
 
-    if args.stdio:
-        return serve_stdio(args)
-    return serve_http(args)
+    try:
+        if args.stdio:
+            return serve_stdio(args)
+        return serve_http(args)
+    except CredentialFileDamaged as exc:
+        return _fail(f"cannot start: {exc}", 2)
 
 
 # -- parser ------------------------------------------------------------------------

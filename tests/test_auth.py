@@ -120,3 +120,17 @@ async def test_invalid_site_names_are_refused_without_hints(creds: CredentialFil
         await authenticator.authenticate(header("bad", PASSWORD))
     assert info.value.code == "Unauthenticated"
     assert "bad" not in info.value.message
+
+
+async def test_a_damaged_credential_file_lets_nobody_in_and_says_so(creds: CredentialFile) -> None:
+    """A logged-in site must not keep its access on hashes read before the file was damaged."""
+    authenticator = Authenticator(creds)
+    assert await authenticator.authenticate(header(SITE, PASSWORD)) == SITE
+    creds.path.write_bytes(b'{"version": 1, "sites": {')  # torn by hand: not valid JSON
+    with pytest.raises(ToolFailure) as info:
+        await authenticator.authenticate(header(SITE, PASSWORD))
+    assert info.value.code == "Unavailable"
+    assert "credential file is damaged" in info.value.message
+    creds.path.unlink()
+    creds.add(SITE, PASSWORD)  # restored: the same password works again
+    assert await authenticator.authenticate(header(SITE, PASSWORD)) == SITE

@@ -170,3 +170,25 @@ def test_make_serve_passes_port() -> None:
     assert "--port 9123" in done.stdout.splitlines()[-1], done.stdout
     done = subprocess.run([make, "-n", "-s", "serve"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert "--port" not in done.stdout.splitlines()[-1]  # CONVMEM_PORT (or the default) applies
+
+
+@pytest.mark.parametrize(
+    "damage", [b'{"version": 1, "sites": {', b"[1, 2]", b'{"sites": {"team-alpha": {"kdf": "md5"}}}'],
+    ids=["torn", "not-a-document", "bad-entry"],
+)
+def test_a_damaged_credential_file_is_reported_and_left_alone(tmp_path: Path, damage: bytes) -> None:
+    """Every command that reads the site list names the damaged file instead of reading it as empty;
+    a change is refused rather than written over the damage."""
+    data = tmp_path / "data"
+    assert run_convmem("site", "add", "team-alpha", "--data-dir", str(data)).returncode == 0
+    sites = data / "auth" / "sites.json"
+    sites.write_bytes(damage)
+    commands = [("site", "add", "team-beta", "--data-dir", str(data))]
+    if damage != b'{"sites": {"team-alpha": {"kdf": "md5"}}}':  # the names are still readable there
+        commands += [("stats", str(data)), ("export", "--site", "team-alpha", str(data)),
+                     ("site", "list", "--data-dir", str(data)), ("serve", "--data-dir", str(data), "--port", "0")]
+    for command in commands:
+        done = run_convmem(*command)
+        assert done.returncode != 0, (command, done.stdout)
+        assert str(sites) in done.stderr and "Traceback" not in done.stderr, (command, done.stderr)
+        assert sites.read_bytes() == damage, command

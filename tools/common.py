@@ -71,17 +71,24 @@ def command(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
 
 
 def registered_sites(data_dir: str) -> list[str]:
-    """The sites the MCP server's credential file lists (``convmem site add``), sorted; [] when none.
+    """The sites the MCP server's credential file lists (``convmem site add``), sorted; [] when there is no file.
 
     A site exists from ``site add`` on, but the engine writes its directory
     only with its first conversation; the tools treat such a site as empty.
+    A credential file that exists but cannot be read or parsed is a
+    :class:`MaintenanceError` naming it: an empty answer would hide every
+    site that was added and not yet written to.
     """
-    from convmem.logstore.site_credentials import CredentialFile
+    from convmem.logstore.maintenance import MaintenanceError
+    from convmem.logstore.site_credentials import CredentialFile, CredentialFileDamaged
 
+    credentials = CredentialFile(data_dir)
     try:
-        return CredentialFile(data_dir).sites()
-    except (OSError, ValueError):
-        return []
+        return credentials.sites()
+    except CredentialFileDamaged as exc:
+        raise MaintenanceError(str(exc)) from None
+    except OSError as exc:
+        raise MaintenanceError(f"the site credential file {credentials.path} cannot be read: {exc}") from None
 
 
 def add_target_options(p: argparse.ArgumentParser) -> None:
