@@ -33,7 +33,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from .ids import SiteName
 
@@ -50,6 +50,18 @@ SCRYPT_N = 2**17
 SCRYPT_R = 8
 SCRYPT_P = 1
 _HASH_BYTES = 32
+
+
+@runtime_checkable
+class SharedSecrets(Protocol):
+    """An optional credential-store capability: secrets shared by every server on one store.
+
+    A database keeps them for servers that share no directory
+    (:class:`convmem.logstore.postgres.PgCredentials`); servers on one data
+    directory derive theirs from the directory's own secret instead.
+    """
+
+    def shared_secret(self, key: str) -> bytes: ...
 
 
 class CredentialError(Exception):
@@ -342,6 +354,10 @@ class CredentialFile(PasswordChecks):
             return self.demo_password_path.read_text().strip() or None
         except FileNotFoundError:
             return None
+
+    def forget_demo_password(self) -> None:
+        """Remove the remembered demo password (the demo site was removed)."""
+        self.demo_password_path.unlink(missing_ok=True)
 
     def write_demo_password(self, password: str) -> None:
         """Remember the demo password (mode 0600, owner only)."""

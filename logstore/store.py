@@ -11,13 +11,32 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
 from .model import ConversationListing, ListSelector, MemoryItem, Range, RawMemoryItem, ReadSelector, SeqRange
 
 _encoder = msgspec.json.Encoder()
+
+
+@runtime_checkable
+class HealthProbe(Protocol):
+    """An optional store capability: a store on a database service checks that service for ``/healthz``.
+
+    A store without it (the file store) is healthy when its data directory is.
+    """
+
+    def ping(self) -> bool:
+        """True when the backing service answers."""
+        ...
+
+
+@runtime_checkable
+class OpenConversationCount(Protocol):
+    """An optional store capability: how many conversations it holds open now (a metrics gauge)."""
+
+    def open_conversations(self) -> int: ...
 
 
 class MemoryStore(abc.ABC):

@@ -210,10 +210,7 @@ def cmd_site_remove(args: argparse.Namespace) -> int:
         except CredentialError as exc:
             return _fail(str(exc))
         if site == DEMO_SITE:
-            if hasattr(creds, "forget_demo_password"):
-                creds.forget_demo_password()
-            else:
-                creds.demo_password_path.unlink(missing_ok=True)
+            creds.forget_demo_password()
         if args.force:
             # Calls that authenticated just before the revocation may still be running in a server;
             # let them finish (they are bounded by the server's lock timeout) before deleting.

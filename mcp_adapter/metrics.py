@@ -46,6 +46,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
 from convmem.logstore import observe
+from convmem.logstore.store import OpenConversationCount
 
 METRICS_PATH = "/metrics"
 
@@ -125,8 +126,8 @@ def record_auth_failure() -> None:
 def install(store: Any) -> None:
     """Start collecting from the engine, and read ``store``'s open-conversation count at each scrape."""
     observe.set_observer(METRICS.observe_engine)
-    counter = getattr(store, "open_conversations", None)
-    if callable(counter):
+    if isinstance(store, OpenConversationCount):
+        counter = store.open_conversations
         METRICS.open_conversations.set_function(lambda: float(counter()))
 
 

@@ -27,7 +27,14 @@ import uvicorn
 from mcp.server.stdio import stdio_server
 
 from convmem.logstore import MemoryStore, SiteQuota, StoreError, open_store
-from convmem.logstore.site_credentials import DEMO_SITE, CredentialError, CredentialFile, generate_password
+from convmem.logstore.site_credentials import (
+    DEMO_SITE,
+    CredentialError,
+    CredentialFile,
+    SharedSecrets,
+    generate_password,
+)
+from convmem.logstore.store import HealthProbe
 
 from . import __version__, handoff, metrics, requestlog, tls, workers
 from .auth import Authenticator
@@ -147,8 +154,7 @@ def _sites_with_memories(data_dir: str) -> list[str]:
 
 def _health(store: MemoryStore) -> Any:
     """The database probe for /healthz, or None to check the data directory."""
-    ping = getattr(store, "ping", None)
-    return ping if callable(ping) else None
+    return store.ping if isinstance(store, HealthProbe) else None
 
 
 def basic_header(site: str, password: str) -> str:
@@ -289,7 +295,7 @@ def shared_cursor_seal(choice: StoreChoice, creds: Any) -> LazySeal:
     A data directory keys it from its own secret; PostgreSQL from a secret in
     the database, since servers sharing a database need not share a directory.
     """
-    if choice.is_postgres and hasattr(creds, "shared_secret"):
+    if choice.is_postgres and isinstance(creds, SharedSecrets):
         return seal_for("", lambda: bytes(creds.shared_secret(CURSOR_SECRET_KEY)))
     return seal_for(os.path.abspath(choice.target))
 
