@@ -400,3 +400,26 @@ def test_a_running_vacuum_holds_nothing_and_a_running_analyze_holds_the_bytes(ow
     assert store.sweep_once() == []
     assert _owed(servers) == []
     assert _holding(dsn, servers.schema, needles) == []
+
+
+def test_a_running_transaction_without_a_snapshot_holds_the_bytes_and_is_named(own_database: MemoryStores) -> None:
+    """A READ COMMITTED transaction idle between statements has no snapshot (no ``backend_xmin``), but its
+    transaction id (``backend_xid``), older than the erasure, holds the horizon all the same."""
+    servers = own_database
+    dsn = str(servers.dsn)
+    store = servers.open(listen=False, lock_timeout=0.5)
+    mid, needles = _victim(store)
+    with psycopg.connect(dsn) as holder:
+        holder.execute("SELECT pg_current_xact_id()")  # a transaction id, taken before the erasure
+        pid = holder.info.backend_pid
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            row = conn.execute("SELECT backend_xmin IS NULL, backend_xid IS NOT NULL FROM pg_stat_activity"
+                               " WHERE pid = %s", (pid,)).fetchone()
+        assert row == (True, True)
+        with pytest.raises(ScrubPending) as caught:
+            delete(store, mid, force=True, site=SITE)
+        assert f"session pid {pid}" in str(caught.value)
+        assert {n for _name, n in _holding(dsn, servers.schema, needles)} == set(needles)
+        holder.rollback()
+    assert store.sweep_once() == []
+    assert _owed(servers) == [] and _holding(dsn, servers.schema, needles) == []
