@@ -7,8 +7,10 @@ marker in the memory's text, its dedupe_key, a long source URI that PostgreSQL
 moves to the TOAST table, and a piece of the stored vector. Two tests keep the
 rewrite from doing its work (a second session's REPEATABLE READ snapshot, a
 lock that makes it time out) and check what the call says, the owed record in
-``memory_scrubs``, and that the sweep's retry finishes the job. One more test
-holds the ACCESS EXCLUSIVE lock a rewrite takes on one partition and shows
+``memory_scrubs``, and that the sweep's retry finishes the job; another runs
+a throttled lazy VACUUM (which holds nothing, and must not be reported) and a
+throttled ANALYZE (which holds the rows, and must be). One more test holds
+the ACCESS EXCLUSIVE lock a rewrite takes on one partition and shows
 that another site's calls, in another partition, go on meanwhile, with the
 server's default plans and with generic plans forced.
 """
@@ -306,3 +308,118 @@ def test_an_unpartitioned_table_of_an_older_convmem_is_converted_at_start_up(ser
     mid, needles = _victim(again)
     assert delete(again, mid, force=True, site=SITE) is None
     assert _holding(dsn, schema, needles) == []
+
+
+def _slow_maintenance(dsn: str, command: str, progress_view: str) -> tuple[threading.Thread, int, list[BaseException]]:
+    """Run ``command`` on table ``filler``, throttled to a page per 100 ms, in a thread; its thread, backend pid
+    and errors, once ``progress_view`` lists it with a snapshot (its ``backend_xmin``) taken."""
+    conn = psycopg.connect(dsn, autocommit=True)
+    conn.execute("SET vacuum_cost_delay = 100")
+    conn.execute("SET vacuum_cost_limit = 1")
+    pid = conn.info.backend_pid
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            conn.execute(command.encode())
+        except psycopg.errors.QueryCanceled:
+            pass  # the test cancels it when done
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            conn.close()
+
+    t = threading.Thread(target=run)
+    t.start()
+    with psycopg.connect(dsn, autocommit=True) as watch:
+        for _ in range(3000):
+            row = watch.execute(
+                f"SELECT a.backend_xmin IS NOT NULL FROM pg_stat_activity a JOIN {progress_view} p USING (pid)"
+                " WHERE pid = %s".encode(), (pid,),
+            ).fetchone()
+            if row is not None and row[0]:
+                return t, pid, errors
+            threading.Event().wait(0.01)
+    raise AssertionError(f"{command} never showed up in {progress_view}")
+
+
+def _running(dsn: str, view: str, pid: int) -> bool:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute(f"SELECT 1 FROM {view} WHERE pid = %s".encode(), (pid,)).fetchone() is not None
+
+
+def _cancel(dsn: str, pid: int, t: threading.Thread) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_cancel_backend(%s)", (pid,))
+    t.join(60)
+
+
+def test_a_running_vacuum_holds_nothing_and_a_running_analyze_holds_the_bytes(own_database: MemoryStores) -> None:
+    """A lazy VACUUM runs with PROC_IN_VACUUM, which the removal horizon skips: its ``backend_xmin`` (older than
+    the erasure) must not be reported, and the rewrite removes the bytes while it runs. An ANALYZE has no such
+    flag: its snapshot holds the deleted row versions, and the erasure says so."""
+    from convmem.logstore.postgres._memscrub import holders
+
+    servers = own_database
+    dsn = str(servers.dsn)
+    store = servers.open(listen=False, lock_timeout=2)
+    mid, needles = _victim(store)
+    with psycopg.connect(dsn, autocommit=True) as conn:  # 50,000 rows: some 500 pages, 50 s at 100 ms a page
+        conn.execute("CREATE TABLE filler (n int, pad text) WITH (autovacuum_enabled = off)")
+        conn.execute("INSERT INTO filler SELECT g, repeat('x', 60) FROM generate_series(1, 50000) AS g")
+    t, vacuum_pid, errors = _slow_maintenance(dsn, "VACUUM (DISABLE_PAGE_SKIPPING) filler", "pg_stat_progress_vacuum")
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            xid = str(conn.execute("SELECT pg_current_xact_id()::text").fetchone()[0])  # type: ignore[index]
+            older = conn.execute(
+                "SELECT age(backend_xmin) >= age(%s::xid8::xid) FROM pg_stat_activity WHERE pid = %s", (xid, vacuum_pid)
+            ).fetchone()
+            assert older == (True,)  # the vacuum's snapshot predates a transaction started now
+            assert holders(conn, xid) == []
+        assert delete(store, mid, force=True, site=SITE) is None
+        assert _owed(servers) == []
+        assert _holding(dsn, servers.schema, needles) == []
+        assert _running(dsn, "pg_stat_progress_vacuum", vacuum_pid)  # it ran all along
+    finally:
+        _cancel(dsn, vacuum_pid, t)
+    assert errors == []
+    t, analyze_pid, errors = _slow_maintenance(dsn, "ANALYZE filler", "pg_stat_progress_analyze")
+    try:
+        store = servers.open(listen=False, lock_timeout=0.5)
+        mid, needles = _victim(store, "erase-site-02")
+        with pytest.raises(ScrubPending) as caught:
+            delete(store, mid, force=True, site="erase-site-02")
+        assert f"session pid {analyze_pid}" in str(caught.value) and "may still be in the files" in str(caught.value)
+        assert [site for site, _xid in _owed(servers)] == ["erase-site-02"]
+        # The report is right: the rewrite kept the deleted row versions the ANALYZE's snapshot may read.
+        assert {n for _name, n in _holding(dsn, servers.schema, needles)} == set(needles)
+        assert _running(dsn, "pg_stat_progress_analyze", analyze_pid)
+    finally:
+        _cancel(dsn, analyze_pid, t)
+    assert errors == []
+    assert store.sweep_once() == []
+    assert _owed(servers) == []
+    assert _holding(dsn, servers.schema, needles) == []
+
+
+def test_a_running_transaction_without_a_snapshot_holds_the_bytes_and_is_named(own_database: MemoryStores) -> None:
+    """A READ COMMITTED transaction idle between statements has no snapshot (no ``backend_xmin``), but its
+    transaction id (``backend_xid``), older than the erasure, holds the horizon all the same."""
+    servers = own_database
+    dsn = str(servers.dsn)
+    store = servers.open(listen=False, lock_timeout=0.5)
+    mid, needles = _victim(store)
+    with psycopg.connect(dsn) as holder:
+        holder.execute("SELECT pg_current_xact_id()")  # a transaction id, taken before the erasure
+        pid = holder.info.backend_pid
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            row = conn.execute("SELECT backend_xmin IS NULL, backend_xid IS NOT NULL FROM pg_stat_activity"
+                               " WHERE pid = %s", (pid,)).fetchone()
+        assert row == (True, True)
+        with pytest.raises(ScrubPending) as caught:
+            delete(store, mid, force=True, site=SITE)
+        assert f"session pid {pid}" in str(caught.value)
+        assert {n for _name, n in _holding(dsn, servers.schema, needles)} == set(needles)
+        holder.rollback()
+    assert store.sweep_once() == []
+    assert _owed(servers) == [] and _holding(dsn, servers.schema, needles) == []

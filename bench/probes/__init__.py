@@ -12,6 +12,10 @@ that path; none feeds the bench's table, ratios or targets.
   conversation's directories and segment by hand).
 * ``python -m bench.probes.recall_probe``: microseconds per recall against the tuned SQLite, and
   against another copy of logstore (``--baseline DIR``) to compare two trees.
+* ``python -m bench.probes.pg_prepared [--prepared-max M]``: how many statements stay prepared on one
+  PostgreSQL connection serving sites in all 16 partitions of ``memories``, and the calls' latency.
+* ``python -m bench.probes.pg_standby_feedback [--interval S]``: how long an idle standby's
+  ``hot_standby_feedback`` keeps the primary from removing rows a new transaction deletes.
 * ``python -m bench.probes.manifest_recovery [N]``: what the power-cut safe listing costs: first
   appends per epoch, and the first listing after a reboot.
 """

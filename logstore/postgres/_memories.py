@@ -685,10 +685,21 @@ def scrub_site(conn: _Conn, schema: str, site: str, lock_timeout: float) -> None
         logger.warning("rewriting %s after an erasure of site %s failed", table, site, exc_info=True)
         raise ScrubPending(
             f"the memory is erased (no server shows it again), but rewriting table {table} to remove its "
-            f"bytes from the pages failed ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
+            f"bytes from the pages failed ({str(exc).splitlines()[0] if str(exc) else 'no message'}); "
             "the rewrite is recorded as owed (memory_scrubs) and the retention sweep retries it",
             table, [],
         ) from exc
+    if done.unnamed:
+        horizon = f" (removable cutoff xid {done.cutoff})" if done.cutoff is not None else ""
+        raise ScrubPending(
+            f"the memory is erased (no server shows it again), but its bytes may still be in the files of table "
+            f"{table}: the database's removal horizon{horizon} still keeps the deleted row versions, and this "
+            "check could not name what holds it (it reads this database's sessions, replication slots, prepared "
+            "transactions and vacuum_defer_cleanup_age; a snapshot on another node, such as a Citus worker, or a "
+            "logical replication slot being created, is not among them); the rewrite is recorded as owed "
+            "(memory_scrubs) and the retention sweep repeats it until the horizon has passed the erasure",
+            table, done.held,
+        )
     if done.held:
         raise ScrubPending(
             f"the memory is erased (no server shows it again), but its bytes may still be in the files of table "

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from psycopg import sql
 
+from ._schema import MEMORY_PARTITIONS, memory_partition
+
 #: The notification channel of memory changes; the payload is ``schema/site``.
 CHANNEL = "convmem_memories"
 #: The settings key of the verify-token secret shared by every server on the database.
@@ -91,3 +93,16 @@ class MemoryStatements:
         self.secret = q("SELECT value FROM {s}.settings WHERE key = %s")
         self.try_sweep_lock = b"SELECT pg_try_advisory_lock(%s)"
         self.sweep_unlock = b"SELECT pg_advisory_unlock(%s)"
+
+    def texts(self) -> set[bytes]:
+        """Every statement text of this set (what psycopg keys its prepared statements by)."""
+        return {v for v in vars(self).values() if isinstance(v, bytes)}
+
+
+def memory_statement_texts(schema: str) -> set[bytes]:
+    """Every statement text the memory store can run: those of the parent table and of each partition.
+
+    Shared statements (the ones naming no partition) are one text whatever the partition.
+    """
+    tables = ["memories", *(memory_partition(r) for r in range(MEMORY_PARTITIONS))]
+    return set().union(*(MemoryStatements(schema, table).texts() for table in tables))

@@ -15,6 +15,12 @@ one is configured.
 Connections come from a ``psycopg_pool.ConnectionPool``. Statements are
 prepared by the server after a few uses (psycopg's ``prepare_threshold``);
 ``prepare=False`` turns that off for PgBouncer in transaction-pooling mode.
+Each connection may keep every statement text this store and its memory
+store can run prepared (``prepared_max``, see :func:`prepared_max_for`): the
+memory statements name the site's partition, so a connection serving all
+partitions runs several hundred texts, and psycopg's default bound of 100
+evicted them in turn (measured with ``python -m bench.probes.pg_prepared``:
+9 of about 120 hot statements stayed prepared).
 Per-call limits travel inside the statements (the append sets its own
 ``lock_timeout`` transaction-locally), and ``statement_timeout`` is set on
 each new connection, so no session state is needed beyond that.
@@ -64,6 +70,7 @@ from ..timefmt import format_us, parse_rfc3339
 from ._dsn import DEFAULT_SCHEMA
 from ._errors import first_line, translate
 from ._follow import Listener
+from ._memsql import memory_statement_texts
 from ._schema import (
     SCHEMA_VERSION,
     SQLSTATE_FULL,
@@ -82,6 +89,14 @@ logger = logging.getLogger("logstore.postgres")
 _DURABLE_COMMIT = frozenset({"on", "local", "remote_write", "remote_apply"})
 #: Advisory lock key serializing concurrent schema creation (any fixed 64-bit number).
 _DDL_LOCK = 0x636F6E766D656D
+#: Room in ``prepared_max`` for the statements of neither statement class (credentials, followers, scrubs, checks).
+PREPARED_SLACK = 64
+
+
+def prepared_max_for(schema: str) -> int:
+    """How many prepared statements a pooled connection keeps: every text of the conversation store and of the
+    memory store (all partitions), plus ``PREPARED_SLACK``, so a round-robin over the partitions evicts none."""
+    return len(_Statements(schema).texts() | memory_statement_texts(schema)) + PREPARED_SLACK
 
 
 class AsyncCommitRefused(Unavailable):
@@ -118,6 +133,8 @@ class PgStore(MemoryStore):
         self._closed = False
         self._lock = threading.Lock()
         self._sql = _Statements(schema)
+        #: ``prepared_max`` of each pooled connection (see the module's docstring).
+        self.prepared_max = prepared_max_for(schema)
         kwargs: dict[str, Any] = {
             "autocommit": True,
             "prepare_threshold": 5 if prepare else None,
@@ -152,6 +169,7 @@ class PgStore(MemoryStore):
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
         """Run on each new pooled connection: durability check, statement timeout, sync-rep watch."""
         mode = self._check_commit_mode(conn)
+        conn.prepared_max = self.prepared_max
         conn_id = id(conn)
         conn.add_notice_handler(lambda diag: _watch_sync_rep_cancel(diag, conn_id))
         # Pin the (durable) commit mode to this session: a later server-wide change
@@ -579,6 +597,13 @@ class _Statements:
         self.restore_item = q(
             "INSERT INTO {s}.items (site, conversation_id, seq, recorded_at, payload) VALUES (%s, %s, %s, %s, %s)"
         )
+
+    def texts(self) -> set[bytes]:
+        """Every statement text of this set."""
+        out: set[bytes] = set()
+        for value in vars(self).values():
+            out.update(value if isinstance(value, list) else [value])
+        return out
 
 
 def _refusal(exc: psycopg.Error, key: str | None, expected: int | None) -> StoreError | None:
