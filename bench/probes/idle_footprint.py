@@ -8,7 +8,7 @@ of them busily (``--batches`` batches of 10 items of about 1 KiB, back to
 back: the zero-filled space ahead grows to its largest chunks). Then it
 closes the store (which gives unused zeros back, ``logstore.zerofill.trim``)
 and walks the directory: apparent bytes (``st_size``), allocated bytes
-(``st_blocks * 512``), files and directories, for the whole data directory
+(``st_blocks * 512``) of files and of directories themselves, files and directories, for the whole data directory
 and per conversation, and apart for the segments: their data (records) and
 the zeros after it.
 """
@@ -28,11 +28,17 @@ SITE = "idle"
 
 
 def _walk(root: str) -> tuple[dict[str, list[int]], int]:
-    """Per kind of file: [files, apparent, allocated]; and directories."""
+    """Per kind of file (``dir`` for the directories themselves): [files, apparent, allocated]; and directories."""
     kinds: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0])
     dirs = 0
     for dirpath, dirnames, filenames in os.walk(root):
         dirs += len(dirnames)
+        for name in dirnames:
+            st = os.lstat(os.path.join(dirpath, name))
+            k = kinds["dir"]
+            k[0] += 1
+            k[1] += st.st_size
+            k[2] += st.st_blocks * 512
         for name in filenames:
             st = os.lstat(os.path.join(dirpath, name))
             kind = name.rsplit(".", 1)[-1] if "." in name else name
@@ -76,13 +82,14 @@ def main() -> None:
                 store.append(SITE, f"conv-{i:08d}", small)
             store.close()
         kinds, dirs = _walk(root)
-        files = sum(k[0] for k in kinds.values())
+        files = sum(k[0] for kind, k in kinds.items() if kind != "dir")
         apparent = sum(k[1] for k in kinds.values())
         allocated = sum(k[2] for k in kinds.values())
         data, zeros = _segment_zeros(root)
         n = args.n
-        print(f"{n:,} conversations ({args.busy:,} written busily, {args.batches} batches each): "
-              f"{apparent:,} bytes apparent, {allocated:,} allocated, {files:,} files, {dirs:,} directories")
+        print(f"{n:,} conversations ({args.busy:,} of them written busily, {args.batches} batches each): "
+              f"{apparent:,} bytes apparent, {allocated:,} allocated (directories included), {files:,} files, "
+              f"{dirs:,} directories")
         print(f"per conversation: {apparent / n:,.0f} B apparent, {allocated / n:,.0f} B allocated, "
               f"{files / n:.2f} files, {dirs / n:.2f} directories")
         print(f"segments: {data:,} bytes of records, {zeros:,} bytes of zeros after them ({zeros / n:,.0f} B each)")
