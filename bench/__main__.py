@@ -68,6 +68,7 @@ RATIO_SOURCE = {
     "append10_vs_floor": "append", "append10_vs_lmdb": "append", "append10_p99_over_p50": "append",
     "new_conversation_vs_append": "session", "recall_vs_sqlite": "reads", "recall_wide_vs_sqlite": "reads",
     "recall_growth_100k_vs_1k": "reads", "replay_vs_sqlite": "reads", "writers16_vs_sqlite": "concurrency",
+    "writers16_vs_floor": "concurrency", "writers16_vs_sqlite_group": "concurrency",
     "same_conversation4_vs_1": "concurrency", "list_growth_100k_vs_1k": "list", "open_100k_ms": "open",
     "mcp_recall_vs_noop_tool": "mcp", "replay_rss_vs_payload": "rss",
     "mcp_ping_vs_bare_app": "mcp", "mcp_recall50_minus_ping_ms": "mcp", "mcp_append1_minus_engine_ms": "mcp",

@@ -1,7 +1,8 @@
 """Work the engine does off the caller's path, on a small thread pool, and waiting for it.
 
-Two kinds of job run here: extend-ahead (zeros written and synced into an
-active segment before appends need them, :meth:`logstore.writer.Writer._extend_ahead`)
+Three kinds of job run here: extend-ahead (zeros written and synced into an
+active segment before appends need them, :meth:`logstore.writer.Writer._extend_ahead`),
+the cut of a closed conversation's unused zeros (:func:`logstore.zerofill.trim`)
 and the refill of a site's pool of conversation directories
 (:meth:`logstore.convpool.SitePool.fill`). No caller ever waits for a job to
 be acknowledged; every job's failure is harmless (what it leaves is space or

@@ -45,6 +45,7 @@ class Conversation(Writer, Reader):
                         fileio.unlock(self._lock_fd)
             except OSError:
                 pass  # derived data
+        self._give_back_zeros()
         if self._claim is not None:
             self._claim.release()
             self._claim = None

@@ -15,7 +15,7 @@ with status 86 (``os._exit``: no cleanup, no flush), as a SIGKILL would.
 Points: ``record-mid-write``, ``before-data-sync``, ``after-data-sync``,
 ``after-file-create``, ``after-dir-create``, ``segment-roll-sealed``,
 ``segment-roll-created``, ``manifest-intent``, ``manifest-commit``,
-``manifest-compact``, ``extend-ahead-written`` (an extend-ahead step's zeros
+``manifest-compact``, ``extend-ahead-written`` (an extend-ahead chunk's zeros
 written, not yet synced; on the job's background thread), ``pool-entry-built``
 (a pre-created conversation directory made but not yet named ready),
 ``pool-claimed`` (a pool entry just renamed into place as a conversation,
@@ -37,6 +37,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from . import observe
 
@@ -138,6 +139,68 @@ def fdatasync(fd: int) -> None:
         os.fdatasync(fd)  # the append path's sync: no timer to set up when nobody observes
     if recorder is not None:
         recorder("sync", fd)
+
+
+_SYNC_FILE_RANGE_WAIT_BEFORE = 1
+_SYNC_FILE_RANGE_WRITE = 2
+_SYNC_FILE_RANGE_WAIT_AFTER = 4
+_c_functions: dict[str, Callable[..., int] | None] = {}
+
+
+def _c_function(name: str, argtypes: Callable[[], list[Any]]) -> Callable[..., int] | None:
+    """The C library's function ``name`` (returning int, taking ``argtypes()``), or None where it has none.
+
+    Looked up once. The interpreter's own symbols include the C library's it
+    is linked with; looking the library up by name (ctypes.util) would import
+    subprocess on a cold start, so that is only the fallback.
+    """
+    if name in _c_functions:
+        return _c_functions[name]
+    fn: Callable[..., int] | None
+    try:
+        import ctypes
+
+        try:
+            found = getattr(ctypes.CDLL(None, use_errno=True), name)
+        except AttributeError:
+            import ctypes.util
+
+            found = getattr(ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True), name)
+        found.argtypes = argtypes()
+        found.restype = ctypes.c_int
+        fn = found
+    except (OSError, AttributeError):
+        fn = None
+    _c_functions[name] = fn
+    return fn
+
+
+def _sync_file_range_args() -> list[Any]:
+    import ctypes
+
+    return [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+
+
+def _renameat2_args() -> list[Any]:
+    import ctypes
+
+    return [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+
+
+def write_out(fd: int, offset: int, length: int) -> None:
+    """Write a range's dirty pages to the device and wait for them: no cache flush, no metadata, no durability.
+
+    Linux ``sync_file_range`` (through the C library; nothing elsewhere, or
+    when it fails): what an extension's zeros need between the steps of one
+    chunk, so that an append's ``fdatasync`` meanwhile finds at most one
+    step's pages to write, while the chunk costs the device one flush (its
+    final :func:`fdatasync`). Not a sync: the recorder is not told, and
+    nothing may be relied on after it.
+    """
+    fn = _c_function("sync_file_range", _sync_file_range_args)
+    if fn is not None:
+        fn(fd, offset, length,
+           _SYNC_FILE_RANGE_WAIT_BEFORE | _SYNC_FILE_RANGE_WRITE | _SYNC_FILE_RANGE_WAIT_AFTER)
 
 
 def fsync(fd: int) -> None:
@@ -657,31 +720,10 @@ def rename(src: str, dst: str) -> None:
 
 
 _RENAME_NOREPLACE = 1
-_renameat2: Callable[..., int] | None = None
-_renameat2_checked = False
 
 
 def _load_renameat2() -> Callable[..., int] | None:
-    global _renameat2, _renameat2_checked
-    if not _renameat2_checked:
-        _renameat2_checked = True
-        try:
-            import ctypes
-
-            try:
-                # The interpreter's own symbols include the C library's it is linked with; looking
-                # the library up by name (ctypes.util) would import subprocess on a cold start.
-                fn = ctypes.CDLL(None, use_errno=True).renameat2
-            except AttributeError:
-                import ctypes.util
-
-                fn = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).renameat2
-            fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-            fn.restype = ctypes.c_int
-            _renameat2 = fn
-        except (OSError, AttributeError):
-            _renameat2 = None
-    return _renameat2
+    return _c_function("renameat2", _renameat2_args)
 
 
 def can_rename_noreplace() -> bool:

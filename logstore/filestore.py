@@ -37,7 +37,7 @@ from .model import (
 from .quota import MANIFEST_BYTES_PER_APPEND, SiteQuota, UsageTracker
 from .store import MemoryStore
 from .timefmt import format_us, parse_rfc3339
-from .writer import first_chunk
+from .writer import first_chunk, wait_for_extensions
 
 _Item = TypeVar("_Item", MemoryItem, RawMemoryItem)
 
@@ -586,6 +586,9 @@ class FileStore(MemoryStore):
         for conv in convs:
             with conv.mutex:
                 conv.close()
+        # Closing hands each conversation's unused zeros back in the background (logstore.zerofill.trim):
+        # done before close returns, so that nothing of this store touches its files afterwards.
+        wait_for_extensions()
         for m in manifests:
             m.close()
         if self._usage is not None:

@@ -32,7 +32,7 @@ a new walk, taken (outside the lock; what was charged meanwhile is added
 back) whenever the charges since the last walk reach an eighth of a limit, and
 before any refusal whose account is older than the recount interval. The disk
 may therefore pass a byte quota by what one append's preallocation allocates
-(at most ``writer.PREALLOC_MAX``, 1 MiB, per conversation written at once);
+(at most ``zerofill.CHUNK_MAX``, 1 MiB, per conversation written at once);
 the next append is then refused.
 """
 

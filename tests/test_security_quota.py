@@ -41,14 +41,16 @@ def test_the_byte_quota_refuses_the_append_that_would_pass_it_and_writes_nothing
     assert "quota" in failure.text() and "retrying will not help" in failure.text()
     usage = site_usage(str(data), SITE)
     assert usage.bytes <= limit * 1.1 and usage.conversations == 1
-    # A fresh process finds the site's account on disk: the quota still holds.
+    # A fresh process finds the site's account on disk: the quota still holds. Closing the store gave
+    # the conversation's unused zeros back (logstore.zerofill.trim): only that room takes more batches.
+    room = max(0, limit - usage.bytes)
     with open_store(data, quota=SiteQuota(max_bytes=limit)) as store:
         more = 0
         with pytest.raises(QuotaExceeded):
             for i in range(1000):
                 store.append(SITE, "quota-conv-0001", [{"i": i, "pad": "p" * 900}])
                 more += 1
-        assert more <= 2
+        assert more <= 2 + room // 900
         assert len(store.read(SITE, "quota-conv-0001", Tail(1000))) == acked + more
     assert site_usage(str(data), SITE).bytes <= limit * 1.1
 

@@ -52,7 +52,7 @@ from typing import Any
 
 import pytest
 
-from convmem.logstore import Corrupted, FileStore, ItemsLost, Range, convpool, fileio, frame, layout, manifest
+from convmem.logstore import Corrupted, FileStore, ItemsLost, Range, convpool, fileio, frame, layout, manifest, zerofill
 from convmem.logstore import writer as logwriter
 from convmem.logstore.codec import encode_batch
 from convmem.logstore.maintenance import Restorer, backup, check, salvage
@@ -608,6 +608,30 @@ def test_power_cut_extend_ahead(shm_path: Path) -> None:
     zero_writes = [op for op in rec.disk.ops if op[0] == "write" and op[3] and not any(op[3])]
     assert len(zero_writes) >= 3, "no extend-ahead job wrote zeros"
     explore(rec, "extend-ahead", shm_path)
+
+
+def _zeros_given_back(w: Writer) -> None:
+    """A conversation's chunk is written ahead, then the conversation is closed (as the store's cache evicts
+    it) and its zeros are cut back by the job its close handed over; appends go on afterwards."""
+    for pad in (40, 10, 10, 60, 10):
+        w.append(CONVS[0], 1, pad)  # its extend-ahead jobs run after each acknowledged batch
+    conv = w.store._conversation(SITE, CONVS[0])
+    assert conv._alloc > zerofill.blocks(conv._end, 256), "no zeros ahead to give back"
+    with conv.mutex:
+        conv.close()
+    assert _JOBS, "closing the conversation handed over no cut"
+    run_extensions()
+    w.append(CONVS[0], 1, 30)
+    w.append(CONVS[1], 1, 30)
+    w.append(CONVS[0], 2, 200)
+
+
+def test_power_cut_zeros_given_back(shm_path: Path) -> None:
+    """Cuts around the cut at close: the zeros after an idle conversation's data end truncated and synced."""
+    rec = record(shm_path / "data", CONVS, _some_history, _zeros_given_back)
+    _into, _extend, cut = _segment_ops(rec)
+    assert cut >= 1, "no segment was cut"
+    explore(rec, "zeros given back", shm_path)
 
 
 def _groups(w: Writer) -> None:
