@@ -66,7 +66,8 @@ WORKLOADS: dict[str, ModuleType] = {
 RATIO_SOURCE = {
     "append1_vs_sqlite": "append", "append10_vs_sqlite": "append", "append100_vs_sqlite": "append",
     "append10_vs_floor": "append", "append10_vs_lmdb": "append", "append10_p99_over_p50": "append",
-    "new_conversation_vs_append": "session", "recall_vs_sqlite": "reads", "recall_wide_vs_sqlite": "reads",
+    "new_conversation_vs_append": "session", "new_conversation_vs_sqlite": "session", "recall_vs_sqlite": "reads",
+    "recall_wide_vs_sqlite": "reads",
     "recall_growth_100k_vs_1k": "reads", "replay_vs_sqlite": "reads", "writers16_vs_sqlite": "concurrency",
     "writers16_vs_floor": "concurrency", "writers16_vs_sqlite_group": "concurrency",
     "same_conversation4_vs_1": "concurrency", "list_growth_100k_vs_1k": "list", "open_100k_ms": "open",

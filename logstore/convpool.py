@@ -11,14 +11,18 @@ it into place as the conversation's directory (``renameat2`` with
 ``RENAME_NOREPLACE``: atomic, exactly one of several racing processes wins,
 and an existing directory, even an empty one another process has just made,
 is never replaced), then writes the segment header and its records into the
-zeros and makes them durable with the rename: the file's ``fdatasync`` runs
-beside the syncs of the conversation's parent directory (and any new one
-above it) and of the pool directory, started right after the write. Nothing
-is acknowledged before all of them are done.
+zeros and the conversation's identity into the entry's lock file
+(:mod:`logstore.poolclaims`), and syncs those two files at once: one round of
+device flushes, as for any append, and the batch is acknowledged. The rename
+(and the fan-out directories it needed) is made durable afterwards, by the
+next fill; until then a power cut can undo it, and the next process to use
+the site moves the entry into place again (:func:`logstore.poolclaims.settle_site`).
 
 Invariants:
 
-* A ready entry (``e-<16 hex>``) holds a lock file and a segment
+* A ready entry (``e-<16 hex>``) holds a lock file of
+  :data:`logstore.poolclaims.LOCK_BYTES` zeros (empty in entries built before
+  identities existed) and a segment
   ``00000000000000000000.seg`` of exactly ``entry_bytes`` zeros, both
   synced (``entry_bytes``: the store's first chunk of preallocated space, 4 KiB
   by default), and its name is never reused. Whoever holds the flock of its lock
@@ -30,10 +34,12 @@ Invariants:
   once it has exited (or closed its store).
 * An entry being built (``t-<16 hex>``) is flocked by its builder; one whose
   flock can be taken has no builder left and is removed.
-* A segment in the pool that is not all zeros was claimed by a first append
-  whose rename did not reach the disk before a power cut (the data can be
-  there, the name not): nothing in it was acknowledged (the pool directory's
-  sync comes before the acknowledgement), so the entry is removed.
+* An entry in the pool whose lock file holds an identity was claimed by a
+  first append whose rename a power cut undid: it may hold acknowledged data,
+  and is never used or removed here (:mod:`logstore.poolclaims` moves it into
+  place). Any other entry whose segment or lock file is not all zeros holds
+  nothing acknowledged (a claim acknowledges only once both files, identity
+  included, are synced), so it is removed.
 * A claimed conversation whose data did not reach the disk holds a segment
   whose first sector is zeros: a torn creation, which reads as empty
   (:func:`logstore.recovery.is_torn_creation`) and is written again by the
@@ -67,7 +73,7 @@ import time
 import weakref
 from collections.abc import Callable
 
-from . import background, fileio, layout
+from . import background, fileio, layout, poolclaims
 from .frame import SEGMENT_HEADER_SIZE
 
 #: Bytes of an entry's segment file by default: the writer's first chunk of preallocated
@@ -108,8 +114,9 @@ class Claim:
         self.lock_fd = lock_fd
         self.seg_fd = seg_fd
         self.size = size
-        #: Directories to sync with the first segment's data: the new entry's parent (and any
-        #: directory above it not yet known durable), and the pool directory.
+        #: Directories the rename changed: the new entry's parent (and any directory above it not
+        #: yet known durable), and the pool directory; synced after the first batch is acknowledged
+        #: (:meth:`SitePool.settle_later`), or with its first segment by a retry created in place.
         self.dirs = dirs
         #: Those of them to remember as durably linked once synced (fileio.mark_durable).
         self.linked = linked
@@ -161,6 +168,9 @@ class SitePool:
         #: A claim left half the pool or less (or nothing is known of it yet): refill_if_due fills.
         self._fill_due = True
         _pools.add(self)
+        #: Claims' directories to sync (and then record as durably linked) by the next fill: see
+        #: :meth:`settle_later`.
+        self._unsynced: list[tuple[list[str], list[str]]] = []
         #: Whether this filesystem (or C library) cannot rename without replacing: unknown until a
         #: claim or fill needs it, since finding ``renameat2`` loads ctypes, which a process that
         #: only reads should not pay for on its cold start.
@@ -236,6 +246,31 @@ class SitePool:
             if len(self._names) + len(self._held) <= TARGET // 2:
                 self._fill_due = True
 
+    def settle_later(self, claim: Claim) -> None:
+        """Have the directories ``claim``'s rename changed synced by the next fill (its first batch is durable).
+
+        Not needed for durability (a power cut that undoes the rename leaves the
+        entry, identity and data, for :func:`logstore.poolclaims.settle_site`),
+        only so that a cut seldom leaves anything to move.
+        """
+        with self._names_lock:
+            self._unsynced.append((claim.dirs, claim.linked))
+            self._fill_due = True
+
+    def _sync_claimed(self) -> None:
+        with self._names_lock:
+            todo, self._unsynced = self._unsynced, []
+        if not todo:
+            return
+        fileio.crashpoint("pool-claim-settling")  # acknowledged, the rename into place not durable
+        dirs = sorted({d for ds, _ in todo for d in ds})
+        try:
+            fileio.sync_all([], dirs)
+        except OSError:
+            return  # (fileio syncs a failed directory again before its next use)
+        for _, linked in todo:
+            fileio.mark_durable(linked)
+
     def refill_if_due(self, after: threading.Lock | None = None) -> None:
         """Have the pool filled (in the background unless :data:`inline_fill`) if a claim used it up to half.
 
@@ -274,7 +309,10 @@ class SitePool:
                 clean = size == self.entry_bytes and os.pread(seg_fd, size, 0) == self._zeros
             except FileNotFoundError:
                 return None  # claimed and gone already
-            if not clean:
+            lock = _lock_state(lock_fd)
+            if lock is None:
+                return None  # a claim a power cut moved back: poolclaims moves it into place
+            if not (clean and lock):
                 self._discard(entry)
                 return None
             got = self._place_entry(entry, lock_fd, seg_fd, conversation_path, missing)
@@ -422,6 +460,7 @@ class SitePool:
                 pass  # the site is being dropped, the disk is full...: first appends create in place
 
     def _fill_locked(self) -> None:
+        self._sync_claimed()
         if not os.path.isdir(self.dir):
             try:
                 fileio.mkdir(self.dir)  # never the site itself: a dropped site stays dropped
@@ -466,6 +505,8 @@ class SitePool:
             spare = os.path.join(parent, layout.SPARE_DIR)
             try:
                 if not self._clean_spare(spare, nested):  # (listed even when known clean: is it there?)
+                    if poolclaims.holds_claim(spare):
+                        continue  # a claim poolclaims could not move (fsck reports it): never removed
                     fileio.remove_tree(spare)  # holds what a power cut left below an undone rename
                     raise FileNotFoundError(spare)
             except FileNotFoundError:
@@ -508,10 +549,13 @@ class SitePool:
                 tokens.append(token)
                 lock_fds.append(fileio.open_create(os.path.join(tmp, layout.LOCK_FILE)))
                 fileio.try_lock(lock_fds[-1], True)
+                # A sector of zeros, synced: the claim's identity lands there with no new size to commit.
+                fileio.pwrite_all(lock_fds[-1], _LOCK_ZEROS, 0)
                 seg_fds.append(fileio.open_create(os.path.join(tmp, layout.segment_name(0)), os.O_RDWR | os.O_TRUNC))
                 fileio.pwrite_all(seg_fds[-1], self._zeros, 0)
-            # Every entry's segment and directory at once: one round of device flushes for the batch.
-            fileio.sync_all(seg_fds, [os.path.join(self.dir, layout.POOL_BUILDING_PREFIX + t) for t in tokens])
+            # Every entry's files and directory at once: one round of device flushes for the batch.
+            built = [os.path.join(self.dir, layout.POOL_BUILDING_PREFIX + t) for t in tokens]
+            fileio.sync_all(seg_fds + lock_fds, built)
             fileio.crashpoint("pool-entry-built")
             for t in tokens:
                 fileio.rename(
@@ -549,7 +593,8 @@ class SitePool:
                 clean = os.fstat(seg).st_size == self.entry_bytes and os.pread(seg, self.entry_bytes, 0) == self._zeros
             finally:
                 os.close(seg)
-            if not clean:
+            lock = _lock_state(fd)
+            if lock is not None and not (clean and lock):
                 self._discard(entry)
         except OSError:
             pass
@@ -575,6 +620,17 @@ class SitePool:
             pass
         finally:
             os.close(fd)
+
+
+_LOCK_ZEROS = bytes(poolclaims.LOCK_BYTES)
+
+
+def _lock_state(fd: int) -> bool | None:
+    """An entry's lock file: True when clean (empty, or a sector of zeros), None when it holds an identity."""
+    data = os.pread(fd, poolclaims.LOCK_BYTES + 1, 0)
+    if data in (b"", _LOCK_ZEROS):
+        return True
+    return None if poolclaims.decode(data) is not None else False
 
 
 #: Fill on the calling thread instead of a background job (tests that record every file

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from . import convpool, fileio, follow, layout, links, observe
+from . import convpool, fileio, follow, layout, links, observe, poolclaims
 from .codec import encode_batch
 from .conversation import Conversation, Options, Tip
 from .errors import Io, StoreError, Timeout, Unavailable
@@ -99,6 +99,9 @@ class FileStore(MemoryStore):
         #: False: every new conversation is created in place (no pool, no spare directories).
         self._use_pool = conversation_pool
         self._closed = False
+        #: Sites whose claims a power cut left unmoved were settled in (see _settle_claims), by incarnation.
+        self._settled: dict[str, Incarnation] = {}
+        self._settle_lock = threading.Lock()
         #: Which incarnation of each site the per-site objects above were built for (logstore.incarnation).
         self._guard = SiteGuard(os.path.join(self.root, layout.SITES_DIR), lock_timeout)
         self._incarnations: dict[str, Incarnation] = {}
@@ -152,6 +155,8 @@ class FileStore(MemoryStore):
         """
         if self._incarnations.get(site) == incarnation:
             return
+        if incarnation is not None:
+            self._settle_claims(site, incarnation)
         with self._lock:
             if self._incarnations.get(site) == incarnation:
                 return
@@ -161,6 +166,31 @@ class FileStore(MemoryStore):
             else:
                 self._incarnations[site] = incarnation
         self._close_detached(site, stale)
+
+    def _settle_claims(self, site: str, incarnation: Incarnation) -> None:
+        """Move into place the site's claimed pool entries a power cut moved back, before this store uses it.
+
+        Once per incarnation and store (:func:`logstore.poolclaims.settle_site`,
+        itself once per boot and site), and before the incarnation is adopted, so
+        that no thread of this store looks for a conversation first. Under the
+        site's lock, shared (a read holds none otherwise).
+        """
+        with self._settle_lock:
+            if self._settled.get(site) == incarnation:
+                return
+            sdir = layout.site_dir(self.root, site)
+            try:
+                with self._guard.writing(sdir, create=False) as now:
+                    if now == incarnation:
+                        poolclaims.settle_site(sdir)
+            except Unavailable:
+                return  # the site is being removed
+            except OSError as exc:
+                # A data directory this process may not write (a read-only copy): nothing can be
+                # moved, and reads go on (a conversation whose claim was moved back is not seen).
+                if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+                    raise _io(exc, "moving a claimed conversation into place failed") from exc
+            self._settled[site] = incarnation
 
     def _detach_locked(
         self, site: str

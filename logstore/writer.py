@@ -34,7 +34,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 
-from . import background, convpool, fileio, follow, frame, idempotency, index, layout, zerofill
+from . import background, convpool, fileio, follow, frame, idempotency, index, layout, poolclaims, zerofill
 from .convstate import Options, Tip
 from .errors import ConversationFull, IdempotencyConflict, IdempotencyRedacted, Io, SeqConflict, Timeout
 from .frame import KIND_BATCH, KIND_KEYED, KIND_SEAL, SEGMENT_HEADER_SIZE
@@ -776,6 +776,13 @@ class Writer(Recovery):
         creation, which recovery treats as empty and the next append rewrites),
         or a whole header with a torn record (a torn tail): never an
         acknowledged batch. The index file is created with the first index entry.
+
+        In a claimed pool entry (FORMAT.md 6, "A first append in one sync") the
+        same write goes into the entry's synced zeros, the conversation's
+        identity into its lock file, and only those two files are synced: the
+        rename into place is synced after the acknowledgement
+        (:meth:`logstore.convpool.SitePool.settle_later`), and a power cut that
+        undoes it leaves the entry for :mod:`logstore.poolclaims` to move back.
         """
         salt = frame.new_salt()
         records = self._encode(todo, stamp, salt)
@@ -792,13 +799,13 @@ class Writer(Recovery):
             self._pending_end = 0  # on failure the file is emptied: an empty file is a torn creation
             fileio.pwrite_all(fd, data if size == claim.size else data + bytes(size - len(data)), 0)
             fileio.crashpoint("after-file-create")
+            # The conversation's identity, in the entry's lock file (a synced sector of zeros): a power
+            # cut that undoes the rename leaves it beside the data, for poolclaims to move it back into
+            # place. The two files' syncs are the only ones: the rename is synced after the acknowledgement.
+            fileio.pwrite_all(claim.lock_fd, poolclaims.encode(self.conversation_id), 0)
             fileio.crashpoint("before-data-sync")
-            # The directory syncs (the rename into place) run while the data is synced. Handed to the
-            # helper threads only now, after the write: woken earlier, they would take the interpreter
-            # lock while this thread is in pwrite, and it would wait for it (about 3 hand-overs) before
-            # its fdatasync could start.
-            fileio.fsync_dirs(claim.dirs, data_fd=fd)
-            fileio.mark_durable(claim.linked)
+            fileio.sync_all([fd, claim.lock_fd], [])
+            fileio.crashpoint("pool-claim-synced")
         else:
             self._alloc = 0
             size = self._extended_size(len(data))
@@ -816,6 +823,8 @@ class Writer(Recovery):
             fileio.sync_dir_chain(self.path, layout.sites_dir_of_conversation(self.path), data_fd=fd,
                                   also=convpool.unsettled(self.path))
         convpool.settled(self.path)
+        if claim is not None and self.pool is not None:
+            self.pool.settle_later(claim)
         fileio.crashpoint("after-data-sync")
         # The pool is refilled once the append is done (_commit_group): the fill's syncs and
         # interpreter time would otherwise compete with this append's.

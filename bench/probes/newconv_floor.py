@@ -13,6 +13,19 @@ synced file plus ``fdatasync``):
   parents and of the pool directory;
 * ``pool/spare``: the same with the fan-out directory an empty, synced spare
   renamed into place (the engine's layout, FORMAT.md 1 and 6);
+* ``once/1file``: one sync for the claim (the design of FORMAT.md 6, "A
+  first append in one sync", measured for the choice): the record and the
+  conversation's identity written into the entry's segment while it is still
+  in ``pool/``, one ``fdatasync``, then the spares and the entry renamed into
+  place with no directory sync;
+* ``once/2files``: the same with the identity in a second pre-zeroed, synced
+  file of the entry (its ``lock`` file made 512 bytes long): two
+  ``fdatasync`` at once, then the renames;
+* ``log/append``: the owner's example design, measured for the choice: the
+  record appended (``O_APPEND``) to the site's already-open activity log and
+  synced there (the directory and segment made later, not timed);
+* ``log/zeroed``: the same into a log whose space was written with zeros and
+  synced ahead (so its ``fdatasync`` commits no new size);
 * ``one-level``: a layout the engine does not have, measured for comparison:
   one level of fan-out, every ``c/<aa>`` made with the site, an entry renamed
   from ``pool/`` straight into ``c/<aa>/``: the data sync beside the syncs of
@@ -80,7 +93,7 @@ class _Site:
             _fsync_dir(d)
         _fsync_dir(self.dir)
 
-    def entry(self, i: int, where: str | None = None) -> str:
+    def entry(self, i: int, where: str | None = None, lock_bytes: int = 0) -> str:
         """A ready entry, made and synced (not timed), in ``pool/`` or in ``where``."""
         where = self.pool if where is None else where
         p = os.path.join(where, f"e-{i}" if where == self.pool else f".e-{i}")
@@ -89,7 +102,11 @@ class _Site:
         os.pwrite(fd, ZERO, 0)
         os.fdatasync(fd)
         os.close(fd)
-        os.close(os.open(os.path.join(p, "lock"), os.O_RDWR | os.O_CREAT, 0o600))
+        fd = os.open(os.path.join(p, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        if lock_bytes:
+            os.pwrite(fd, bytes(lock_bytes), 0)
+            os.fdatasync(fd)
+        os.close(fd)
         _fsync_dir(p)
         _fsync_dir(where)
         return p
@@ -113,6 +130,20 @@ def _place(site: _Site, path: str, dirs: list[str]) -> None:
     dirs.append(parent)
 
 
+def _zeroed_appends(fd: int) -> Callable[[int], float]:
+    """Timed appends of a record into the pre-zeroed, synced file ``fd``, one after the other, each synced."""
+    offset = [0]
+
+    def op(i: int) -> float:
+        t = time.perf_counter()
+        os.pwrite(fd, RECORD, offset[0])
+        os.fdatasync(fd)
+        offset[0] += len(RECORD)
+        return time.perf_counter() - t
+
+    return op
+
+
 def run(n: int, fresh: bool) -> dict[str, list[float]]:
     root = tempfile.mkdtemp(prefix="convmem-newconv-floor-")
     sites = {
@@ -124,14 +155,7 @@ def run(n: int, fresh: bool) -> dict[str, list[float]]:
     os.pwrite(afd, bytes(8 << 20), 0)
     os.fsync(afd)
     _fsync_dir(root)
-    offset = [0]
-
-    def append(i: int) -> float:
-        t = time.perf_counter()
-        os.pwrite(afd, RECORD, offset[0])
-        os.fdatasync(afd)
-        offset[0] += len(RECORD)
-        return time.perf_counter() - t
+    append = _zeroed_appends(afd)
 
     def in_place(i: int) -> float:
         s = sites["in-place"]
@@ -179,6 +203,57 @@ def run(n: int, fresh: bool) -> dict[str, list[float]]:
 
         return op
 
+    once = {"once/1file": _Site(root, "once1", fresh, True), "once/2files": _Site(root, "once2", fresh, True)}
+    identity = b"cmclaim1" + f"{0:016x}".encode() * 4
+
+    def claim_once(name: str) -> Callable[[int], float]:
+        two = name == "once/2files"
+
+        def op(i: int) -> float:
+            s = once[name]
+            a, b, h = _fan(i)
+            pa = os.path.join(s.c, a)
+            s.spare(s.c)
+            s.spare(pa)
+            entry = s.entry(i, lock_bytes=512 if two else 0)
+            t = time.perf_counter()
+            fd = os.open(os.path.join(entry, "seg"), os.O_RDWR)
+            if two:
+                lfd = os.open(os.path.join(entry, "lock"), os.O_RDWR)
+                os.pwrite(fd, RECORD, 0)
+                os.pwrite(lfd, identity, 0)
+                other = _POOL.submit(os.fdatasync, lfd)
+                os.fdatasync(fd)
+                other.result()
+                os.close(lfd)
+            else:
+                os.pwrite(fd, RECORD + ZERO[len(RECORD) : -len(identity)] + identity, 0)
+                os.fdatasync(fd)
+            _place(s, pa, [])
+            pb = os.path.join(pa, b)
+            _place(s, pb, [])
+            os.rename(entry, os.path.join(pb, h))
+            dt = time.perf_counter() - t
+            os.close(fd)
+            return dt
+
+        return op
+
+    lfd = os.open(os.path.join(root, "activity.log"), os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+    os.fsync(lfd)
+    zfd = os.open(os.path.join(root, "activity-zeroed.log"), os.O_RDWR | os.O_CREAT, 0o600)
+    os.pwrite(zfd, bytes(max(8 << 20, (n + 1) * len(RECORD))), 0)
+    os.fsync(zfd)
+    _fsync_dir(root)
+
+    def log_append(i: int) -> float:
+        t = time.perf_counter()
+        os.write(lfd, RECORD)
+        os.fdatasync(lfd)
+        return time.perf_counter() - t
+
+    log_zeroed = _zeroed_appends(zfd)
+
     flat = _Site(root, "flat", True, False)
     one = _Site(root, "one", False, False)
 
@@ -209,7 +284,8 @@ def run(n: int, fresh: bool) -> dict[str, list[float]]:
         return dt
 
     ops = {"append": append, "in-place": in_place, "pool/mkdir": claim("pool/mkdir"), "pool/spare": claim("pool/spare"),
-           "one-level": one_level_claim, "flat": flat_claim}
+           "once/1file": claim_once("once/1file"), "once/2files": claim_once("once/2files"),
+           "log/append": log_append, "log/zeroed": log_zeroed, "one-level": one_level_claim, "flat": flat_claim}
     out: dict[str, list[float]] = {k: [] for k in ops}
     for i in range(n):
         for k, f in ops.items():
@@ -227,7 +303,7 @@ def main() -> None:
     for k, v in res.items():
         v.sort()
         p50 = statistics.median(v)
-        print(f"{k:11s} p50 {p50 * 1e3:6.3f} ms  p90 {v[int(len(v) * 0.9)] * 1e3:6.3f} ms  {p50 / base:5.2f}x append")
+        print(f"{k:12s} p50 {p50 * 1e3:6.3f} ms  p90 {v[int(len(v) * 0.9)] * 1e3:6.3f} ms  {p50 / base:5.2f}x append")
 
 
 if __name__ == "__main__":

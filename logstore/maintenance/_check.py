@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 
-from .. import layout
+from .. import layout, poolclaims
 from ..conversation import Tip
 from ..errors import Timeout
 from ..ids import ConversationId, SiteName
@@ -26,6 +26,7 @@ from ._scanner import _check_conversation
 from ._types import (
     _TOP_LEVEL_NAMES,
     ACKNOWLEDGED_LOST,
+    CLAIM_NOT_MOVED,
     INTENT_UNRESOLVED,
     LOCK_TIMEOUT,
     STRAY_FILE,
@@ -97,14 +98,16 @@ def check(
                 )
             )
     plan: list[tuple[str, Iterable[tuple[str, str]]]] = []
+    unmoved: dict[str, set[str]] = {}
     for s in sites:
+        unmoved[s] = _claims_not_moved(root, s, conversation, repair, report.problems)
         if conversation is not None:
             cdir = layout.conversation_dir(root, s, conversation)
             if os.path.isdir(cdir):
                 plan.append((s, [(conversation, cdir)]))
         else:
             plan.append((s, iter_conversations(root, s, report.problems)))
-    if conversation is not None and not plan:
+    if conversation is not None and not plan and not any(unmoved.values()):
         where = f"site {site!r}" if site is not None else "any site"
         raise MaintenanceError(f"conversation {conversation!r} does not exist in {where}")
     totals = (0, 0)
@@ -141,10 +144,60 @@ def check(
             continue
         if conversation is not None and conversation not in tips and conversation not in damaged:
             tips[conversation] = None
-        report.problems.extend(
-            _check_site_manifest(root, s, tips, damaged, truncated, conversation, repair, lock_timeout)
-        )
+        site_problems = _check_site_manifest(root, s, tips, damaged, truncated, conversation, repair, lock_timeout)
+        for p in site_problems:
+            if p.conversation_id in unmoved.get(s, ()):
+                # Its log is in a claimed entry not yet moved into place (reported above): the engine's
+                # next use of the site moves it, and its listing then agrees with it.
+                p.resolves_itself = True
+                p.action = "none: the conversation's log is in a claimed pool entry the engine moves into place"
+        report.problems.extend(site_problems)
     return report
+
+
+def _claims_not_moved(
+    root: str, site: str, conversation: str | None, repair: bool, problems: list[Problem]
+) -> set[str]:
+    """Report the site's claimed pool entries not at their place (moved with ``repair``); ids left unmoved."""
+    sdir = layout.site_dir(root, site)
+    found = [u for u in poolclaims.unmoved(sdir) if conversation is None or u.conversation_id == conversation]
+    if not found:
+        return set()
+    moved: set[str] = set()
+    if repair:
+        done, _left = poolclaims.finish(sdir)
+        moved = {u.path for u in done}
+    left: set[str] = set()
+    for u in found:
+        target = layout.conversation_dir(root, site, u.conversation_id)
+        what = poolclaims.fate(sdir, u) if u.path not in moved else None
+        if what == poolclaims.OLD_NAME:
+            problems.append(Problem(
+                site, u.conversation_id, u.path, None, CLAIM_NOT_MOVED,
+                f"the old name of {target}: a power cut kept a claimed pool entry's rename into place and "
+                "not the removal of its old name", "none needed: the engine removes it at its next use of the site "
+                "(or run --repair)", resolves_itself=True))
+        elif u.path in moved:
+            problems.append(Problem(
+                site, u.conversation_id, u.path, None, CLAIM_NOT_MOVED,
+                "a first append claimed this pool entry and was acknowledged; a power cut undid its move "
+                "into place", f"moved to {target} and synced (or removed, as the old name of that directory)",
+                repaired=True))
+        elif what == poolclaims.CONFLICT:
+            problems.append(Problem(
+                site, u.conversation_id, u.path, None, CLAIM_NOT_MOVED,
+                f"a claimed pool entry holds a log of conversation {u.conversation_id!r}, which has a directory "
+                "too: the engine reads that directory and leaves this one alone",
+                "none automatic: compare the two logs (convmem dump) and keep the right one"))
+        else:
+            left.add(u.conversation_id)
+            problems.append(Problem(
+                site, u.conversation_id, u.path, None, CLAIM_NOT_MOVED,
+                "a first append claimed this pool entry and was acknowledged; a power cut undid its move "
+                "into place, so its conversation is read from here until it is moved",
+                "none needed: the engine moves it into place at its next use of the site (or run --repair)",
+                resolves_itself=True))
+    return left
 
 
 def _check_site_manifest(

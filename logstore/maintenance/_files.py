@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from .. import fileio, layout, manifest
+from .. import fileio, layout, manifest, poolclaims
 from ..errors import StoreError, Timeout
 from ..frame import SEGMENT_HEADER_SIZE
 from ..ids import CONVERSATION_ID_RULE, SITE_NAME_RULE, ConversationId, SiteName
@@ -253,6 +253,11 @@ def iter_conversations(
                     )
                 else:
                     yield cid, path
+    # Claimed pool entries a power cut moved back (FORMAT.md 6): each is its conversation's
+    # directory until the engine moves it into place (unless the conversation has one already).
+    for u in poolclaims.unmoved(sdir):
+        if not os.path.lexists(layout.conversation_dir(root, site, u.conversation_id)):
+            yield u.conversation_id, u.path
 
 
 def _segment_bytes(conv_dir: str) -> int:

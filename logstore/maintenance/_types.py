@@ -59,6 +59,13 @@ TORN_TAIL = "torn-tail"
 TORN_CREATION = "torn-creation"
 
 
+#: A conversation's directory still in its site's pool (or below a spare): a first append
+#: claimed the entry and acknowledged, and a power cut undid the entry's rename into place
+#: (FORMAT.md 6, "A first append in one sync"). A note: the engine moves it at its next use of
+#: the site (so does ``--repair``). When the conversation has a directory too, an error.
+CLAIM_NOT_MOVED = "claim-not-moved"
+
+
 INDEX_MISSING = "index-missing"
 
 

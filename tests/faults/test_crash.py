@@ -19,6 +19,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from convmem.logstore import FileStore, ListSelector
 
@@ -46,8 +47,8 @@ def _own(w: int) -> list[str]:
     return [f"w{w}-conv-a", f"w{w}-conv-b"]
 
 
-def _spawn(data: Path, w: int, round_no: int, seed: int) -> subprocess.Popen[bytes]:
-    convs = [*_own(w), SHARED]
+def _spawn(data: Path, w: int, round_no: int, seed: int, convs: list[str] | None = None) -> subprocess.Popen[bytes]:
+    convs = [*_own(w), SHARED] if convs is None else convs
     return subprocess.Popen(
         writer_cmd(
             "--data-dir",
@@ -132,6 +133,26 @@ class Reader(threading.Thread):
             raise self.error
 
 
+def _reap(procs: list[subprocess.Popen[bytes]], reader: Reader) -> None:
+    """Wait for the killed writers (each must have died of the SIGKILL), then stop the reader."""
+    for p in procs:
+        p.wait()
+        assert p.stdout is not None
+        p.stdout.close()
+        assert p.returncode == -signal.SIGKILL, f"writer exited by itself with {p.returncode}"
+    reader.finish()
+    STATS["crash rounds"] += 1
+
+
+def _check_seen(logs: dict[str, list[Any]], seen: dict[tuple[str, int], tuple[str, int, int]]) -> None:
+    """Whatever a reader saw while the writers ran was whole and verified, so it survives a SIGKILL."""
+    for (conv, seq), (w, b, i) in seen.items():
+        it = logs[conv][seq] if seq < len(logs[conv]) else None
+        assert it is not None and (it.payload["w"], it.payload["b"], it.payload["i"]) == (w, b, i), (
+            f"{conv} seq {seq} was read as {w}/{b}/{i} before the crash, now {it}"
+        )
+
+
 #: Rounds run against one data directory; a soak run starts a fresh one after this many
 #: (so a conversation never reaches its item limit and each round costs the same).
 ROUNDS_PER_DIR = 30
@@ -165,25 +186,14 @@ def _rounds_on_one_dir(base: Path, round_nos: range, rng: random.Random) -> None
             for p in procs:
                 time.sleep(rng.uniform(0.0, 0.25))
                 p.send_signal(signal.SIGKILL)
-        for p in procs:
-            p.wait()
-            assert p.stdout is not None
-            p.stdout.close()
-            assert p.returncode == -signal.SIGKILL, f"writer exited by itself with {p.returncode}"
-        reader.finish()
-        STATS["crash rounds"] += 1
+        _reap(procs, reader)
 
         acks = [a for w in range(WRITERS) for a in read_acks(str(base / f"acks-w{w}.jsonl"))]
         acks += verifier_acks
         store = FileStore(data, lock_timeout=10.0, segment_bytes=4096, index_interval=512)
         try:
             logs = verify(store, SITE, acks, all_convs)
-            # Whatever a reader saw while the writers ran was whole and verified, so it survives a SIGKILL.
-            for (conv, seq), (w, b, i) in seen.items():
-                it = logs[conv][seq] if seq < len(logs[conv]) else None
-                assert it is not None and (it.payload["w"], it.payload["b"], it.payload["i"]) == (w, b, i), (
-                    f"{conv} seq {seq} was read as {w}/{b}/{i} before the crash, now {it}"
-                )
+            _check_seen(logs, seen)
             # Appends continue where they left off: the next seq is the end of the log.
             for conv in all_convs:
                 batch = make_batch("v", round_no, 2, 10)
@@ -201,6 +211,54 @@ def _rounds_on_one_dir(base: Path, round_nos: range, rng: random.Random) -> None
         assert len(acks) > len(round_nos) * len(all_convs), "the writers acknowledged nothing: the test tested nothing"
     finally:
         store.close()
+
+
+def test_sigkill_first_appends(tmp_path: Path) -> None:
+    """Writers killed while most of their appends are first appends to new conversations.
+
+    A first append claims a pool entry and is acknowledged once its segment and
+    the conversation's identity are synced; the rename into place is synced
+    later. A kill can fall anywhere in that (between the claim and the data,
+    between the acknowledgement and the directory syncs, inside the pool's
+    refill): every acknowledged batch of every new conversation must be read by
+    another process at once (the reader thread, during the round) and after the
+    kill, and the conversation listed.
+    """
+    n_rounds = rounds(6, 400)
+    rng = fault_rng("test_sigkill_first_appends")
+    per_dir = 10  # rounds on one data directory (each round makes 3 x 30 conversations)
+    first_appends = 0
+    for start in range(0, n_rounds, per_dir):
+        base = tmp_path / f"run-{start}"
+        base.mkdir()
+        data = base / "data"
+        seen: dict[tuple[str, int], tuple[str, int, int]] = {}
+        made: list[str] = []
+        for round_no in range(start + 1, min(start + per_dir, n_rounds) + 1):
+            fresh = {w: [f"r{round_no:04d}-w{w}-new-{k:02d}" for k in range(30)] for w in range(WRITERS)}
+            procs = [_spawn(data, w, round_no, rng.randrange(1 << 30), fresh[w]) for w in range(WRITERS)]
+            for p in procs:
+                _wait_ready(p)
+            convs = [c for w in range(WRITERS) for c in fresh[w]]
+            made += convs
+            reader = Reader(data, convs, seen)
+            reader.start()
+            time.sleep(rng.uniform(0.05, 0.6))
+            for p in procs:
+                p.send_signal(signal.SIGKILL)
+            _reap(procs, reader)
+            acks = [a for w in range(WRITERS) for a in read_acks(str(base / f"acks-w{w}.jsonl"))]
+            first_appends = max(first_appends, sum(1 for a in acks if a.first == 0))
+            store = FileStore(data, lock_timeout=10.0, segment_bytes=4096, index_interval=512)
+            try:
+                logs = verify(store, SITE, acks, made)
+                _check_seen(logs, seen)
+                conv = convs[round_no % len(convs)]
+                r = store.append(SITE, conv, make_batch("v", round_no, 1, 10))
+                assert r.first == len(logs[conv]), f"{conv}: append after the crash got seq {r.first}"
+            finally:
+                store.close()
+    assert first_appends > 0, "no first append was acknowledged: the test tested nothing"
 
 
 def test_sigkill_erasures_beside_a_writer(tmp_path: Path) -> None:

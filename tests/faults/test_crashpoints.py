@@ -7,7 +7,9 @@ after a directory creation, during a segment roll (sealed / next created),
 after the manifest intent and commit, after a manifest compaction,
 inside an extend-ahead job (zeros written, not synced, on its thread), right
 after a first append claimed a pre-created directory of the site's pool
-(renamed into place, nothing written), and while the pool is refilled. Each
+(renamed into place, nothing written), once its segment and identity are
+synced (the rename not), after its acknowledgement before the rename's
+directories are synced, and while the pool is refilled. Each
 is crashed at, for several N, and then checked as in the SIGKILL test: every
 acknowledged item is there, seqs are gapless, no partial batch, every
 conversation with an acknowledged item is listed, and appends (by this
@@ -41,6 +43,8 @@ POINTS = [
     "manifest-compact",
     "extend-ahead-written",
     "pool-claimed",
+    "pool-claim-synced",
+    "pool-claim-settling",
     "pool-entry-built",
 ]
 HITS = list(range(1, 120)) if soak() else [1, 2, 3, 5, 9, 17]
