@@ -256,6 +256,9 @@ def test_a_byte_quota_counts_what_the_disk_holds(data_dir: Path) -> None:
         admitted, refusal = _fill_with_one_item_conversations(a, "one-item", 3000)
         assert refusal["code"] == "QuotaExceeded" and refusal["unit"] == "bytes" and refusal["limit"] == limit
         assert 2 <= admitted <= 20, admitted  # the run admitted 2,068
+        # The second process's first use of the site settles its pool claims once (logstore.poolclaims,
+        # which may write pool/settled): let it happen before the snapshot, with a read.
+        b.ok("recall_memory", {"conversation_id": "one-item-00000000"})
         settled = _settled_tree(data_dir)
         usage = site_usage(str(data_dir), SITE)
         assert usage.conversations == admitted and usage.bytes <= limit * 1.1, usage
