@@ -255,13 +255,13 @@ async def test_memory_context_surfaces_on_recall_and_append(server: ServerProces
         assert "Relevant memories" in text and f"{deploy['subject']}: {deploy['summary']}" in text
         assert json.loads(text.split("\n\n")[0]) == {"first_seq": 0, "last_seq": 0}
         recalled = await client.call_tool(
-            "recall_memory", {"conversation_id": cid, "memory_context": "how do deploys work here"}
+            "recall_memory", {"conversation_id": cid, "memory_context": "how do deploys from the release branch work"}
         )
         assert recalled.structured_content["memories"][0]["id"] == deploy["id"]
         assert [i["payload"] for i in recalled.structured_content["items"]] == [{"text": "let's ship"}]
         # Shown before is no reason to hide it: the same line comes back.
         again = await client.call_tool(
-            "recall_memory", {"conversation_id": cid, "memory_context": "how do deploys work here"}
+            "recall_memory", {"conversation_id": cid, "memory_context": "how do deploys from the release branch work"}
         )
         assert again.structured_content["memories"] == recalled.structured_content["memories"]
     async with connect(server.url, B) as client:  # another site never sees alpha's memories
