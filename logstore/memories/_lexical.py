@@ -288,15 +288,17 @@ class LexicalIndex:
         """How many rows hold each of ``terms`` (the word itself: see ``COMMON_SHARE``)."""
         return [self._df.get(t, 0) for t in terms]
 
-    def matching_all(self, terms: Sequence[str], among: Sequence[int],
+    def matching_all(self, terms: Sequence[str], among: Sequence[int] | None,
                      db: sqlite3.Connection | None = None) -> set[int]:
-        """Those of the keys ``among`` whose rows contain every one of ``terms`` (after stemming)."""
-        if not terms or not among:
+        """Those of the keys ``among`` (every key when None) whose rows contain every one of ``terms`` (after
+        stemming)."""
+        if not terms or (among is not None and not among):
             return set()
         match = " AND ".join(_quote(t) for t in terms)
         # Intersecting here is far cheaper than ``rowid IN (...)``, which runs the MATCH once per value.
         cur = (db or self._db).execute("SELECT rowid FROM fts WHERE fts MATCH ?", (match,))
-        return {int(k) for (k,) in cur} & set(among)
+        found = {int(k) for (k,) in cur}
+        return found if among is None else found & set(among)
 
     def held_share(self, terms: Sequence[str], among: Sequence[int],
                    db: sqlite3.Connection | None = None) -> dict[int, float]:

@@ -180,6 +180,21 @@ class _View:
 #: What a ranking that raced a change may raise, reading structures the change was rewriting.
 _TORN = (KeyError, IndexError, ValueError, RuntimeError, sqlite3.Error)
 
+class _HoldingAll:
+    """Which rows hold every term of a query: one FTS statement per search, however often it is asked."""
+
+    def __init__(self, lexical: LexicalIndex, terms: Sequence[str], db: sqlite3.Connection | None) -> None:
+        self._lexical, self._terms, self._db = lexical, terms, db
+        self._rows: set[int] | None = None
+
+    def among(self, keys: Sequence[int]) -> set[int]:
+        if not self._terms or not keys:
+            return set()
+        if self._rows is None:
+            self._rows = self._lexical.matching_all(self._terms, None, self._db)
+        return self._rows & set(keys)
+
+
 _Keep = Callable[[_Entry], bool]
 _NO_TAGS: frozenset[str] = frozenset()
 _Default = Literal["default"]
@@ -440,15 +455,17 @@ class Retriever:
                 category: str | None, tags: tuple[str, ...], include_deleted: bool) -> tuple[Hit, ...]:
         """The hits of a search on ``view``; BM25 on ``db`` (the writer's connection when None: lock held)."""
         t = view.tuning
-        lex, sem, sims, terms = self._rankings(view, db, query, qvec, category, tags, include_deleted,
-                                               max(t.depth, limit))
+        terms = query_terms(query)
+        holding = _HoldingAll(view.lexical, terms, db)
+        lex, sem, sims = self._rankings(view, db, terms, holding, qvec, category, tags, include_deleted,
+                                        max(t.depth, limit))
         fused: dict[str, float] = {}
         for weight, ranking in ((t.lexical, lex), (t.semantic, sem)):
             if weight > 0:
                 for rank, mid in enumerate(ranking, start=1):
                     fused[mid] = fused.get(mid, 0.0) + weight / (RRF_K + rank)
         ordered = sorted(fused.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]
-        return tuple(self._judged(view, db, ordered, sims, terms))
+        return tuple(self._judged(view, db, ordered, sims, terms, holding))
 
     def answers_at_once(self, query: str, limit: int) -> bool:
         """True when a search of ``query`` would need no encoding (its answer or its vector is cached)."""
@@ -503,7 +520,7 @@ class Retriever:
 
     @staticmethod
     def _judged(view: _View, db: sqlite3.Connection | None, ordered: Sequence[tuple[str, float]],
-                sims: Vectors | None, terms: Sequence[str]) -> Iterable[Hit]:
+                sims: Vectors | None, terms: Sequence[str], holding: _HoldingAll) -> Iterable[Hit]:
         """Hits of ``ordered`` (id, fused score) with their similarity and relevance."""
         keys = [view.entries[mid].key for mid, _ in ordered]
         if sims is None:
@@ -512,7 +529,7 @@ class Retriever:
             return
         t = view.tuning
         near = view.semantic.similarity(sims, keys)
-        full = view.lexical.matching_all(terms, keys, db)
+        full = holding.among(keys)
         similar = [k for k, sim in zip(keys, near, strict=True) if sim >= t.relevance and k not in full]
         held = view.lexical.held_share(terms, similar, db) if similar else {}
         for (mid, score), k, sim in zip(ordered, keys, near, strict=True):
@@ -570,16 +587,15 @@ class Retriever:
 
         return keep
 
-    def _rankings(self, view: _View, db: sqlite3.Connection | None, query: str, qvec: Vectors | None,
-                  category: str | None, tags: tuple[str, ...], include_deleted: bool,
-                  depth: int) -> tuple[list[str], list[str], Vectors | None, list[str]]:
-        """The lexical and semantic rankings of ``query`` (memory ids, best first, filtered, at most ``depth``),
-        the similarities of every row to ``qvec`` and the query's terms.
+    def _rankings(self, view: _View, db: sqlite3.Connection | None, terms: list[str], holding: _HoldingAll,
+                  qvec: Vectors | None, category: str | None, tags: tuple[str, ...], include_deleted: bool,
+                  depth: int) -> tuple[list[str], list[str], Vectors | None]:
+        """The lexical and semantic rankings of a query of ``terms`` (memory ids, best first, filtered, at most
+        ``depth``) and the similarities of every row to ``qvec``.
 
         Either ranking is empty when its weight is 0; the semantic one when there is no query vector.
         """
         keep = self._filter(category, tags, include_deleted)
-        terms = query_terms(query)
         t = view.tuning
         semantic, lexical = view.semantic, view.lexical
         use_semantic = qvec is not None and t.semantic > 0 and bool(terms)
@@ -600,7 +616,7 @@ class Retriever:
             if gate and sims is not None and keys:
                 near = semantic.similarity(sims, keys)
                 doubtful = [k for k, sim in zip(keys, near, strict=True) if sim < t.lexical_gate]
-                full = lexical.matching_all(terms, doubtful, db)
+                full = holding.among(doubtful)
                 keys = [k for k, sim in zip(keys, near, strict=True) if sim >= t.lexical_gate or k in full]
             lex = [ids[k] for k in keys]
         sem: list[str] = []
@@ -621,4 +637,4 @@ class Retriever:
                 want *= 4
             kept.sort(key=lambda c: (-c[0], c[1]))
             sem = [mid for _, mid in kept[:depth]]
-        return lex, sem, sims, terms
+        return lex, sem, sims
