@@ -78,6 +78,49 @@ def test_a_search_ranks_without_holding_the_site_or_the_retriever(tmp_path: Path
         assert keep.memory_id in found[0]
 
 
+class Searchers:
+    """Threads searching ``store`` until :meth:`stop`; each search notes which memories were erased before it
+    began (:meth:`erased`) and reports it if it shows one, or a memory not in ``ever``, or fails."""
+
+    def __init__(self, store: LongTermMemory, threads: int, ever: set[str]) -> None:
+        self.store, self.ever = store, ever
+        self.gone: set[str] = set()
+        self.problems: list[str] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(w,)) for w in range(threads)]
+        for t in self._threads:
+            t.start()
+
+    def erased(self, memory_id: str) -> None:
+        """``memory_id``'s erasure has returned: no search begun from now on may show it."""
+        with self._lock:
+            self.gone.add(memory_id)
+
+    def _run(self, w: int) -> None:
+        i = 0
+        while not self._stop.is_set():
+            with self._lock:
+                gone = set(self.gone)
+            hint = f"{HINTS[(w + i) % len(HINTS)]} {i % 5}"
+            i += 1
+            try:
+                hits = self.store.search(SITE, hint, limit=10)
+            except Exception as exc:  # any failure is the finding
+                self.problems.append(f"search {hint!r} raised {exc!r}")
+                return
+            ids = {m.memory_id for m, _ in hits}
+            if ids & gone:
+                self.problems.append(f"search {hint!r} begun after the erasure of {sorted(ids & gone)} showed it")
+            if not ids <= self.ever:
+                self.problems.append(f"search {hint!r} showed unknown ids {sorted(ids - self.ever)}")
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(120)
+
+
 def test_searches_racing_writes_never_fail_and_never_show_what_was_erased(tmp_path: Path) -> None:
     """Threads search while one thread creates, updates, soft-deletes and erases; every search started after an
     erasure returned is checked for the erased memory, and every hit is a memory the store held."""
@@ -87,32 +130,7 @@ def test_searches_racing_writes_never_fail_and_never_show_what_was_erased(tmp_pa
     with LongTermMemory(tmp_path) as store:
         live = [create(store, _raw(n)).memory_id for n in range(12)]
         ever = set(live)
-        erased: set[str] = set()
-        erased_lock = threading.Lock()
-        stop = threading.Event()
-        problems: list[str] = []
-
-        def searcher(w: int) -> None:
-            i = 0
-            while not stop.is_set():
-                with erased_lock:
-                    gone = set(erased)
-                hint = f"{HINTS[(w + i) % len(HINTS)]} {i % 5}"
-                i += 1
-                try:
-                    hits = store.search(SITE, hint, limit=10)
-                except Exception as exc:  # any failure is the finding
-                    problems.append(f"search {hint!r} raised {exc!r}")
-                    return
-                ids = {m.memory_id for m, _ in hits}
-                if ids & gone:
-                    problems.append(f"search {hint!r} started after the erasure of {sorted(ids & gone)} showed it")
-                if not ids <= ever:
-                    problems.append(f"search {hint!r} showed unknown ids {sorted(ids - ever)}")
-
-        threads = [threading.Thread(target=searcher, args=(w,)) for w in range(4)]
-        for t in threads:
-            t.start()
+        searchers = Searchers(store, 4, ever)
         try:
             n = 100
             for _ in range(40):
@@ -134,16 +152,13 @@ def test_searches_racing_writes_never_fail_and_never_show_what_was_erased(tmp_pa
                 else:
                     delete(store, mid, force=True)
                     live.remove(mid)
-                    with erased_lock:
-                        erased.add(mid)
+                    searchers.erased(mid)
         finally:
-            stop.set()
-            for t in threads:
-                t.join(120)
-        assert not problems, problems[:5]
-        assert erased, "the run erased nothing"
+            searchers.stop()
+        assert not searchers.problems, searchers.problems[:5]
+        assert searchers.gone, "the run erased nothing"
         for hint in HINTS:
-            assert not {m.memory_id for m, _ in store.search(SITE, hint, limit=50)} & erased
+            assert not {m.memory_id for m, _ in store.search(SITE, hint, limit=50)} & searchers.gone
 
 
 ERASER = textwrap.dedent(
@@ -173,40 +188,19 @@ def test_an_erasure_by_another_process_is_never_shown_by_a_later_search(tmp_path
         proc = subprocess.Popen([sys.executable, "-c", ERASER, str(root), SITE], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, text=True, env=env)
         assert proc.stdin is not None and proc.stdout is not None
-        erased: set[str] = set()
-        lock = threading.Lock()
-        stop = threading.Event()
-        problems: list[str] = []
-
-        def searcher(w: int) -> None:
-            i = 0
-            while not stop.is_set():
-                with lock:
-                    gone = set(erased)
-                hits = store.search(SITE, f"{HINTS[(w + i) % len(HINTS)]} {i}", limit=10)
-                i += 1
-                shown = {m.memory_id for m, _ in hits} & gone
-                if shown:
-                    problems.append(f"erased by the other process, then shown: {sorted(shown)}")
-
-        threads = [threading.Thread(target=searcher, args=(w,)) for w in range(3)]
-        for t in threads:
-            t.start()
+        searchers = Searchers(store, 3, set(ids))
         try:
             for mid in ids[:6]:
                 proc.stdin.write(mid + "\n")
                 proc.stdin.flush()
                 assert json.loads(proc.stdout.readline()) == mid
-                with lock:
-                    erased.add(mid)
+                searchers.erased(mid)
         finally:
-            stop.set()
-            for t in threads:
-                t.join(120)
+            searchers.stop()
             proc.stdin.close()
             proc.wait(60)
         assert proc.returncode == 0
-        assert not problems, problems[:5]
+        assert not searchers.problems, searchers.problems[:5]
         left = {m.memory_id for m, _ in store.search(SITE, "zebra quokka walrus", limit=20)}
         assert left == set(ids[6:])
 
