@@ -106,7 +106,7 @@ WRITE_WAIT_S = 60.0
 
 #: Page cache of each connection, KiB (SQLite's ``cache_size``): the pages live in the memdb buffer once,
 #: so a connection's cache is a copy; small, so that neither the writer nor a pool of readers adds much.
-CACHE_KIB = 256
+CACHE_KIB = 64
 
 
 def _quote(term: str) -> str:
