@@ -1,9 +1,21 @@
 """The lexical half of memory retrieval: BM25 over an in-memory SQLite FTS5 table.
 
-The table lives in a private ``:memory:`` database, rebuilt from the current
+The table lives in an in-memory database of SQLite's ``memdb`` VFS (a
+buffer of this process, named by a random id), rebuilt from the current
 memories at every open, so no file on disk ever holds a memory's text and
 erasing one only has to delete its row. ``secure_delete`` zeroes freed pages
 and ``temp_store=MEMORY`` keeps sorts off temporary files.
+
+One connection writes (its caller serialises the writes); rankings may also
+run on read connections of a pool (:meth:`LexicalIndex.reading`), one per
+ranking in flight, so that rankings of several threads run at once (SQLite
+releases the GIL while it steps a statement). ``memdb`` has no WAL: a reader
+cannot start while a write is under way (``sqlite3.OperationalError``,
+"database is locked", at once: readers do not wait) and a write's commit waits
+for the readers' statements in progress (the writer waits up to
+``WRITE_WAIT_S``). A reader sees the table as some committed write left it;
+that it is the state its caller expects is the caller's to check (see
+``Retriever.search``).
 
 Tokenisation: FTS5's ``unicode61`` tokenizer (case folded, diacritics removed)
 wrapped in its Porter stemmer, so "deploys", "deployed" and "deploying" meet.
@@ -14,11 +26,14 @@ word of a task hint to be found.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import sqlite3
+import threading
 import unicodedata
-from collections.abc import Callable, Container, Iterable, Sequence
+import uuid
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 
 #: BM25 column weights, in column order: subject, summary, details, tags.
 #: Chosen by measurement on the dev half of bench/ltm_eval (see the README).
@@ -86,6 +101,14 @@ COMMON_SHARE = 0.02
 COMMON_MIN = 50
 
 
+#: How long a write waits for the rankings reading the table to finish their statements (a few ms at most).
+WRITE_WAIT_S = 60.0
+
+#: Page cache of each connection, KiB (SQLite's ``cache_size``): the pages live in the memdb buffer once,
+#: so a connection's cache is a copy; small, so that neither the writer nor a pool of readers adds much.
+CACHE_KIB = 64
+
+
 def _quote(term: str) -> str:
     return '"' + term.replace('"', '""') + '"'
 
@@ -106,9 +129,8 @@ class LexicalIndex:
         if len(weights) != 4:
             raise ValueError("weights: one per column (subject, summary, details, tags)")
         self._weights = tuple(float(w) for w in weights)
-        db = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
-        db.execute("PRAGMA secure_delete=ON")
-        db.execute("PRAGMA temp_store=MEMORY")
+        self._uri = f"file:/convmem-bm25-{uuid.uuid4().hex}?vfs=memdb"
+        db = self._connect(WRITE_WAIT_S)
         db.execute(
             "CREATE VIRTUAL TABLE fts USING fts5(subject, summary, details, tags, "
             "tokenize = 'porter unicode61 remove_diacritics 2')"
@@ -118,9 +140,44 @@ class LexicalIndex:
                           "FROM fts WHERE fts MATCH ? ORDER BY score, rowid")
         self._db = db
         self._rows = 0  # rows in the table
-        self._fetched = 0  # rows the last ranking statement returned (see _ranked)
+        #: Idle read connections (see :meth:`reading`); ``_pool_lock`` guards them and ``_closed``.
+        self._idle: list[sqlite3.Connection] = []
+        self._pool_lock = threading.Lock()
+        self._closed = False
         #: word -> how many rows hold it (words as :func:`words_of` splits them; zero counts are removed)
         self._df: dict[str, int] = {}
+
+    def _connect(self, wait_s: float) -> sqlite3.Connection:
+        db = sqlite3.connect(self._uri, uri=True, timeout=wait_s, check_same_thread=False, isolation_level=None)
+        db.execute("PRAGMA secure_delete=ON")
+        db.execute("PRAGMA temp_store=MEMORY")
+        db.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
+        return db
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[sqlite3.Connection]:
+        """A read connection for one ranking (from the pool, or a new one), back to the pool after.
+
+        Pass it as ``db`` to :meth:`rank`, :meth:`matching_all` and
+        :meth:`held_share`. It fails with ``sqlite3.OperationalError`` while a
+        write is under way, rather than wait. A connection in use when the
+        index closes is closed when it comes back.
+        """
+        with self._pool_lock:
+            if self._closed:
+                raise sqlite3.ProgrammingError("the lexical index is closed")
+            db = self._idle.pop() if self._idle else None
+        if db is None:
+            db = self._connect(0.0)
+        try:
+            yield db
+        finally:
+            with self._pool_lock:
+                if not self._closed:
+                    self._idle.append(db)
+                    db = None
+            if db is not None:
+                db.close()
 
     def put(self, key: int, subject: str, summary: str, details: str, tags: Iterable[str]) -> None:
         """Index (or re-index) the row ``key``."""
@@ -148,13 +205,17 @@ class LexicalIndex:
             self._count(row[1:], 1)
 
     def remove(self, key: int) -> None:
-        """Drop the row ``key`` (no-op when absent)."""
+        """Drop the row ``key`` (no-op when absent), and the idle readers, whose page caches may hold its text."""
         old = self._db.execute("SELECT subject, summary, details, tags FROM fts WHERE rowid = ?", (key,)).fetchone()
         if old is None:
             return
         self._db.execute("DELETE FROM fts WHERE rowid = ?", (key,))
         self._rows -= 1
         self._count(old, -1)
+        with self._pool_lock:
+            idle, self._idle = self._idle, []
+        for db in idle:
+            db.close()
 
     def _count(self, row: Sequence[str], delta: int) -> None:
         """Add ``delta`` to the row count of every distinct word of ``row`` (its four columns)."""
@@ -167,7 +228,8 @@ class LexicalIndex:
                 del df[w]
 
     def rank(self, terms: Sequence[str], *, limit: int | None, skip: Container[int] = (),
-             keep: Callable[[int], bool] | None = None) -> list[tuple[int, float]]:
+             keep: Callable[[int], bool] | None = None,
+             db: sqlite3.Connection | None = None) -> list[tuple[int, float]]:
         """``(key, bm25)`` of rows matching any of ``terms``, not in ``skip``, passing ``keep``; best first.
 
         Lower bm25 is better; ties are ordered by key. At most ``limit`` when
@@ -178,36 +240,41 @@ class LexicalIndex:
         means a lookup in FTS5's content table for every matching row, which
         cost as much as ranking them. ``bm25()`` is called directly rather
         than through the configured ``rank``, whose arguments FTS5 evaluates
-        again with a statement of its own on every query.
+        again with a statement of its own on every query. ``db``: a connection
+        of :meth:`reading` (default: the writer's).
         """
         terms = self._uncommon(terms)
         if not terms:
             return []
+        conn = db or self._db
         if limit is None:
-            return self._ranked(terms, None, skip, keep, -1)
+            return self._ranked(conn, terms, None, skip, keep, -1)[0]
         # First ask SQLite for a few more rows than wanted (its sorter then keeps only that many), and
         # again for all of them only if filtered-out rows left fewer than ``limit``.
         fetch = 2 * limit + 8
-        out = self._ranked(terms, fetch, skip, keep, limit)
-        if len(out) < limit and self._fetched == fetch:
-            out = self._ranked(terms, None, skip, keep, limit)
+        out, fetched = self._ranked(conn, terms, fetch, skip, keep, limit)
+        if len(out) < limit and fetched == fetch:
+            out = self._ranked(conn, terms, None, skip, keep, limit)[0]
         return out
 
-    def _ranked(self, terms: Sequence[str], fetch: int | None, skip: Container[int],
-                keep: Callable[[int], bool] | None, want: int) -> list[tuple[int, float]]:
-        """The rows of :meth:`rank` among the best ``fetch`` matches (all when None); sets ``_fetched``."""
+    def _ranked(self, db: sqlite3.Connection, terms: Sequence[str], fetch: int | None, skip: Container[int],
+                keep: Callable[[int], bool] | None, want: int) -> tuple[list[tuple[int, float]], int]:
+        """The rows of :meth:`rank` among the best ``fetch`` matches (all when None), and how many came back."""
         sql, args = (self._rank_sql, (_any(terms),)) if fetch is None else \
             (self._rank_sql + " LIMIT ?", (_any(terms), fetch))
         out: list[tuple[int, float]] = []
         fetched = 0
-        for k, r in self._db.execute(sql, args):
-            fetched += 1
-            if k not in skip and (keep is None or keep(k)):
-                out.append((k, r))
-                if len(out) == want:
-                    break
-        self._fetched = fetched
-        return out
+        cur = db.execute(sql, args)
+        try:
+            for k, r in cur:
+                fetched += 1
+                if k not in skip and (keep is None or keep(k)):
+                    out.append((k, r))
+                    if len(out) == want:
+                        break
+        finally:
+            cur.close()  # ends the statement, and with it the read lock a write's commit waits for
+        return out, fetched
 
     def _uncommon(self, terms: Sequence[str]) -> list[str]:
         if not terms:
@@ -221,16 +288,20 @@ class LexicalIndex:
         """How many rows hold each of ``terms`` (the word itself: see ``COMMON_SHARE``)."""
         return [self._df.get(t, 0) for t in terms]
 
-    def matching_all(self, terms: Sequence[str], among: Sequence[int]) -> set[int]:
-        """Those of the keys ``among`` whose rows contain every one of ``terms`` (after stemming)."""
-        if not terms or not among:
+    def matching_all(self, terms: Sequence[str], among: Sequence[int] | None,
+                     db: sqlite3.Connection | None = None) -> set[int]:
+        """Those of the keys ``among`` (every key when None) whose rows contain every one of ``terms`` (after
+        stemming)."""
+        if not terms or (among is not None and not among):
             return set()
         match = " AND ".join(_quote(t) for t in terms)
         # Intersecting here is far cheaper than ``rowid IN (...)``, which runs the MATCH once per value.
-        cur = self._db.execute("SELECT rowid FROM fts WHERE fts MATCH ?", (match,))
-        return {int(k) for (k,) in cur} & set(among)
+        cur = (db or self._db).execute("SELECT rowid FROM fts WHERE fts MATCH ?", (match,))
+        found = {int(k) for (k,) in cur}
+        return found if among is None else found & set(among)
 
-    def held_share(self, terms: Sequence[str], among: Sequence[int]) -> dict[int, float]:
+    def held_share(self, terms: Sequence[str], among: Sequence[int],
+                   db: sqlite3.Connection | None = None) -> dict[int, float]:
         """For each key of ``among``, the share of ``terms``' weight its row holds (after stemming).
 
         A term weighs its BM25 inverse document frequency, from the counts of
@@ -246,11 +317,18 @@ class LexicalIndex:
         total = sum(idf)
         held = dict.fromkeys(among, 0.0)
         sql = f"SELECT rowid FROM fts WHERE fts MATCH ? AND rowid IN ({','.join('?' * len(held))})"
+        conn = db or self._db
         for term, w in zip(terms, idf, strict=True):
-            for (k,) in self._db.execute(sql, (_quote(term), *held)):
+            for (k,) in conn.execute(sql, (_quote(term), *held)):
                 held[int(k)] += w
         return {k: v / total for k, v in held.items()}
 
     def close(self) -> None:
+        """Close the writer and the idle readers (a reader in use is closed when it comes back)."""
+        with self._pool_lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for db in idle:
+            db.close()
         self._df.clear()
         self._db.close()

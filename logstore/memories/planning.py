@@ -108,6 +108,20 @@ def ranked(
     """
     hits = retriever.search(query, limit=limit, category=category, tags=tags, include_deleted=include_deleted,
                             encoded=encoded)
+    return current_hits(state, hits, limit, category, tags, include_deleted, relevant_only)
+
+
+def current_hits(
+    state: Mapping[str, Memory],
+    hits: Sequence[Any],
+    limit: int,
+    category: str | None,
+    tags: Sequence[str],
+    include_deleted: bool,
+    relevant_only: bool,
+) -> list[tuple[Memory, float]]:
+    """The retriever's ``hits`` as memories of ``state`` with their scores: a hit ``state`` no longer holds (or
+    no longer passes the filters) is left out, so hits ranked on an older state show nothing erased since."""
     out: list[tuple[Memory, float]] = []
     for hit in hits:
         if relevant_only and not hit.relevant:

@@ -28,6 +28,7 @@ or be clearly more similar (see :class:`Tuning`).
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -164,6 +165,36 @@ class _Entry:
     active: bool
 
 
+@dataclass(frozen=True)
+class _View:
+    """The parts of a retriever a ranking reads, as they were when it began (see ``Retriever.search``)."""
+
+    lexical: LexicalIndex
+    semantic: SemanticIndex
+    entries: dict[str, _Entry]
+    ids: dict[int, str]
+    inactive: set[int]
+    tuning: Tuning
+
+
+#: What a ranking that raced a change may raise, reading structures the change was rewriting.
+_TORN = (KeyError, IndexError, ValueError, RuntimeError, sqlite3.Error)
+
+class _HoldingAll:
+    """Which rows hold every term of a query: one FTS statement per search, however often it is asked."""
+
+    def __init__(self, lexical: LexicalIndex, terms: Sequence[str], db: sqlite3.Connection | None) -> None:
+        self._lexical, self._terms, self._db = lexical, terms, db
+        self._rows: set[int] | None = None
+
+    def among(self, keys: Sequence[int]) -> set[int]:
+        if not self._terms or not keys:
+            return set()
+        if self._rows is None:
+            self._rows = self._lexical.matching_all(self._terms, None, self._db)
+        return self._rows & set(keys)
+
+
 _Keep = Callable[[_Entry], bool]
 _NO_TAGS: frozenset[str] = frozenset()
 _Default = Literal["default"]
@@ -174,7 +205,8 @@ class Retriever:
 
     Thread-safe: every public method holds one lock, except that encoding a
     new query or memory text runs outside it (the encoder releases the GIL,
-    so searches of other threads go on meanwhile). ``index_dir`` is created
+    so searches of other threads go on meanwhile), and so does a search's
+    ranking, optimistically: see :meth:`search`. ``index_dir`` is created
     and owned by the retriever for derived files; this implementation keeps
     everything in memory and writes nothing there.
 
@@ -211,6 +243,9 @@ class Retriever:
         if self._embedder is None and self._tuning.semantic > 0:
             self._tuning = replace(self._tuning, semantic=0.0)
         self._lock = threading.RLock()
+        #: Bumped under the lock before every change of what a ranking reads: a ranking run outside the lock
+        #: stands only if the version is the same after it as before (see :meth:`search`).
+        self._version = 0
         self._lexical = LexicalIndex(self._tuning.bm25)
         self._semantic = SemanticIndex(self._embedder.dim if self._embedder else 1)
         self._entries: dict[str, _Entry] = {}
@@ -275,14 +310,16 @@ class Retriever:
         vecs = self._vectors_of(docs, semantic.matrix_for(len(docs))) if self._embedder is not None else None
         with self._lock:
             self._check_open()
+            self._version += 1
             self._answers.clear()
             self._lexical.close()
             self._lexical = LexicalIndex(self._tuning.bm25)
             self._semantic = semantic
-            self._entries.clear()
+            # New containers, not cleared ones: a ranking still reading the old ones finds them as they were.
+            self._entries = {}
             self._tag_sets.clear()
-            self._ids.clear()
-            self._inactive.clear()
+            self._ids = {}
+            self._inactive = set()
             self._next_key = 1
             rows = []
             for d in docs:
@@ -297,6 +334,7 @@ class Retriever:
         vec = self._vectors_of([doc])[0] if self._embedder is not None else None
         with self._lock:
             self._check_open()
+            self._version += 1
             self._answers.clear()
             old = self._entries.get(doc.memory_id)
             if old is None:
@@ -316,6 +354,7 @@ class Retriever:
         """Forget ``memory_id`` entirely (no-op when unknown). Nothing of it was ever on disk here."""
         with self._lock:
             self._check_open()
+            self._version += 1
             self._answers.clear()
             self._qvecs.clear()
             entry = self._entries.pop(memory_id, None)
@@ -334,6 +373,7 @@ class Retriever:
         """
         with self._lock:
             self._check_open()
+            self._version += 1
             self._answers.clear()
             self._tuning = replace(self._tuning, relevance=tuning.relevance, overlap_weight=tuning.overlap_weight,
                                    overlap_relevance=tuning.overlap_relevance)
@@ -363,6 +403,17 @@ class Retriever:
         A query not seen lately is encoded before the lock is taken, unless
         ``encoded`` (from :meth:`encode_query`, by a caller that encoded it
         before taking locks of its own) already holds its vector.
+
+        The ranking itself runs outside the lock too, on a read connection of
+        its own (``LexicalIndex.reading``) and on the structures as they were
+        when it began (:class:`_View`), so that the rankings of several
+        threads run at once. It is optimistic: every change bumps a version
+        under the lock before it touches anything, and the ranking stands
+        only if the version is unchanged once it is done (checked under the
+        lock); otherwise (a write ran meanwhile; what it read may be torn) it
+        is thrown away, whatever it returned or raised, and run again under
+        the lock on the writer's connection. So the hits are always those of
+        one state of the index that held while the search ran.
         """
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
@@ -376,21 +427,45 @@ class Retriever:
         qvec = self._given_vector(query, encoded) if encoded is not None else self._query_vector(query)
         with self._lock:
             self._check_open()
-            lex, sem, sims, terms = self._rankings(query, qvec, category, key[3], include_deleted,
-                                                   max(self._tuning.depth, limit))
-            t = self._tuning
-            fused: dict[str, float] = {}
-            for weight, ranking in ((t.lexical, lex), (t.semantic, sem)):
-                if weight > 0:
-                    for rank, mid in enumerate(ranking, start=1):
-                        fused[mid] = fused.get(mid, 0.0) + weight / (RRF_K + rank)
-            ordered = sorted(fused.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]
-            hits = tuple(self._judged(ordered, sims, terms))
+            version, view = self._version, self._view()
+        hits: tuple[Hit, ...] | None
+        try:
+            with view.lexical.reading() as db:
+                hits = self._ranked(view, db, query, qvec, limit, category, key[3], include_deleted)
+        except _TORN:
+            hits = None  # a write under way (memdb refuses the reader), or the index changed under the ranking
+            with self._lock:
+                if self._version == version:
+                    raise
+        with self._lock:
+            self._check_open()
+            if hits is None or self._version != version:
+                hits = self._ranked(self._view(), None, query, qvec, limit, category, key[3], include_deleted)
             if self._answers_kept > 0:
                 self._answers[key] = hits
                 if len(self._answers) > self._answers_kept:
                     self._answers.popitem(last=False)
         return list(hits)
+
+    def _view(self) -> _View:
+        """What a ranking reads, now (lock held)."""
+        return _View(self._lexical, self._semantic, self._entries, self._ids, self._inactive, self._tuning)
+
+    def _ranked(self, view: _View, db: sqlite3.Connection | None, query: str, qvec: Vectors | None, limit: int,
+                category: str | None, tags: tuple[str, ...], include_deleted: bool) -> tuple[Hit, ...]:
+        """The hits of a search on ``view``; BM25 on ``db`` (the writer's connection when None: lock held)."""
+        t = view.tuning
+        terms = query_terms(query)
+        holding = _HoldingAll(view.lexical, terms, db)
+        lex, sem, sims = self._rankings(view, db, terms, holding, qvec, category, tags, include_deleted,
+                                        max(t.depth, limit))
+        fused: dict[str, float] = {}
+        for weight, ranking in ((t.lexical, lex), (t.semantic, sem)):
+            if weight > 0:
+                for rank, mid in enumerate(ranking, start=1):
+                    fused[mid] = fused.get(mid, 0.0) + weight / (RRF_K + rank)
+        ordered = sorted(fused.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]
+        return tuple(self._judged(view, db, ordered, sims, terms, holding))
 
     def answers_at_once(self, query: str, limit: int) -> bool:
         """True when a search of ``query`` would need no encoding (its answer or its vector is cached)."""
@@ -443,19 +518,20 @@ class Retriever:
                     self._qvecs.popitem(last=False)
         return vec
 
-    def _judged(self, ordered: Sequence[tuple[str, float]], sims: Vectors | None,
-                terms: Sequence[str]) -> Iterable[Hit]:
+    @staticmethod
+    def _judged(view: _View, db: sqlite3.Connection | None, ordered: Sequence[tuple[str, float]],
+                sims: Vectors | None, terms: Sequence[str], holding: _HoldingAll) -> Iterable[Hit]:
         """Hits of ``ordered`` (id, fused score) with their similarity and relevance."""
-        keys = [self._entries[mid].key for mid, _ in ordered]
+        keys = [view.entries[mid].key for mid, _ in ordered]
         if sims is None:
             for mid, score in ordered:
                 yield Hit(mid, score, None, True)
             return
-        t = self._tuning
-        near = self._semantic.similarity(sims, keys)
-        full = self._lexical.matching_all(terms, keys)
+        t = view.tuning
+        near = view.semantic.similarity(sims, keys)
+        full = holding.among(keys)
         similar = [k for k, sim in zip(keys, near, strict=True) if sim >= t.relevance and k not in full]
-        held = self._lexical.held_share(terms, similar) if similar else {}
+        held = view.lexical.held_share(terms, similar, db) if similar else {}
         for (mid, score), k, sim in zip(ordered, keys, near, strict=True):
             share = held.get(k, 0.0)
             relevant = k in full or (sim >= t.relevance
@@ -467,6 +543,7 @@ class Retriever:
         with self._lock:
             if not self._closed:
                 self._closed = True
+                self._version += 1
                 self._answers.clear()
                 self._lexical.close()
                 self._entries.clear()
@@ -510,53 +587,54 @@ class Retriever:
 
         return keep
 
-    def _rankings(self, query: str, qvec: Vectors | None, category: str | None, tags: tuple[str, ...],
-                  include_deleted: bool, depth: int) -> tuple[list[str], list[str], Vectors | None, list[str]]:
-        """The lexical and semantic rankings of ``query`` (memory ids, best first, filtered, at most ``depth``),
-        the similarities of every row to ``qvec`` and the query's terms.
+    def _rankings(self, view: _View, db: sqlite3.Connection | None, terms: list[str], holding: _HoldingAll,
+                  qvec: Vectors | None, category: str | None, tags: tuple[str, ...], include_deleted: bool,
+                  depth: int) -> tuple[list[str], list[str], Vectors | None]:
+        """The lexical and semantic rankings of a query of ``terms`` (memory ids, best first, filtered, at most
+        ``depth``) and the similarities of every row to ``qvec``.
 
         Either ranking is empty when its weight is 0; the semantic one when there is no query vector.
         """
         keep = self._filter(category, tags, include_deleted)
-        terms = query_terms(query)
-        t = self._tuning
+        t = view.tuning
+        semantic, lexical = view.semantic, view.lexical
         use_semantic = qvec is not None and t.semantic > 0 and bool(terms)
         gate = use_semantic and len(terms) > 1
-        sims = self._semantic.scores(qvec) if qvec is not None else None  # one pass, shared by the gate and the ranking
+        sims = semantic.scores(qvec) if qvec is not None else None  # one pass, shared by the gate and the ranking
         lex: list[str] = []
+        entry_of = view.entries
+        ids = view.ids
         if t.lexical > 0:
-            entry_of = self._entries
-            ids = self._ids
             if category is None and not tags:  # activity alone: a set lookup per row, no call
-                scored = self._lexical.rank(terms, limit=depth, skip=() if include_deleted else self._inactive)
+                scored = lexical.rank(terms, limit=depth, skip=() if include_deleted else view.inactive, db=db)
             else:
-                scored = self._lexical.rank(terms, limit=depth, keep=lambda k: keep(entry_of[ids[k]]))
+                scored = lexical.rank(terms, limit=depth, keep=lambda k: keep(entry_of[ids[k]]), db=db)
             # Equal scores are ordered by memory id, not by key, so that a rebuilt index ranks the same.
             # (A tie at the depth cut may still keep a lower key: see LexicalIndex.rank.)
             ranked = sorted((score, ids[k], k) for k, score in scored)
             keys = [k for _, _, k in ranked]
             if gate and sims is not None and keys:
-                near = self._semantic.similarity(sims, keys)
+                near = semantic.similarity(sims, keys)
                 doubtful = [k for k, sim in zip(keys, near, strict=True) if sim < t.lexical_gate]
-                full = self._lexical.matching_all(terms, doubtful)
+                full = holding.among(doubtful)
                 keys = [k for k, sim in zip(keys, near, strict=True) if sim >= t.lexical_gate or k in full]
-            lex = [self._ids[k] for k in keys]
+            lex = [ids[k] for k in keys]
         sem: list[str] = []
         if use_semantic and sims is not None:
-            total = len(self._entries)
+            total = len(entry_of)
             # Without a category or tag filter every candidate counts (rank applies activity itself, and
             # includes every row tied with the last), so the top ``depth`` are exactly the best ``depth``.
             unfiltered = category is None and not tags
             want = depth if unfiltered else 2 * depth
             while True:
-                cands = self._semantic.rank(sims, t.min_similarity, want, active_only=not include_deleted)
+                cands = semantic.rank(sims, t.min_similarity, want, active_only=not include_deleted)
                 if unfiltered:
-                    kept = [(sim, self._ids[key]) for sim, key in cands]
+                    kept = [(sim, ids[key]) for sim, key in cands]
                 else:
-                    kept = [(sim, mid) for sim, key in cands if keep(self._entries[mid := self._ids[key]])]
+                    kept = [(sim, mid) for sim, key in cands if keep(entry_of[mid := ids[key]])]
                 if len(kept) >= depth or len(cands) < want or want >= total:
                     break
                 want *= 4
             kept.sort(key=lambda c: (-c[0], c[1]))
             sem = [mid for _, mid in kept[:depth]]
-        return lex, sem, sims, terms
+        return lex, sem, sims

@@ -31,7 +31,7 @@ from .eventlog import EventLog, ScanResult
 from .indexing import RetrieverFactory, RetrieverLike, fields_doc, to_doc
 from .interface import StoredMemory
 from .limits import MAX_MEMORIES_PER_SITE
-from .planning import check_dedupe, check_verify, ranked, related, surface_pick, verify_query
+from .planning import check_dedupe, check_verify, current_hits, ranked, related, surface_pick, verify_query
 from .record import STATUS_ACTIVE, STATUS_DELETED, Fields, Memory, new_memory_id, parse_fields
 from .state import apply, record_body
 
@@ -537,11 +537,33 @@ class SiteMemories:
         """Ranked memories, each with its readable score (the similarity, see ``retrieval.Hit``).
 
         ``relevant_only`` (the auto-surface) leaves out hits below the relevance threshold.
-        The query is encoded before the site's mutex is taken (see :meth:`_encoded`).
+        The query is encoded before the site's mutex is taken (see :meth:`_encoded`), and ranked
+        after it is released: the mutex and the shared file lock are held twice, briefly, around
+        the ranking. First to bring the state up to date and take the retriever (which ranks on
+        its own, thread-safe: see ``Retriever.search``), then to turn the hits into the memories
+        the state holds *now*: a hit erased or soft-deleted meanwhile, by this process or by
+        another one (the second hold refreshes from the log), is left out. So no search returns
+        a memory whose erasure had returned before the search took the lock the second time.
         """
         encoded = self._encoded(query)
         with self._locked(False):
-            out = self._search_locked(query, limit, category, tags, include_deleted, relevant_only, encoded)
+            if not self.state:
+                return []
+            retriever = self._retriever_now()
+        hits: list[Any] | None = None
+        failed: ValueError | None = None
+        try:
+            hits = retriever.search(query, limit=limit, category=category, tags=tags,
+                                    include_deleted=include_deleted, encoded=encoded)
+        except ValueError as e:  # closed meanwhile (the site was released or closed): rank again, locked
+            failed = e
+        with self._locked(False):
+            if hits is not None:
+                out = current_hits(self.state, hits, limit, category, tags, include_deleted, relevant_only)
+            elif retriever is self._retriever and failed is not None:
+                raise failed
+            else:
+                out = self._search_locked(query, limit, category, tags, include_deleted, relevant_only, encoded)
             if touch and out:
                 fresh = self._touch([m for m, _ in out])
                 out = [(f, s) for f, (_, s) in zip(fresh, out, strict=True)]
