@@ -34,7 +34,8 @@ from .mcp_e2e import RawClient
 from .util import payloads
 
 CONV = "prof-conv-0001"
-KINDS = ("ping", "recall_memory", "append_memory")
+#: ``bare_app``: the bench's floor (:mod:`bench.noopserver` ``--bare``) answering the same ``ping`` POST.
+KINDS = ("ping", "recall_memory", "append_memory", "bare_app")
 
 
 def _profiler_prefix(profiler: str, out: str, kind: str) -> list[str]:
@@ -46,7 +47,7 @@ def _profiler_prefix(profiler: str, out: str, kind: str) -> list[str]:
 
 
 def _calls(c: RawClient, kind: str) -> Callable[[], object]:
-    if kind == "ping":
+    if kind in ("ping", "bare_app"):
         request = c.prepare("ping")
     elif kind == "recall_memory":
         request = c.prepare_tool("recall_memory", {"conversation_id": CONV, "count": 50})
@@ -69,11 +70,12 @@ def profile(kind: str, calls: int, profiler: str, out: str, server_args: list[st
     """
     data = tempfile.mkdtemp(prefix="convmem-mcp-profile-")
     server = mcpserver.Server(
-        os.path.join(data, "data"), python_args=_profiler_prefix(profiler, out, kind), extra_args=server_args
+        os.path.join(data, "data"), python_args=_profiler_prefix(profiler, out, kind), extra_args=server_args,
+        bare=kind == "bare_app",
     )
     try:
         c = RawClient(server.url)
-        for _ in range(5):  # 50 items to recall
+        for _ in range(5 if kind != "bare_app" else 0):  # 50 items to recall
             c.tool("append_memory", {"conversation_id": CONV, "items": payloads(10, 1024)})
         fn = _calls(c, kind)
         for _ in range(50):  # warm-up: caches, first-use imports
@@ -94,10 +96,79 @@ def profile(kind: str, calls: int, profiler: str, out: str, server_args: list[st
 
         with open(os.path.join(out, f"{kind}.txt"), "w") as f:
             stats = pstats.Stats(os.path.join(out, f"{kind}.prof"), stream=f)
+            f.write(stage_table(stats, calls + 55) + "\n\n")  # 5 set-up appends, 50 warm-up calls
             stats.sort_stats("tottime").print_stats(60)
     return times, server_cpu / calls, client_cpu / calls
 
 
+_UVICORN = "uvicorn.protocols.http.httptools_impl:"
+#: The stages of a request, outermost first: (label, "module:qualified.name" of the function). Each is
+#: reported as the time spent inside it, its callees included, per request.
+STAGES: tuple[tuple[str, str], ...] = (
+    ("uvicorn: bytes in, parse, start the request task", _UVICORN + "HttpToolsProtocol.data_received"),
+    ("uvicorn: the request task (the whole ASGI app)", _UVICORN + "RequestResponseCycle.run_asgi"),
+    ("uvicorn: writing the response", _UVICORN + "RequestResponseCycle.send"),
+    ("Starlette app (everything below)", "starlette.applications:Starlette.__call__"),
+    ("request log middleware (everything below)", "convmem.mcp_adapter.requestlog:RequestLog.__call__"),
+    ("  the request log line", "convmem.mcp_adapter.requestlog:_emit"),
+    ("admission: credentials, size, body read", "convmem.mcp_adapter.http:RequestAdmission.__call__"),
+    ("  authentication (a large body only)", "convmem.mcp_adapter.http:RequestAdmission._authenticate"),
+    ("  body read and replay", "convmem.mcp_adapter.http:RequestAdmission._forward"),
+    ("result splice middleware", "convmem.mcp_adapter.wire:ResultSplice.__call__"),
+    ("Starlette routing", "starlette.routing:Router.app"),
+    ("SDK body-size limit", "mcp.server.transport_security:RequestBodyLimitMiddleware.__call__"),
+    ("single exchange (below: the SDK's kernel)", "convmem.mcp_adapter.exchange:SingleExchange.__call__"),
+    ("  JSON-RPC parse and header checks", "convmem.mcp_adapter.exchange:SingleExchange._request_of"),
+    ("    Host/Origin/Content-Type checks", "mcp.server.transport_security:"
+     "TransportSecurityMiddleware.validate_request"),
+    ("  the SDK's kernel and the response", "convmem.mcp_adapter.exchange:SingleExchange._serve"),
+    ("    serve_one: the SDK's kernel", "mcp.server.runner:serve_one"),
+    ("      context and session objects", "mcp.server.runner:ServerRunner._make_context"),
+    ("      OpenTelemetry span middleware", "mcp.server._otel:OpenTelemetryMiddleware.__call__"),
+    ("      method surface validation", "mcp_types.methods:validate_client_request"),
+    ("      result sieve (serialize_server_result)", "mcp_types.methods:serialize_server_result"),
+    ("      connection teardown (aclose_shielded)", "mcp.server.runner:aclose_shielded"),
+    ("    connection (Connection.from_envelope)", "mcp.server.connection:Connection.from_envelope"),
+    ("    response JSON (model_dump_json)", "pydantic.main:BaseModel.model_dump_json"),
+    ("tool call (everything below)", "convmem.mcp_adapter.server:call_tool"),
+    ("  authentication (header cache)", "convmem.mcp_adapter.auth:Authenticator.authenticate"),
+    ("  argument validation", "convmem.mcp_adapter.validation:parse_arguments"),
+    ("  the store's call and its result", "convmem.mcp_adapter.server:_execute"),
+    ("  metrics of the call", "convmem.mcp_adapter.metrics:Metrics.tool_call"),
+    ("splice of a read result into the response", "convmem.mcp_adapter.wire:Splice.chunks"),
+)
+
+
+def _code_key(target: str) -> tuple[str, int, str] | None:
+    """The profiler's key (file, first line, name) of the function ``module:qualified.name``; None if absent."""
+    import importlib
+    import inspect
+
+    module_name, _, qualname = target.partition(":")
+    try:
+        obj: object = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError):
+        return None
+    code = getattr(inspect.unwrap(obj), "__code__", None)  # type: ignore[arg-type]
+    if code is None:
+        return None
+    return code.co_filename, code.co_firstlineno, code.co_name
+
+
+def stage_table(stats: object, requests: int) -> str:
+    """Microseconds per request spent inside each of :data:`STAGES` (profiled, so inflated: compare shares)."""
+    table: dict[tuple[str, int, str], tuple[int, int, float, float, object]] = stats.stats  # type: ignore[attr-defined]
+    lines = [f"{'stage (time inside it, callees included)':<62} {'us/request':>10} {'calls/request':>13}"]
+    for label, target in STAGES:
+        key = _code_key(target)
+        entry = table.get(key) if key is not None else None
+        if entry is None:
+            lines.append(f"{label:<62} {'-':>10} {'-':>13}")
+            continue
+        lines.append(f"{label:<62} {entry[3] / requests * 1e6:>10.1f} {entry[1] / requests:>13.2f}")
+    return "\n".join(lines)
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.mcp_profile", description=__doc__.splitlines()[0])
     p.add_argument("--profiler", choices=["pyinstrument", "cprofile", "none"], default="pyinstrument")

@@ -69,6 +69,10 @@ _dispatch_logger = logging.getLogger("mcp.shared.jsonrpc_dispatcher")
 _PROTOCOL_HEADER = b"mcp-protocol-version"
 _TRANSPORT = TransportContext(kind="streamable-http", can_send_request=False)
 _JSON_HEADERS = [(b"content-type", CONTENT_TYPE_JSON.encode())]
+#: The headers the transport's checks read (Host/Origin, Content-Type, Accept): their values decide the checks.
+_CHECKED_HEADERS = (b"host", b"origin", b"content-type", b"accept")
+#: Most header combinations remembered as passing (clients send a handful; anything past this is checked each time).
+_PASSED_MAX = 64
 
 
 class _DispatchContext:
@@ -120,35 +124,52 @@ class SingleExchange:
         # The SDK's handler, for everything this path does not answer itself.
         self.fallback: ASGIApp = manager._handle_request
         self.security = TransportSecurityMiddleware(manager.security_settings)
+        #: Combinations of :data:`_CHECKED_HEADERS` values that passed the header checks.
+        self._passed: set[tuple[bytes | None, ...]] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["method"] != "POST" or self.manager._task_group is None:
             await self.fallback(scope, receive, send)
             return
         version: str | None = None
+        checked: dict[bytes, bytes] = {}
         for key, value in scope["headers"]:
             if key == _PROTOCOL_HEADER:
-                version = value.decode("latin-1")
-                break
+                if version is None:
+                    version = value.decode("latin-1")
+            elif key in _CHECKED_HEADERS and key not in checked:
+                checked[key] = value  # the first of its name, as Starlette's Headers.get gives
         if version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS:
             await self.fallback(scope, receive, send)  # the 2026 protocol's own entry
             return
         first = await receive()
         body = _body_of(first)
         request = Request(scope, receive)
-        message = None if body is None else await self._request_of(request, body)
+        passed = tuple(checked.get(name) for name in _CHECKED_HEADERS)
+        message = None if body is None else await self._request_of(request, body, passed)
         if message is None:
             await self.fallback(scope, _replaying(first, receive), send)
             return
         await self._serve(request, message, version, send)
 
-    async def _request_of(self, request: Request, body: bytes) -> JSONRPCRequest | None:
-        """The JSON-RPC request, when the SDK's transport would dispatch it; None to let the SDK answer."""
-        if await self.security.validate_request(request, is_post=True) is not None:
-            return None
-        has_json, _ = check_accept_headers(request)
-        if not has_json or not _json_content_type(request):
-            return None
+    async def _request_of(
+        self, request: Request, body: bytes, headers: tuple[bytes | None, ...]
+    ) -> JSONRPCRequest | None:
+        """The JSON-RPC request, when the SDK's transport would dispatch it; None to let the SDK answer.
+
+        ``headers`` are the request's :data:`_CHECKED_HEADERS`, the only input of
+        the header checks: a combination that passed them once passes without
+        running them again (at most :data:`_PASSED_MAX` combinations are
+        remembered; a failing one is checked every time, so it logs as the SDK does).
+        """
+        if headers not in self._passed:
+            if await self.security.validate_request(request, is_post=True) is not None:
+                return None
+            has_json, _ = check_accept_headers(request)
+            if not has_json or not _json_content_type(request):
+                return None
+            if len(self._passed) < _PASSED_MAX:
+                self._passed.add(headers)
         try:
             message = jsonrpc_message_adapter.validate_python(pydantic_core.from_json(body), by_name=False)
         except (ValueError, ValidationError):
