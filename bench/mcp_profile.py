@@ -21,6 +21,7 @@ loop's ``select``); subtract it to get the CPU per request.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
 import statistics
@@ -169,14 +170,117 @@ def stage_table(stats: object, requests: int) -> str:
             continue
         lines.append(f"{label:<62} {entry[3] / requests * 1e6:>10.1f} {entry[1] / requests:>13.2f}")
     return "\n".join(lines)
+
+def floor(calls: int) -> list[tuple[str, float]]:
+    """CPU microseconds per ``ping`` in-process (no sockets, no uvicorn): the SDK's minimum, and the whole app.
+
+    * ``kernel``: what no server on the SDK can skip for a ``ping``: the
+      JSON-RPC parse and validation, :func:`mcp.server.runner.serve_one` (a
+      born-ready ``Connection``, the method's surface and params validation,
+      the handler, the result sieve) and the response's JSON;
+    * ``app``: the whole ASGI application ``convmem serve`` runs (request id
+      and log line, admission, the exchange, the kernel), called directly.
+
+    The best of 5 rounds of ``calls`` each, process CPU time.
+    """
+    import asyncio
+    import base64
+
+    import pydantic_core
+    from mcp.server.connection import Connection
+    from mcp.server.runner import serve_one
+    from mcp.shared.message import ServerMessageMetadata
+    from mcp_types import JSONRPCRequest, JSONRPCResponse, jsonrpc_message_adapter
+
+    from convmem.logstore import open_store
+    from convmem.logstore.site_credentials import CredentialFile
+    from convmem.mcp_adapter import requestlog
+    from convmem.mcp_adapter.auth import Authenticator
+    from convmem.mcp_adapter.exchange import _DispatchContext
+    from convmem.mcp_adapter.http import build_app
+    from convmem.mcp_adapter.serve import run_event_loop
+    from convmem.mcp_adapter.server import Backend, build_server
+
+    data = tempfile.mkdtemp(prefix="convmem-mcp-floor-")
+    body = b'{"jsonrpc": "2.0", "id": 1, "method": "ping"}'
+    auth = "Basic " + base64.b64encode(f"{mcpserver.SITE}:{mcpserver.PASSWORD}".encode()).decode()
+    headers = [(k.lower().encode(), v.encode()) for k, v in {**mcpserver.mcp_headers(), "Authorization": auth,
+               "Host": "127.0.0.1:8765", "Content-Length": str(len(body))}.items()]
+    results: list[tuple[str, float]] = []
+
+    async def main() -> None:
+        CredentialFile(data).add(mcpserver.SITE, mcpserver.PASSWORD)
+        store = open_store(data)
+        backend = Backend(store=store, data_dir=data, authenticator=Authenticator(CredentialFile(data)))
+        server = build_server(backend)
+        app = build_app(server, backend, host="127.0.0.1")
+
+        async def kernel() -> None:
+            message = jsonrpc_message_adapter.validate_python(pydantic_core.from_json(body), by_name=False)
+            assert isinstance(message, JSONRPCRequest)
+            dctx = _DispatchContext(message.id, ServerMessageMetadata(request_context=None, can_send_request=False))
+            connection = Connection.from_envelope("2025-06-18", None, None)
+            result = await serve_one(server, dctx, message.method, message.params, connection=connection,
+                                     lifespan_state=None)
+            JSONRPCResponse(jsonrpc="2.0", id=message.id, result=result).model_dump_json(by_alias=True,
+                                                                                       exclude_unset=True)
+
+        async def whole() -> None:
+            sent: list[object] = []
+            delivered = False
+
+            async def receive() -> dict[str, object]:
+                nonlocal delivered
+                if delivered:
+                    await asyncio.sleep(3600)
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+
+            async def send(message: object) -> None:
+                sent.append(message)
+
+            scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                     "scheme": "http", "path": "/mcp", "raw_path": b"/mcp", "query_string": b"", "root_path": "",
+                     "headers": headers, "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8765), "state": {}}
+            await app(scope, receive, send)
+
+        async with app.router.lifespan_context(app):
+            for name, fn in (("kernel", kernel), ("app", whole)):
+                best = float("inf")
+                for _ in range(5):
+                    t0 = time.process_time()
+                    for _ in range(calls):
+                        await fn()
+                    best = min(best, (time.process_time() - t0) / calls)
+                results.append((name, best * 1e6))
+        store.close()
+
+    log = open(os.path.join(data, "server.log"), "w")
+    saved, sys.stderr = sys.stderr, log
+    requestlog.configure("text")  # the request line goes where convmem serve's stderr would
+    logging.getLogger().setLevel(logging.INFO)
+    try:
+        run_event_loop(main())
+    finally:
+        sys.stderr = saved
+        log.close()
+        shutil.rmtree(data, ignore_errors=True)
+    return results
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.mcp_profile", description=__doc__.splitlines()[0])
     p.add_argument("--profiler", choices=["pyinstrument", "cprofile", "none"], default="pyinstrument")
     p.add_argument("--calls", type=int, default=2000)
     p.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated subset of {', '.join(KINDS)}")
     p.add_argument("--out", default="mcp-profile", help="directory for the profiles")
+    p.add_argument("--floor", action="store_true", help="time a ping in-process: the SDK's kernel alone, the whole app")
     p.add_argument("server_args", nargs="*", help="extra `convmem serve` options (after --)")
     args = p.parse_args(argv)
+    if args.floor:
+        load = open("/proc/loadavg").read().split()[:3]
+        for name, us in floor(args.calls):
+            print(f"ping in-process, {name}: {us:.1f} us CPU per call, load average {' '.join(load)}", file=sys.stderr)
+        return 0
     os.makedirs(args.out, exist_ok=True)
     for kind in [k.strip() for k in args.kinds.split(",") if k.strip()]:
         if kind not in KINDS:
