@@ -17,8 +17,9 @@ drops the plumbing:
   path (an error of any kind, a notification, a response, a 2026 protocol
   version, a GET or DELETE) is handed to the SDK's own handler with the body
   replayed, so every error and every 202 is the SDK's.
-* A well-formed request is served by the SDK's kernel,
-  :func:`mcp.server.runner.serve_one` over a born-ready
+* A well-formed request is served by the SDK's kernel, its
+  :class:`~mcp.server.runner.ServerRunner` driven as
+  :func:`mcp.server.runner.serve_one` drives it (:func:`_serve_one`), over a born-ready
   ``Connection.from_envelope`` (what the SDK's stateless path builds), with
   the dispatch context its dispatcher would give: streamable HTTP, no
   back-channel, the Starlette request as ``request_context``. The result or
@@ -35,12 +36,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from contextlib import AsyncExitStack
 from typing import Any
 
 import anyio
 import pydantic_core
 from mcp.server.connection import Connection
-from mcp.server.runner import serve_one
+from mcp.server.runner import ServerRunner, aclose_shielded
 from mcp.server.streamable_http import CONTENT_TYPE_JSON, check_accept_headers
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import RequestBodyLimitMiddleware, TransportSecurityMiddleware
@@ -181,16 +183,10 @@ class SingleExchange:
         metadata = ServerMessageMetadata(request_context=request, can_send_request=False)
         dctx = _DispatchContext(message.id, metadata)
         connection = Connection.from_envelope(version or DEFAULT_NEGOTIATED_VERSION, None, None)
+        connection.exit_stack = _WatchedExitStack()
         reply: JSONRPCResponse | JSONRPCError
         try:
-            result = await serve_one(
-                self.manager.app,
-                dctx,
-                message.method,
-                message.params,
-                connection=connection,
-                lifespan_state=self.manager._lifespan_state,
-            )
+            result = await _serve_one(self.manager.app, dctx, message, connection, self.manager._lifespan_state)
             reply = JSONRPCResponse(jsonrpc="2.0", id=message.id, result=result)
         except Exception as exc:
             error = handler_exception_to_error_data(exc)
@@ -202,6 +198,58 @@ class SingleExchange:
         headers = [*_JSON_HEADERS, (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+class _WatchedExitStack(AsyncExitStack):
+    """A connection's exit stack that knows whether anything was pushed on it (every public way to push)."""
+
+    used = False
+
+    def push(self, exit: Any) -> Any:
+        self.used = True
+        return super().push(exit)
+
+    def enter_context(self, cm: Any) -> Any:
+        self.used = True
+        return super().enter_context(cm)
+
+    def callback(self, callback: Any, /, *args: Any, **kwds: Any) -> Any:
+        self.used = True
+        return super().callback(callback, *args, **kwds)
+
+    async def enter_async_context(self, cm: Any) -> Any:
+        self.used = True
+        return await super().enter_async_context(cm)
+
+    def push_async_exit(self, exit: Any) -> Any:
+        self.used = True
+        return super().push_async_exit(exit)
+
+    def push_async_callback(self, callback: Any, /, *args: Any, **kwds: Any) -> Any:
+        self.used = True
+        return super().push_async_callback(callback, *args, **kwds)
+
+
+async def _serve_one(
+    server: Any, dctx: _DispatchContext, message: JSONRPCRequest, connection: Connection, lifespan_state: Any
+) -> dict[str, Any]:
+    """:func:`mcp.server.runner.serve_one`, step for step, without its two per-request costs that carry nothing.
+
+    The SDK's driver builds a :class:`ServerRunner`, runs its ``on_request``
+    and unwinds the connection's exit stack under a shielded, bounded cancel
+    scope. Here the unwinding is skipped when nothing was pushed on the stack
+    (unwinding an empty stack does nothing; ``_WatchedExitStack`` sees every
+    push), and the runner's cached ``on_request`` (a bound method of the
+    runner, stored on it: a reference cycle) is dropped afterwards, so the
+    request's objects are freed at once rather than by the cycle collector.
+    """
+    runner = ServerRunner(server, connection, lifespan_state)
+    try:
+        return await runner.on_request(dctx, message.method, message.params)
+    finally:
+        runner.__dict__.pop("on_request", None)
+        if not isinstance(connection.exit_stack, _WatchedExitStack) or connection.exit_stack.used:
+            await aclose_shielded(connection)
 
 
 def _json_content_type(request: Request) -> bool:
