@@ -201,33 +201,17 @@ class SingleExchange:
 
 
 class _WatchedExitStack(AsyncExitStack):
-    """A connection's exit stack that knows whether anything was pushed on it (every public way to push)."""
+    """A connection's exit stack that knows whether anything was pushed on it.
+
+    Every way to push (``push``, ``callback``, ``enter_context`` and their
+    async forms) goes through contextlib's one ``_push_exit_callback``.
+    """
 
     used = False
 
-    def push(self, exit: Any) -> Any:
+    def _push_exit_callback(self, callback: Any, is_sync: bool = True) -> None:
         self.used = True
-        return super().push(exit)
-
-    def enter_context(self, cm: Any) -> Any:
-        self.used = True
-        return super().enter_context(cm)
-
-    def callback(self, callback: Any, /, *args: Any, **kwds: Any) -> Any:
-        self.used = True
-        return super().callback(callback, *args, **kwds)
-
-    async def enter_async_context(self, cm: Any) -> Any:
-        self.used = True
-        return await super().enter_async_context(cm)
-
-    def push_async_exit(self, exit: Any) -> Any:
-        self.used = True
-        return super().push_async_exit(exit)
-
-    def push_async_callback(self, callback: Any, /, *args: Any, **kwds: Any) -> Any:
-        self.used = True
-        return super().push_async_callback(callback, *args, **kwds)
+        super()._push_exit_callback(callback, is_sync)  # type: ignore[misc]
 
 
 async def _serve_one(

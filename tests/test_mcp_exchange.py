@@ -234,3 +234,6 @@ async def test_a_connection_exit_stack_with_something_on_it_is_unwound() -> None
 
         getattr(fresh, push)(noop)
         assert fresh.used, push
+    entered = exchange._WatchedExitStack()
+    entered.enter_context(contextlib.nullcontext())
+    assert entered.used
