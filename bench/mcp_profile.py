@@ -21,6 +21,7 @@ loop's ``select``); subtract it to get the CPU per request.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
 import statistics
@@ -34,7 +35,8 @@ from .mcp_e2e import RawClient
 from .util import payloads
 
 CONV = "prof-conv-0001"
-KINDS = ("ping", "recall_memory", "append_memory")
+#: ``bare_app``: the bench's floor (:mod:`bench.noopserver` ``--bare``) answering the same ``ping`` POST.
+KINDS = ("ping", "recall_memory", "append_memory", "bare_app")
 
 
 def _profiler_prefix(profiler: str, out: str, kind: str) -> list[str]:
@@ -46,7 +48,7 @@ def _profiler_prefix(profiler: str, out: str, kind: str) -> list[str]:
 
 
 def _calls(c: RawClient, kind: str) -> Callable[[], object]:
-    if kind == "ping":
+    if kind in ("ping", "bare_app"):
         request = c.prepare("ping")
     elif kind == "recall_memory":
         request = c.prepare_tool("recall_memory", {"conversation_id": CONV, "count": 50})
@@ -69,11 +71,12 @@ def profile(kind: str, calls: int, profiler: str, out: str, server_args: list[st
     """
     data = tempfile.mkdtemp(prefix="convmem-mcp-profile-")
     server = mcpserver.Server(
-        os.path.join(data, "data"), python_args=_profiler_prefix(profiler, out, kind), extra_args=server_args
+        os.path.join(data, "data"), python_args=_profiler_prefix(profiler, out, kind), extra_args=server_args,
+        bare=kind == "bare_app",
     )
     try:
         c = RawClient(server.url)
-        for _ in range(5):  # 50 items to recall
+        for _ in range(5 if kind != "bare_app" else 0):  # 50 items to recall
             c.tool("append_memory", {"conversation_id": CONV, "items": payloads(10, 1024)})
         fn = _calls(c, kind)
         for _ in range(50):  # warm-up: caches, first-use imports
@@ -94,9 +97,175 @@ def profile(kind: str, calls: int, profiler: str, out: str, server_args: list[st
 
         with open(os.path.join(out, f"{kind}.txt"), "w") as f:
             stats = pstats.Stats(os.path.join(out, f"{kind}.prof"), stream=f)
+            f.write(stage_table(stats, calls + 55) + "\n\n")  # 5 set-up appends, 50 warm-up calls
             stats.sort_stats("tottime").print_stats(60)
     return times, server_cpu / calls, client_cpu / calls
 
+
+_UVICORN = "uvicorn.protocols.http.httptools_impl:"
+#: The stages of a request, outermost first: (label, "module:qualified.name" of the function). Each is
+#: reported as the time spent inside it, its callees included, per request.
+STAGES: tuple[tuple[str, str], ...] = (
+    ("uvicorn: bytes in, parse, start the request task", _UVICORN + "HttpToolsProtocol.data_received"),
+    ("uvicorn: the request task (the whole ASGI app)", _UVICORN + "RequestResponseCycle.run_asgi"),
+    ("uvicorn: writing the response", _UVICORN + "RequestResponseCycle.send"),
+    ("Starlette app (everything below)", "starlette.applications:Starlette.__call__"),
+    ("request log middleware (everything below)", "convmem.mcp_adapter.requestlog:RequestLog.__call__"),
+    ("  the request log line", "convmem.mcp_adapter.requestlog:_emit"),
+    ("admission: credentials, size, body read", "convmem.mcp_adapter.http:RequestAdmission.__call__"),
+    ("  authentication (a large body only)", "convmem.mcp_adapter.http:RequestAdmission._authenticate"),
+    ("  body read and replay", "convmem.mcp_adapter.http:RequestAdmission._forward"),
+    ("result splice middleware", "convmem.mcp_adapter.wire:ResultSplice.__call__"),
+    ("Starlette routing", "starlette.routing:Router.app"),
+    ("SDK body-size limit", "mcp.server.transport_security:RequestBodyLimitMiddleware.__call__"),
+    ("single exchange (below: the SDK's kernel)", "convmem.mcp_adapter.exchange:SingleExchange.__call__"),
+    ("  JSON-RPC parse and header checks", "convmem.mcp_adapter.exchange:SingleExchange._request_of"),
+    ("    Host/Origin/Content-Type checks", "mcp.server.transport_security:"
+     "TransportSecurityMiddleware.validate_request"),
+    ("  the SDK's kernel and the response", "convmem.mcp_adapter.exchange:SingleExchange._serve"),
+    ("    serve_one: the SDK's kernel", "mcp.server.runner:serve_one"),
+    ("      context and session objects", "mcp.server.runner:ServerRunner._make_context"),
+    ("      OpenTelemetry span middleware", "mcp.server._otel:OpenTelemetryMiddleware.__call__"),
+    ("      method surface validation", "mcp_types.methods:validate_client_request"),
+    ("      result sieve (serialize_server_result)", "mcp_types.methods:serialize_server_result"),
+    ("      connection teardown (aclose_shielded)", "mcp.server.runner:aclose_shielded"),
+    ("    connection (Connection.from_envelope)", "mcp.server.connection:Connection.from_envelope"),
+    ("    response JSON (model_dump_json)", "pydantic.main:BaseModel.model_dump_json"),
+    ("tool call (everything below)", "convmem.mcp_adapter.server:call_tool"),
+    ("  authentication (header cache)", "convmem.mcp_adapter.auth:Authenticator.authenticate"),
+    ("  argument validation", "convmem.mcp_adapter.validation:parse_arguments"),
+    ("  the store's call and its result", "convmem.mcp_adapter.server:_execute"),
+    ("  metrics of the call", "convmem.mcp_adapter.metrics:Metrics.tool_call"),
+    ("splice of a read result into the response", "convmem.mcp_adapter.wire:Splice.chunks"),
+)
+
+
+def _code_key(target: str) -> tuple[str, int, str] | None:
+    """The profiler's key (file, first line, name) of the function ``module:qualified.name``; None if absent."""
+    import importlib
+    import inspect
+
+    module_name, _, qualname = target.partition(":")
+    try:
+        obj: object = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError):
+        return None
+    code = getattr(inspect.unwrap(obj), "__code__", None)  # type: ignore[arg-type]
+    if code is None:
+        return None
+    return code.co_filename, code.co_firstlineno, code.co_name
+
+
+def stage_table(stats: object, requests: int) -> str:
+    """Microseconds per request spent inside each of :data:`STAGES` (profiled, so inflated: compare shares)."""
+    table: dict[tuple[str, int, str], tuple[int, int, float, float, object]] = stats.stats  # type: ignore[attr-defined]
+    lines = [f"{'stage (time inside it, callees included)':<62} {'us/request':>10} {'calls/request':>13}"]
+    for label, target in STAGES:
+        key = _code_key(target)
+        entry = table.get(key) if key is not None else None
+        if entry is None:
+            lines.append(f"{label:<62} {'-':>10} {'-':>13}")
+            continue
+        lines.append(f"{label:<62} {entry[3] / requests * 1e6:>10.1f} {entry[1] / requests:>13.2f}")
+    return "\n".join(lines)
+
+def floor(calls: int) -> list[tuple[str, float]]:
+    """CPU microseconds per ``ping`` in-process (no sockets, no uvicorn): the SDK's minimum, and the whole app.
+
+    * ``kernel``: what no server on the SDK can skip for a ``ping``: the
+      JSON-RPC parse and validation, :func:`mcp.server.runner.serve_one` (a
+      born-ready ``Connection``, the method's surface and params validation,
+      the handler, the result sieve) and the response's JSON;
+    * ``app``: the whole ASGI application ``convmem serve`` runs (request id
+      and log line, admission, the exchange, the kernel), called directly.
+
+    The best of 5 rounds of ``calls`` each, process CPU time.
+    """
+    import asyncio
+    import base64
+
+    import pydantic_core
+    from mcp.server.connection import Connection
+    from mcp.server.runner import serve_one
+    from mcp.shared.message import ServerMessageMetadata
+    from mcp_types import JSONRPCRequest, JSONRPCResponse, jsonrpc_message_adapter
+
+    from convmem.logstore import open_store
+    from convmem.logstore.site_credentials import CredentialFile
+    from convmem.mcp_adapter import requestlog
+    from convmem.mcp_adapter.auth import Authenticator
+    from convmem.mcp_adapter.exchange import _DispatchContext
+    from convmem.mcp_adapter.http import build_app
+    from convmem.mcp_adapter.serve import run_event_loop
+    from convmem.mcp_adapter.server import Backend, build_server
+
+    data = tempfile.mkdtemp(prefix="convmem-mcp-floor-")
+    body = b'{"jsonrpc": "2.0", "id": 1, "method": "ping"}'
+    auth = "Basic " + base64.b64encode(f"{mcpserver.SITE}:{mcpserver.PASSWORD}".encode()).decode()
+    headers = [(k.lower().encode(), v.encode()) for k, v in {**mcpserver.mcp_headers(), "Authorization": auth,
+               "Host": "127.0.0.1:8765", "Content-Length": str(len(body))}.items()]
+    results: list[tuple[str, float]] = []
+
+    async def main() -> None:
+        CredentialFile(data).add(mcpserver.SITE, mcpserver.PASSWORD)
+        store = open_store(data)
+        backend = Backend(store=store, data_dir=data, authenticator=Authenticator(CredentialFile(data)))
+        server = build_server(backend)
+        app = build_app(server, backend, host="127.0.0.1")
+
+        async def kernel() -> None:
+            message = jsonrpc_message_adapter.validate_python(pydantic_core.from_json(body), by_name=False)
+            assert isinstance(message, JSONRPCRequest)
+            dctx = _DispatchContext(message.id, ServerMessageMetadata(request_context=None, can_send_request=False))
+            connection = Connection.from_envelope("2025-06-18", None, None)
+            result = await serve_one(server, dctx, message.method, message.params, connection=connection,
+                                     lifespan_state=None)
+            JSONRPCResponse(jsonrpc="2.0", id=message.id, result=result).model_dump_json(by_alias=True,
+                                                                                       exclude_unset=True)
+
+        async def whole() -> None:
+            sent: list[object] = []
+            delivered = False
+
+            async def receive() -> dict[str, object]:
+                nonlocal delivered
+                if delivered:
+                    await asyncio.sleep(3600)
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+
+            async def send(message: object) -> None:
+                sent.append(message)
+
+            scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                     "scheme": "http", "path": "/mcp", "raw_path": b"/mcp", "query_string": b"", "root_path": "",
+                     "headers": headers, "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8765), "state": {}}
+            await app(scope, receive, send)
+
+        async with app.router.lifespan_context(app):
+            for name, fn in (("kernel", kernel), ("app", whole)):
+                best = float("inf")
+                for _ in range(5):
+                    t0 = time.process_time()
+                    for _ in range(calls):
+                        await fn()
+                    best = min(best, (time.process_time() - t0) / calls)
+                results.append((name, best * 1e6))
+        store.close()
+
+    log = open(os.path.join(data, "server.log"), "w")
+    saved, sys.stderr = sys.stderr, log
+    requestlog.configure("text")  # the request line goes where convmem serve's stderr would
+    logging.getLogger().setLevel(logging.INFO)
+    try:
+        run_event_loop(main())
+    finally:
+        sys.stderr = saved
+        log.close()
+        shutil.rmtree(data, ignore_errors=True)
+    return results
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.mcp_profile", description=__doc__.splitlines()[0])
@@ -104,8 +273,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=int, default=2000)
     p.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated subset of {', '.join(KINDS)}")
     p.add_argument("--out", default="mcp-profile", help="directory for the profiles")
+    p.add_argument("--floor", action="store_true", help="time a ping in-process: the SDK's kernel alone, the whole app")
     p.add_argument("server_args", nargs="*", help="extra `convmem serve` options (after --)")
     args = p.parse_args(argv)
+    if args.floor:
+        load = open("/proc/loadavg").read().split()[:3]
+        for name, us in floor(args.calls):
+            print(f"ping in-process, {name}: {us:.1f} us CPU per call, load average {' '.join(load)}", file=sys.stderr)
+        return 0
     os.makedirs(args.out, exist_ok=True)
     for kind in [k.strip() for k in args.kinds.split(",") if k.strip()]:
         if kind not in KINDS:

@@ -63,7 +63,8 @@ class Server:
 
         ``python_args`` go to the interpreter before the server's module (a profiler's ``-m pyinstrument ...``);
         ``extra_args`` are more ``convmem serve`` options. ``bare``: the bare ASGI app of
-        :mod:`bench.noopserver` instead of convmem (the floor; ``data_dir`` only holds its log).
+        :mod:`bench.noopserver` instead of convmem (the floor; ``data_dir`` only holds its log;
+        ``python_args`` apply, ``extra_args`` do not).
         """
         os.makedirs(data_dir, exist_ok=True)
         if not bare:
@@ -71,7 +72,7 @@ class Server:
         self.log = open(os.path.join(os.path.dirname(data_dir), "server.log"), "a")
         args = ("serve", "--data-dir", data_dir, "--host", "127.0.0.1", "--port", "0", *extra_args)
         if bare:
-            cmd = [sys.executable, "-m", "bench.noopserver", "--bare"]
+            cmd = [sys.executable, *python_args, "-m", "bench.noopserver", "--bare"]
         elif noop_payload:
             cmd = [sys.executable, *python_args, "-m", "bench.noopserver", noop_payload, *args]
         elif python_args:

@@ -17,8 +17,9 @@ drops the plumbing:
   path (an error of any kind, a notification, a response, a 2026 protocol
   version, a GET or DELETE) is handed to the SDK's own handler with the body
   replayed, so every error and every 202 is the SDK's.
-* A well-formed request is served by the SDK's kernel,
-  :func:`mcp.server.runner.serve_one` over a born-ready
+* A well-formed request is served by the SDK's kernel, its
+  :class:`~mcp.server.runner.ServerRunner` driven as
+  :func:`mcp.server.runner.serve_one` drives it (:func:`_serve_one`), over a born-ready
   ``Connection.from_envelope`` (what the SDK's stateless path builds), with
   the dispatch context its dispatcher would give: streamable HTTP, no
   back-channel, the Starlette request as ``request_context``. The result or
@@ -35,12 +36,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from contextlib import AsyncExitStack
 from typing import Any
 
 import anyio
 import pydantic_core
 from mcp.server.connection import Connection
-from mcp.server.runner import serve_one
+from mcp.server.runner import ServerRunner, aclose_shielded
 from mcp.server.streamable_http import CONTENT_TYPE_JSON, check_accept_headers
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import RequestBodyLimitMiddleware, TransportSecurityMiddleware
@@ -69,6 +71,10 @@ _dispatch_logger = logging.getLogger("mcp.shared.jsonrpc_dispatcher")
 _PROTOCOL_HEADER = b"mcp-protocol-version"
 _TRANSPORT = TransportContext(kind="streamable-http", can_send_request=False)
 _JSON_HEADERS = [(b"content-type", CONTENT_TYPE_JSON.encode())]
+#: The headers the transport's checks read (Host/Origin, Content-Type, Accept): their values decide the checks.
+_CHECKED_HEADERS = (b"host", b"origin", b"content-type", b"accept")
+#: Most header combinations remembered as passing (clients send a handful; anything past this is checked each time).
+_PASSED_MAX = 64
 
 
 class _DispatchContext:
@@ -120,35 +126,52 @@ class SingleExchange:
         # The SDK's handler, for everything this path does not answer itself.
         self.fallback: ASGIApp = manager._handle_request
         self.security = TransportSecurityMiddleware(manager.security_settings)
+        #: Combinations of :data:`_CHECKED_HEADERS` values that passed the header checks.
+        self._passed: set[tuple[bytes | None, ...]] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["method"] != "POST" or self.manager._task_group is None:
             await self.fallback(scope, receive, send)
             return
         version: str | None = None
+        checked: dict[bytes, bytes] = {}
         for key, value in scope["headers"]:
             if key == _PROTOCOL_HEADER:
-                version = value.decode("latin-1")
-                break
+                if version is None:
+                    version = value.decode("latin-1")
+            elif key in _CHECKED_HEADERS and key not in checked:
+                checked[key] = value  # the first of its name, as Starlette's Headers.get gives
         if version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS:
             await self.fallback(scope, receive, send)  # the 2026 protocol's own entry
             return
         first = await receive()
         body = _body_of(first)
         request = Request(scope, receive)
-        message = None if body is None else await self._request_of(request, body)
+        passed = tuple(checked.get(name) for name in _CHECKED_HEADERS)
+        message = None if body is None else await self._request_of(request, body, passed)
         if message is None:
             await self.fallback(scope, _replaying(first, receive), send)
             return
         await self._serve(request, message, version, send)
 
-    async def _request_of(self, request: Request, body: bytes) -> JSONRPCRequest | None:
-        """The JSON-RPC request, when the SDK's transport would dispatch it; None to let the SDK answer."""
-        if await self.security.validate_request(request, is_post=True) is not None:
-            return None
-        has_json, _ = check_accept_headers(request)
-        if not has_json or not _json_content_type(request):
-            return None
+    async def _request_of(
+        self, request: Request, body: bytes, headers: tuple[bytes | None, ...]
+    ) -> JSONRPCRequest | None:
+        """The JSON-RPC request, when the SDK's transport would dispatch it; None to let the SDK answer.
+
+        ``headers`` are the request's :data:`_CHECKED_HEADERS`, the only input of
+        the header checks: a combination that passed them once passes without
+        running them again (at most :data:`_PASSED_MAX` combinations are
+        remembered; a failing one is checked every time, so it logs as the SDK does).
+        """
+        if headers not in self._passed:
+            if await self.security.validate_request(request, is_post=True) is not None:
+                return None
+            has_json, _ = check_accept_headers(request)
+            if not has_json or not _json_content_type(request):
+                return None
+            if len(self._passed) < _PASSED_MAX:
+                self._passed.add(headers)
         try:
             message = jsonrpc_message_adapter.validate_python(pydantic_core.from_json(body), by_name=False)
         except (ValueError, ValidationError):
@@ -160,16 +183,10 @@ class SingleExchange:
         metadata = ServerMessageMetadata(request_context=request, can_send_request=False)
         dctx = _DispatchContext(message.id, metadata)
         connection = Connection.from_envelope(version or DEFAULT_NEGOTIATED_VERSION, None, None)
+        connection.exit_stack = _WatchedExitStack()
         reply: JSONRPCResponse | JSONRPCError
         try:
-            result = await serve_one(
-                self.manager.app,
-                dctx,
-                message.method,
-                message.params,
-                connection=connection,
-                lifespan_state=self.manager._lifespan_state,
-            )
+            result = await _serve_one(self.manager.app, dctx, message, connection, self.manager._lifespan_state)
             reply = JSONRPCResponse(jsonrpc="2.0", id=message.id, result=result)
         except Exception as exc:
             error = handler_exception_to_error_data(exc)
@@ -181,6 +198,42 @@ class SingleExchange:
         headers = [*_JSON_HEADERS, (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+class _WatchedExitStack(AsyncExitStack):
+    """A connection's exit stack that knows whether anything was pushed on it.
+
+    Every way to push (``push``, ``callback``, ``enter_context`` and their
+    async forms) goes through contextlib's one ``_push_exit_callback``.
+    """
+
+    used = False
+
+    def _push_exit_callback(self, callback: Any, is_sync: bool = True) -> None:
+        self.used = True
+        super()._push_exit_callback(callback, is_sync)  # type: ignore[misc]
+
+
+async def _serve_one(
+    server: Any, dctx: _DispatchContext, message: JSONRPCRequest, connection: Connection, lifespan_state: Any
+) -> dict[str, Any]:
+    """:func:`mcp.server.runner.serve_one`, step for step, without its two per-request costs that carry nothing.
+
+    The SDK's driver builds a :class:`ServerRunner`, runs its ``on_request``
+    and unwinds the connection's exit stack under a shielded, bounded cancel
+    scope. Here the unwinding is skipped when nothing was pushed on the stack
+    (unwinding an empty stack does nothing; ``_WatchedExitStack`` sees every
+    push), and the runner's cached ``on_request`` (a bound method of the
+    runner, stored on it: a reference cycle) is dropped afterwards, so the
+    request's objects are freed at once rather than by the cycle collector.
+    """
+    runner = ServerRunner(server, connection, lifespan_state)
+    try:
+        return await runner.on_request(dctx, message.method, message.params)
+    finally:
+        runner.__dict__.pop("on_request", None)
+        if not isinstance(connection.exit_stack, _WatchedExitStack) or connection.exit_stack.used:
+            await aclose_shielded(connection)
 
 
 def _json_content_type(request: Request) -> bool:

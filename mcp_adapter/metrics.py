@@ -87,6 +87,8 @@ class Metrics:
         self.auth_throttled = Counter(
             "convmem_auth_throttled", "Authentication attempts refused by throttling", registry=r
         )
+        #: (tool, outcome) -> its call counter and latency histogram, looked up by label once.
+        self._tool_series: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
 
     def observe_engine(self, event: str, value: float) -> None:
         """The :mod:`logstore.observe` callback."""
@@ -100,8 +102,13 @@ class Metrics:
 
     def tool_call(self, tool: str, seconds: float, error_code: str | None) -> None:
         """Count one finished tool call."""
-        self.tool_calls.labels(tool, "ok" if error_code is None else "error").inc()
-        self.tool_latency.labels(tool).observe(seconds)
+        outcome = "ok" if error_code is None else "error"
+        series = self._tool_series.get((tool, outcome))
+        if series is None:  # the first call of this tool with this outcome (tool names are the server's own)
+            series = (self.tool_calls.labels(tool, outcome), self.tool_latency.labels(tool))
+            self._tool_series[(tool, outcome)] = series
+        series[0].inc()
+        series[1].observe(seconds)
         if error_code is not None:
             self.tool_errors.labels(error_code).inc()
             if error_code == "Unauthenticated":

@@ -29,7 +29,6 @@ import os
 import re
 import sys
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,7 +94,8 @@ _current: contextvars.ContextVar[RequestInfo | None] = contextvars.ContextVar("c
 
 
 def new_request_id() -> str:
-    return uuid.uuid4().hex[:16]
+    """16 random hex digits."""
+    return os.urandom(8).hex()
 
 
 def current() -> RequestInfo | None:
@@ -110,9 +110,22 @@ def request_id() -> str:
 
 
 def _emit(info: RequestInfo) -> None:
-    fields = info.fields()
+    """Log the request line: the record ``logger.log(level, "request", extra=...)`` makes, made directly.
+
+    ``Logger.log`` would walk the stack to find this function's frame; the
+    record here names the same file, line and function without the walk.
+    """
     level = logging.WARNING if info.error_code == "Unauthenticated" else logging.INFO
-    logger.log(level, "request", extra={"request": fields})
+    if not logger.isEnabledFor(level):
+        return
+    line = sys._getframe().f_lineno  # the frame is not kept: it would hold this request's objects in a cycle
+    record = logger.makeRecord(
+        logger.name, level, _EMIT_FILE, line, "request", (), None, "_emit", {"request": info.fields()}
+    )
+    logger.handle(record)
+
+
+_EMIT_FILE = _emit.__code__.co_filename
 
 
 class ToolCall:
@@ -333,6 +346,28 @@ def _field_value(value: object) -> str:
     return text
 
 
+#: A string value holding none of these is written as it is (no escape, no quotes).
+_SPECIAL = re.compile('[\x00-\x1f\x7f-\x9f\u2028\u2029\\\\ "=]')
+
+
+def _pairs(fields: dict[str, Any]) -> str:
+    """The request line's ``key=value`` pairs (None values left out), each value as :func:`_field_value` writes it.
+
+    Numbers, and strings without a character that needs escaping or quoting,
+    are written as they are without going through the escaping.
+    """
+    out = []
+    for key, value in fields.items():
+        if value is None:
+            continue
+        kind = type(value)
+        if kind is int or kind is float or kind is bool or (kind is str and value and _SPECIAL.search(value) is None):
+            out.append(f"{key}={value}")
+        else:
+            out.append(f"{key}={_field_value(value)}")
+    return " ".join(out)
+
+
 class TextFormatter(logging.Formatter):
     """The plain format, with a request line's fields as ``key=value`` pairs.
 
@@ -344,6 +379,17 @@ class TextFormatter(logging.Formatter):
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        self._second: tuple[int, str] = (-1, "")
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        """The standard time stamp, its date and time part computed once per second."""
+        if datefmt is not None:  # pragma: no cover - this formatter never sets one
+            return super().formatTime(record, datefmt)
+        second = int(record.created)
+        if self._second[0] != second:
+            self._second = (second, time.strftime(self.default_time_format, self.converter(record.created)))
+        stamp = self._second[1]
+        return self.default_msec_format % (stamp, record.msecs) if self.default_msec_format else stamp
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         record.message = escape_text(relative_paths(record.message))
@@ -360,7 +406,7 @@ class TextFormatter(logging.Formatter):
         text = super().format(record)
         request = getattr(record, "request", None)
         if isinstance(request, dict):
-            text += " " + " ".join(f"{k}={_field_value(v)}" for k, v in request.items() if v is not None)
+            text += " " + _pairs(request)
         return text
 
 

@@ -45,6 +45,7 @@ from .memory_calls import (
 )
 from .memory_schemas import MEMORY_TOOL_NAMES
 from .tools import INSTRUCTIONS, tool_definitions
+from .tracing import span_only_when_tracing
 from .validation import AppendArgs, ListArgs, RecallArgs, ReplayArgs, ToolArgs, parse_arguments
 from .wire import Prepared, Splice, splice_of
 
@@ -372,7 +373,7 @@ def build_server(backend: Backend) -> Server[Any]:
     ) -> types.CallToolResult:
         return await call_tool(backend, ctx, params.name, params.arguments)
 
-    return Server(
+    server = Server(
         "convmem",
         version=__version__,
         title="convmem conversation memory",
@@ -380,3 +381,5 @@ def build_server(backend: Backend) -> Server[Any]:
         on_list_tools=on_list_tools,
         on_call_tool=on_call_tool,
     )
+    span_only_when_tracing(server)  # perf: no OpenTelemetry detour without a tracer provider (see .tracing)
+    return server

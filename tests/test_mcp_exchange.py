@@ -206,3 +206,34 @@ def _walk(app: Any) -> list[Any]:
         if manager is not None:
             return [manager.asgi_app.app]
     return []
+
+
+@pytest.mark.anyio
+async def test_a_connection_exit_stack_with_something_on_it_is_unwound() -> None:
+    from mcp.server import Server
+    from mcp.server.connection import Connection
+    from mcp.shared.message import ServerMessageMetadata
+    from mcp_types import JSONRPCRequest
+
+    ran: list[str] = []
+    stack = exchange._WatchedExitStack()
+    assert not stack.used
+    stack.callback(ran.append, "sync")
+    assert stack.used
+    connection = Connection.from_envelope("2025-06-18", None, None)
+    connection.exit_stack = stack
+    dctx = exchange._DispatchContext(1, ServerMessageMetadata(request_context=None, can_send_request=False))
+    message = JSONRPCRequest(jsonrpc="2.0", id=1, method="ping")
+    assert await exchange._serve_one(Server("t"), dctx, message, connection, None) == {}
+    assert ran == ["sync"]
+    for push in ("push_async_callback", "push_async_exit", "push"):
+        fresh = exchange._WatchedExitStack()
+
+        async def noop(*_: Any) -> None:
+            return None
+
+        getattr(fresh, push)(noop)
+        assert fresh.used, push
+    entered = exchange._WatchedExitStack()
+    entered.enter_context(contextlib.nullcontext())
+    assert entered.used
