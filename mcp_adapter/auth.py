@@ -162,6 +162,15 @@ class Authenticator:
     def _digest(self, header: str) -> bytes:
         return hmac.new(self._key, header.encode("utf-8", "surrogatepass"), hashlib.sha256).digest()
 
+    def _forget_everyone(self) -> None:
+        """Drop every cached login and hash and start a new generation: nobody is let in on what was read before."""
+        with self._lock:
+            self._cache.clear()
+            self._rejected.clear()
+            self._stamp = None
+            self._hashes = {}
+            self._generation += 1
+
     def _refresh(self) -> int:
         """Reload the credential file if it changed since the last look; the current generation.
 
@@ -172,12 +181,7 @@ class Authenticator:
         """
         stamp = self._credentials.stamp()
         if stamp is None and not self._credentials.auth_dir.is_dir():
-            with self._lock:
-                self._cache.clear()
-                self._rejected.clear()
-                self._stamp = None
-                self._hashes = {}
-                self._generation += 1
+            self._forget_everyone()
             raise from_store_error(Unavailable("the credential store in the data directory is not available"))
         with self._lock:
             if stamp == self._stamp:
@@ -185,13 +189,7 @@ class Authenticator:
         try:
             hashes = self._credentials.load()
         except CredentialFileDamaged as exc:
-            # Never fall back on the hashes read before: a removed site would keep its access.
-            with self._lock:
-                self._cache.clear()
-                self._rejected.clear()
-                self._stamp = None
-                self._hashes = {}
-                self._generation += 1
+            self._forget_everyone()  # never the hashes read before: a removed site would keep its access
             logger.error("%s", exc)
             damaged = Unavailable("the site credential file is damaged; an operator must restore it")
             raise from_store_error(damaged) from None
