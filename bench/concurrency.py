@@ -28,7 +28,7 @@ import threading
 import time
 from typing import Any
 
-from convmem.logstore.writer import wait_for_extensions
+from convmem.logstore.preallocation import wait_for_extensions
 
 from .backends import Convmem, Postgres
 from .context import SITE, Ctx

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from convmem.logstore.background import busy_seconds
-from convmem.logstore.writer import wait_for_extensions
+from convmem.logstore.preallocation import wait_for_extensions
 
 #: Backend names, in the order the table shows them.
 CONVMEM, SQLITE, FLOOR, POSTGRES = "convmem", "sqlite", "floor", "postgres"

@@ -1,7 +1,7 @@
 """Work the engine does off the caller's path, on a small thread pool, and waiting for it.
 
 Three kinds of job run here: extend-ahead (zeros written and synced into an
-active segment before appends need them, :meth:`logstore.writer.Writer._extend_ahead`),
+active segment before appends need them, :meth:`logstore.preallocation.Preallocated._extend_ahead`),
 the cut of a closed conversation's unused zeros (:func:`logstore.zerofill.trim`)
 and the refill of a site's pool of conversation directories
 (:meth:`logstore.convpool.SitePool.fill`). No caller ever waits for a job to

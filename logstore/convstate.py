@@ -90,14 +90,14 @@ class ConversationState:
         self.options = options
         self.manifest = manifest
         self.mutex = threading.Lock()
-        # The writer queue (logstore.writer): batches waiting, and a group being written
+        # The writer queue (logstore.groupcommit): batches waiting, and a group being written
         # with ``mutex`` released.
         self._cond = threading.Condition(self.mutex)
         self._queue: collections.deque[Any] = collections.deque()
         self._inflight = False
         self._last_batches = 0  # batches of the last group written
-        self._gathering = False  # a leader waits for more batches (Writer._lead)
-        # The active segment is being extended past ``_alloc`` (logstore.writer, "extend-ahead"):
+        self._gathering = False  # a leader waits for more batches (GroupCommit._lead)
+        # The active segment is being extended past ``_alloc`` (logstore.preallocation, "extend-ahead"):
         # by a background job, or by a group whose records do not fit. Nothing else writes
         # there, and the active segment is neither closed nor cut until it is over.
         self._growing = False
@@ -137,7 +137,7 @@ class ConversationState:
         self._created_us: int | None = None
         self._idx = index.SparseIndex(0, 0)
         #: The writer holds the active segment without an index file: it has no entry yet,
-        #: and the file is created with the first one (see Writer._write_index_entries).
+        #: and the file is created with the first one (see ActiveSegment._write_index_entries).
         self._idx_lazy = False
         # Entries of our own appends not yet in the index file (see _note_index_entry).
         self._idx_unwritten: list[bytes] = []

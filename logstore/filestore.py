@@ -34,10 +34,10 @@ from .model import (
     SeqRange,
     Tail,
 )
+from .preallocation import first_chunk, wait_for_extensions
 from .quota import MANIFEST_BYTES_PER_APPEND, SiteQuota, UsageTracker
 from .store import MemoryStore
 from .timefmt import format_us, parse_rfc3339
-from .writer import first_chunk, wait_for_extensions
 
 _Item = TypeVar("_Item", MemoryItem, RawMemoryItem)
 

@@ -330,7 +330,7 @@ class UsageTracker:
         """Charge the estimate of an append about to be written; the charge (bytes, files), for :meth:`refund`.
 
         ``ahead``: bytes its conversation's files may grow by beyond the record
-        (preallocation, see ``Writer.growth_bound``), charged with it.
+        (preallocation, see ``Preallocated.growth_bound``), charged with it.
 
         Raises QuotaExceeded (and charges nothing) when it would take the site
         past a limit, after one walk when the account is older than the

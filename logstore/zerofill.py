@@ -20,7 +20,7 @@ much of that space each conversation keeps:
   store's cache, or the store closed), :func:`trim` cuts its active segment
   back to the data end rounded up to a block, in the background.
 
-Who writes a chunk (:mod:`logstore.writer`): one of at least
+Who writes a chunk (:mod:`logstore.preallocation`): one of at least
 :data:`AHEAD_MIN_CHUNK` is written ahead of need by a background job, in
 steps written out without a device flush, then one ``fdatasync`` for the
 whole chunk: the job's flush per chunk is one per ``chunk / group``

@@ -23,7 +23,7 @@ import psycopg
 
 from convmem.logstore import FileStore, MemoryStore
 from convmem.logstore.postgres import PgStore
-from convmem.logstore.writer import wait_for_extensions
+from convmem.logstore.preallocation import wait_for_extensions
 from tests import pgcluster
 from tests.logstore_helpers import tree_digest
 

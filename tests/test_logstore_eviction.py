@@ -15,9 +15,8 @@ from typing import Any
 
 import pytest
 
-from convmem.logstore import FileStore, Range, fileio
-from convmem.logstore import writer as logwriter
-from convmem.logstore.writer import wait_for_extensions
+from convmem.logstore import FileStore, Range, fileio, preallocation
+from convmem.logstore.preallocation import wait_for_extensions
 
 SITE = "site-evict"
 
@@ -26,7 +25,7 @@ def test_a_lookup_does_not_wait_for_another_conversations_extension(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     jobs: list[Any] = []
-    monkeypatch.setattr(logwriter, "run_extension", jobs.append)
+    monkeypatch.setattr(preallocation, "run_extension", jobs.append)
     store = FileStore(tmp_path / "d", max_open=1)
     release = threading.Event()
     entered = threading.Event()

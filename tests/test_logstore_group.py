@@ -24,8 +24,9 @@ import pytest
 
 from convmem.logstore import FileStore, Io, Range, fileio
 from convmem.logstore.codec import encode_batch
+from convmem.logstore.groupcommit import Batch
 from convmem.logstore.maintenance import scan_segment
-from convmem.logstore.writer import _Batch, wait_for_extensions
+from convmem.logstore.preallocation import wait_for_extensions
 from tests.logstore_helpers import segment_files
 
 SITE = "site-group"
@@ -90,12 +91,12 @@ def test_threads_on_one_conversation_read_back_gapless(tmp_path: Path, threads: 
         store.close()
 
 
-def _queue_and_lead(store: FileStore, conv_id: str, batches: list[list[dict[str, Any]]]) -> list[_Batch]:
+def _queue_and_lead(store: FileStore, conv_id: str, batches: list[list[dict[str, Any]]]) -> list[Batch]:
     """Queue ``batches`` on the conversation, then let the first lead: one group, as threads would form it."""
     started = time.monotonic()
     conv = store._acquire(SITE, conv_id, started + 5, started)
     try:
-        queued = [_Batch(*encode_batch(b)) for b in batches]
+        queued = [Batch(*encode_batch(b)) for b in batches]
         conv._queue.extend(queued)
         while conv._queue and conv._queue[0] in queued:
             conv._lead(started + 5, started)

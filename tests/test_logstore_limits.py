@@ -21,7 +21,7 @@ from convmem.logstore import (
     SiteName,
     Tail,
 )
-from convmem.logstore.writer import wait_for_extensions
+from convmem.logstore.preallocation import wait_for_extensions
 from tests.pg_support import content_digest
 
 SITE = "site-0001"

@@ -8,9 +8,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from convmem.logstore import FileStore, Range, layout, zerofill
-from convmem.logstore import writer as logwriter
-from convmem.logstore.writer import wait_for_extensions
+from convmem.logstore import FileStore, Range, layout, preallocation, zerofill
+from convmem.logstore.preallocation import wait_for_extensions
 from tests.logstore_helpers import data_size, segment_files
 
 SITE = "site-zero"
@@ -101,12 +100,12 @@ def test_zeros_written_into_by_another_writer_are_kept(tmp_path: Path) -> None:
             a.append(SITE, "conversation-shared", items)
         wait_for_extensions()
         b.append(SITE, "conversation-shared", items)  # into a's zeros: the data end moves on
-        real = logwriter.run_extension
-        logwriter.run_extension = jobs.append  # type: ignore[assignment]
+        real = preallocation.run_extension
+        preallocation.run_extension = jobs.append  # type: ignore[assignment]
         try:
             a.close()
         finally:
-            logwriter.run_extension = real
+            preallocation.run_extension = real
         seg = segment_files(str(root))[-1]
         size = os.path.getsize(seg)
         assert len(jobs) == 1, "closing a conversation with zeros ahead hands over one cut"

@@ -36,7 +36,7 @@ from typing import Any
 
 from convmem import logstore
 from convmem.logstore import FileStore
-from convmem.logstore.writer import wait_for_extensions
+from convmem.logstore.preallocation import wait_for_extensions
 
 ITEMS = [{"role": "user", "text": "x" * 120, "n": i} for i in range(10)]
 

@@ -8,7 +8,7 @@ the other backends' calls leave gaps), then prints the p50, p99 and p99.9 of
 all appends and, apart, the appends of each class:
 
 * those that ran while an extend-ahead job was writing or syncing zeros
-  (``logstore.writer``: the job's I/O competes with the append's sync);
+  (``logstore.preallocation``: the job's I/O competes with the append's sync);
 * those whose segment file grew during the call with no job running (the
   append extended the file itself, records and zeros in one write and sync;
   or a segment roll);
@@ -16,7 +16,7 @@ all appends and, apart, the appends of each class:
 
 Not part of the bench's ratios: a probe that shows where
 ``append10_p99_over_p50`` comes from. It times the jobs by wrapping
-``Writer._extend_ahead`` in this process.
+``Preallocated._extend_ahead`` in this process.
 """
 
 from __future__ import annotations
@@ -29,22 +29,22 @@ import tempfile
 import time
 
 from convmem.logstore import FileStore, layout
-from convmem.logstore.writer import Writer, wait_for_extensions
+from convmem.logstore.preallocation import Preallocated, wait_for_extensions
 
 
 def _spans() -> list[tuple[float, float]]:
     """Start and end of every extend-ahead job run from now on (the job wrapped in place)."""
     spans: list[tuple[float, float]] = []
-    job = Writer._extend_ahead
+    job = Preallocated._extend_ahead
 
-    def timed(self: Writer) -> None:
+    def timed(self: Preallocated) -> None:
         t = time.perf_counter()
         try:
             job(self)
         finally:
             spans.append((t, time.perf_counter()))
 
-    Writer._extend_ahead = timed  # type: ignore[method-assign]
+    Preallocated._extend_ahead = timed  # type: ignore[method-assign]
     return spans
 
 

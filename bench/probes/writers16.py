@@ -11,7 +11,7 @@ Options that take the run apart:
 
 * ``--backend floor``: the bench's pre-zeroed floor (:mod:`bench.floor_peer`)
   instead of convmem, in the same process, for the figure at the same load.
-* ``--no-ahead``: extend-ahead jobs never run (``writer.run_extension`` is a
+* ``--no-ahead``: extend-ahead jobs never run (``preallocation.run_extension`` is a
   no-op): appends extend the file themselves when the zeros run out.
 * ``--syncs``: count every sync through the I/O seam's recorder
   (``logstore.fileio.recorder``), by who made it (an append's thread or a
@@ -39,7 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.floor_peer import Floor
-from convmem.logstore import fileio, manifest, open_store, writer
+from convmem.logstore import fileio, manifest, open_store, preallocation
 
 SITE = "probe"
 
@@ -149,7 +149,7 @@ def _run(append: Callable[[str], None], convs: list[str], n: int) -> tuple[float
         t.start()
     for t in threads:
         t.join()
-    writer.wait_for_extensions()
+    preallocation.wait_for_extensions()
     return len(convs) * n / (time.perf_counter() - min(starts)), lats
 
 
@@ -168,7 +168,7 @@ def main() -> None:
     counter = SyncCounter() if args.syncs else None
     timers = Timers() if args.timers else None
     if args.no_ahead:
-        writer.run_extension = lambda job: None
+        preallocation.run_extension = lambda job: None
     try:
         if args.backend == "floor":
             floor = Floor(root)
@@ -181,7 +181,7 @@ def main() -> None:
                 backend.append(SITE, c, items)
                 if args.backend == "floor":
                     floor.reserve(SITE, c, (args.batches + 1) * 10 * (1024 + 64))
-            writer.wait_for_extensions()
+            preallocation.wait_for_extensions()
             if counter is not None:
                 counter.syncs.clear()
                 counter.grew = 0

@@ -25,8 +25,7 @@ from typing import Any
 
 import pytest
 
-from convmem.logstore import FileStore, Io, convpool, fileio
-from convmem.logstore import writer as logwriter
+from convmem.logstore import FileStore, Io, convpool, fileio, preallocation
 from convmem.logstore.conversation import Conversation, Tip
 from convmem.logstore.manifest import SiteManifest
 from tests.logstore_helpers import data_size
@@ -83,7 +82,7 @@ def hook(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
     # Extend-ahead jobs run on a thread of their own, at times of their own: here they never
     # run (every extension is an append's own), so that the N-th call is the same call in
     # every run. test_failing_extend_ahead puts faults into the jobs.
-    monkeypatch.setattr(logwriter, "run_extension", lambda job: None)
+    monkeypatch.setattr(preallocation, "run_extension", lambda job: None)
     yield slot
 
 
@@ -250,7 +249,7 @@ def test_failing_extend_ahead(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, o
     Every append succeeds, seqs stay gapless, and a fresh store reads the same.
     """
     jobs: list[Any] = []
-    monkeypatch.setattr(logwriter, "run_extension", jobs.append)
+    monkeypatch.setattr(preallocation, "run_extension", jobs.append)
     calls = [0]
 
     def fail(op: str) -> None:

@@ -63,14 +63,14 @@ from convmem.logstore import (
     layout,
     manifest,
     poolclaims,
+    preallocation,
     zerofill,
 )
-from convmem.logstore import writer as logwriter
 from convmem.logstore.codec import encode_batch
+from convmem.logstore.groupcommit import Batch
 from convmem.logstore.maintenance import Restorer, backup, check, salvage
 from convmem.logstore.memories.backup import MEMORY_BACKUP
 from convmem.logstore.segment import data_end, iter_records
-from convmem.logstore.writer import _Batch
 from convmem.tools.export import write_items
 from convmem.tools.restore import import_conversation
 
@@ -146,7 +146,7 @@ class Writer:
             queued = []
             for n, pad in plan:
                 self.b += 1
-                queued.append((self.b, n, pad, _Batch(*encode_batch(make_batch(self.w, self.b, n, pad)))))
+                queued.append((self.b, n, pad, Batch(*encode_batch(make_batch(self.w, self.b, n, pad)))))
             batches = [q[3] for q in queued]
             c._queue.extend(batches)
             while c._queue and c._queue[0] in batches:
@@ -188,7 +188,7 @@ def record(
 ) -> Recording:
     """Run ``setup`` plainly, then ``work`` with every operation recorded.
 
-    Extend-ahead jobs (``logstore.writer.run_extension``) and the pool's fills
+    Extend-ahead jobs (``logstore.preallocation.run_extension``) and the pool's fills
     (which sync a claim's directories, after its acknowledgement) run in the
     workload's thread after each acknowledged batch, so that the operations
     come in a reproducible order and a cut can fall between an acknowledgement
@@ -196,9 +196,9 @@ def record(
     extension is an append's own.
     """
     _JOBS.clear()
-    real_run = logwriter.run_extension
+    real_run = preallocation.run_extension
     real_fill = convpool.request_fill
-    logwriter.run_extension = _JOBS.append if ahead else (lambda job: None)
+    preallocation.run_extension = _JOBS.append if ahead else (lambda job: None)
 
     def fill_later(pool: convpool.SitePool, after: Any = None, fill: Callable[[], None] | None = None) -> None:
         _JOBS.append(pool.fill if fill is None else fill)
@@ -225,7 +225,7 @@ def record(
         finally:
             fileio.recorder = None
     finally:
-        logwriter.run_extension = real_run
+        preallocation.run_extension = real_run
         convpool.request_fill = real_fill
         _JOBS.clear()
     assert disk.ops, "the workload performed no recorded operation"

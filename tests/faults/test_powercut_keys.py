@@ -16,7 +16,7 @@ from pathlib import Path
 
 from convmem.logstore import FileStore
 from convmem.logstore.codec import encode_batch
-from convmem.logstore.writer import _Batch
+from convmem.logstore.groupcommit import Batch
 
 from ._common import SITE, Ack, check_log, make_batch, read_all
 from .test_powercut import (  # noqa: F401 - fixtures are used by name
@@ -57,9 +57,9 @@ def _keyed(w: Writer) -> None:
         batches = []
         for n, pad in GROUP:
             w.b += 1
-            batches.append((w.b, n, pad, _Batch(*encode_batch(make_batch(w.w, w.b, n, pad)), key=_key(w.b))))
+            batches.append((w.b, n, pad, Batch(*encode_batch(make_batch(w.w, w.b, n, pad)), key=_key(w.b))))
         b, n, pad, _ = batches[-1]
-        twin = _Batch(*encode_batch(make_batch(w.w, b, n, pad)), key=_key(b))
+        twin = Batch(*encode_batch(make_batch(w.w, b, n, pad)), key=_key(b))
         c._queue.extend([x[3] for x in batches] + [twin])
         while c._queue:
             c._lead(started + 5, started)
