@@ -7,7 +7,9 @@ memory is re-derived from the files whenever another may have changed them.
 
 The parts, each in its own module: :mod:`logstore.convstate` (state, files,
 locks), :mod:`logstore.recovery` (finding and verifying the tail on open),
-:mod:`logstore.writer` (the append path) and :mod:`logstore.reader` (reads).
+:mod:`logstore.writer` (the append path, itself in parts: group commit,
+conversation creation, sealing, the active segment, preallocation) and
+:mod:`logstore.reader` (reads).
 The bytes are described in FORMAT.md only.
 """
 

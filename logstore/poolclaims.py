@@ -26,7 +26,7 @@ Invariants:
   per-directory durability may do): it is removed. One whose conversation
   has a directory without that identity is left as it is (never removed:
   which is right is not known) and reported by ``convmem fsck``.
-* ``pool/settled`` holds the boot id (:data:`logstore.manifest.boot_id`) of
+* ``pool/settled`` holds the boot id (:data:`logstore.bootid.boot_id`) of
   the last boot in which a process finished every move; a process of that
   boot skips the search. Not synced: after a power cut the boot differs.
 """
@@ -39,7 +39,7 @@ from typing import NamedTuple
 
 import xxhash
 
-from . import fileio, layout, manifest
+from . import bootid, fileio, layout
 
 #: First bytes of an identity (FORMAT.md 6).
 MAGIC = b"CVMCLM\x00\x01"
@@ -213,7 +213,7 @@ def settled_here(site_path: str) -> bool:
     except OSError:
         return False
     try:
-        return os.pread(fd, 128, 0).decode("ascii", "replace").strip() == manifest.boot_id
+        return os.pread(fd, 128, 0).decode("ascii", "replace").strip() == bootid.boot_id
     except OSError:
         return False
     finally:
@@ -232,7 +232,7 @@ def settle_site(site_path: str) -> None:
     try:
         fd = fileio.open_create(tmp, os.O_WRONLY | os.O_TRUNC)
         try:
-            fileio.pwrite_all(fd, (manifest.boot_id + "\n").encode("ascii"), 0)
+            fileio.pwrite_all(fd, (bootid.boot_id + "\n").encode("ascii"), 0)
         finally:
             os.close(fd)
         fileio.rename(tmp, os.path.join(pool, SETTLED_FILE))

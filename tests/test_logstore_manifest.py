@@ -134,13 +134,13 @@ def test_sites_are_isolated_and_cursors_are_bound_to_their_site(tmp_path: Path) 
 
 
 def _log_records(root: Path) -> tuple[Path, list[tuple[int, int, list | None]]]:
-    from convmem.logstore import layout, manifest
+    from convmem.logstore import layout, manifestcodec
 
     sdir = Path(layout.site_dir(str(root), SITE))
     log = max(p for p in sdir.iterdir() if p.suffix == ".log")
     data = log.read_bytes()
-    salt = manifest.LOG_HEADER.unpack(data[: manifest.LOG_HEADER.size])[2]
-    return log, list(manifest.iter_log_records(data, salt, manifest.LOG_HEADER.size))
+    salt = manifestcodec.LOG_HEADER.unpack(data[: manifestcodec.LOG_HEADER.size])[2]
+    return log, list(manifestcodec.iter_log_records(data, salt, manifestcodec.LOG_HEADER.size))
 
 
 def test_new_conversation_lost_from_the_log_is_found_after_a_reboot(
@@ -152,7 +152,7 @@ def test_new_conversation_lost_from_the_log_is_found_after_a_reboot(
     conversations the listing does not know, and logs a walked record; a
     restart in the same boot walks no more.
     """
-    from convmem.logstore import manifest
+    from convmem.logstore import bootid, manifestcodec
 
     root = tmp_path / "data"
     store = FileStore(root)
@@ -175,7 +175,7 @@ def test_new_conversation_lost_from_the_log_is_found_after_a_reboot(
         lambda self, site, conv, wait=True, settle=None: probed.append(conv) or real(self, site, conv, wait, settle),
     )
 
-    monkeypatch.setattr(manifest, "boot_id", "a-later-boot")
+    monkeypatch.setattr(bootid, "boot_id", "a-later-boot")
     store = FileStore(root)
     try:
         assert listed(store) == ["conv-new-02", "conv-new-01", "conv-old-01"]
@@ -187,7 +187,7 @@ def test_new_conversation_lost_from_the_log_is_found_after_a_reboot(
     finally:
         store.close()
     _log, recs = _log_records(root)
-    walked = [rec[1] for _o, _e, rec in recs if rec is not None and rec[0] == manifest.WALKED]
+    walked = [rec[1] for _o, _e, rec in recs if rec is not None and rec[0] == manifestcodec.WALKED]
     assert walked[-1] == "a-later-boot", walked  # after the epoch's first (its log was created with one)
     probed.clear()
     store = FileStore(root)  # a restart in the same boot: the walked record says there is nothing to find
@@ -239,15 +239,16 @@ def test_commits_owed_by_a_killed_writer_are_probed_by_the_next_listing(tmp_path
     )
     proc = subprocess.run([sys.executable, "-c", code], timeout=60)
     assert proc.returncode == -9
-    from convmem.logstore import manifest
+    from convmem.logstore import manifestcodec
 
     site_dir = next((root / "sites").iterdir())
     log = max(site_dir.glob("manifest-*.log"))
     data = log.read_bytes()
-    salt = manifest.LOG_HEADER.unpack_from(data)[2]
-    recs = [r for _o, _e, r in manifest.iter_log_records(data, salt, manifest.LOG_HEADER.size) if r is not None]
-    committed = {(r[1], r[4]) for r in recs if r[0] == manifest.COMMIT}
-    committed |= {(r[1], r[7]) for r in recs if r[0] == manifest.INTENT and len(r) >= 8}  # carried by an intent
+    salt = manifestcodec.LOG_HEADER.unpack_from(data)[2]
+    start = manifestcodec.LOG_HEADER.size
+    recs = [r for _o, _e, r in manifestcodec.iter_log_records(data, salt, start) if r is not None]
+    committed = {(r[1], r[4]) for r in recs if r[0] == manifestcodec.COMMIT}
+    committed |= {(r[1], r[7]) for r in recs if r[0] == manifestcodec.INTENT and len(r) >= 8}  # carried by an intent
     # conv 0 got batches k = 0, 3, 6 (next_seq 1, 2, 3); conv 1 k = 1, 4 (1, 2); conv 2 k = 2, 5 (1, 2).
     # Each intent carried its conversation's previous commit; each conversation's last one was owed.
     assert committed == {(convs[0], 1), (convs[0], 2), (convs[1], 1), (convs[2], 1)}, recs

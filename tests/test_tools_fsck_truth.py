@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from convmem.logstore import FileStore, ListSelector, frame, layout, manifest
+from convmem.logstore import FileStore, ListSelector, frame, layout, manifest, manifestcodec
 from convmem.logstore.conversation import Tip
 from tests.tools_support import REPO, SITE, cli, conv_dir, flip_byte, fsck, kinds, populate, read_all, record_offsets
 from tests.tools_support import segments as segs_of
@@ -94,7 +94,7 @@ def manifest_incomplete(root: Path) -> None:
     m = _manifest(root)
     try:
         m._flock()
-        epoch = max(manifest._epoch_files(str(site_dir(root))))
+        epoch = max(manifestcodec.epoch_files(str(site_dir(root))))
         m._write_epoch(epoch + 1, [], False)
         m._current_epoch_locked()
         m._funlock()
@@ -420,8 +420,8 @@ def _current_log(root: Path) -> tuple[Path, int, list[tuple[int, int]]]:
     """The current activity log, its salt and its records' ``(offset, end)``."""
     path = max(site_dir(root).glob("manifest-*.log"))
     data = path.read_bytes()
-    _magic, _epoch, salt, _check = manifest.LOG_HEADER.unpack(data[: manifest.LOG_HEADER.size])
-    recs = [(o, e) for o, e, _r in manifest.iter_log_records(data, salt, manifest.LOG_HEADER.size)]
+    _magic, _epoch, salt, _check = manifestcodec.LOG_HEADER.unpack(data[: manifestcodec.LOG_HEADER.size])
+    recs = [(o, e) for o, e, _r in manifestcodec.iter_log_records(data, salt, manifestcodec.LOG_HEADER.size)]
     return path, salt, recs
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from convmem.logstore import FileStore, manifest
+from convmem.logstore import FileStore, manifestcodec
 from convmem.logstore.maintenance import (
     MaintenanceError,
     Progress,
@@ -26,15 +26,15 @@ def test_fast_log_reader_matches_the_engines_on_damaged_logs(tmp_path: Path) -> 
     populate(root, conversations=4, batches=10)
     [log] = conv_dir(root, "conv-0000").parents[3].glob("manifest-*.log")
     data = log.read_bytes()
-    salt = manifest.LOG_HEADER.unpack_from(data)[2]
-    body = data[manifest.LOG_HEADER.size :]
+    salt = manifestcodec.LOG_HEADER.unpack_from(data)[2]
+    body = data[manifestcodec.LOG_HEADER.size :]
     rng = random.Random(7)
     for _ in range(200):
         damaged = bytearray(body)
         for _ in range(rng.randint(0, 3)):
             damaged[rng.randrange(len(damaged))] ^= 1 << rng.randrange(8)
         cut = bytes(damaged[: rng.randint(len(damaged) // 2, len(damaged))])
-        assert list(_iter_log(cut, salt)) == list(manifest.iter_log_records(cut, salt, 0))
+        assert list(_iter_log(cut, salt)) == list(manifestcodec.iter_log_records(cut, salt, 0))
 
 
 def test_progress_callback_sees_every_conversation_and_byte(tmp_path: Path) -> None:

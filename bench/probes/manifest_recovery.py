@@ -21,7 +21,7 @@ import tempfile
 import time
 
 from convmem import logstore
-from convmem.logstore import FileStore, ListSelector, fileio, manifest
+from convmem.logstore import FileStore, ListSelector, bootid, fileio
 
 SITE = "benchsite"
 
@@ -55,11 +55,11 @@ def _round(root: str, n: int, res: dict[str, list[float]]) -> None:
     res["first append per conversation"].append(statistics.median(first))
     res["later appends"].append(statistics.median(later))
     for label, boot in (("first listing, restart", None), ("first listing, after a reboot", "bench-reboot")):
-        saved = getattr(manifest, "boot_id", None)
+        saved = getattr(bootid, "boot_id", None)
         if boot is not None:
             if saved is None:
                 continue  # a tree without boot records
-            manifest.boot_id = boot
+            bootid.boot_id = boot
         try:
             store = FileStore(root)
             t = time.perf_counter()
@@ -68,7 +68,7 @@ def _round(root: str, n: int, res: dict[str, list[float]]) -> None:
             store.close()
         finally:
             if boot is not None and saved is not None:
-                manifest.boot_id = saved
+                bootid.boot_id = saved
 
 
 def main() -> None:

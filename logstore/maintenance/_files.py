@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from .. import fileio, layout, manifest, poolclaims
+from .. import fileio, layout, manifestfiles, poolclaims
 from ..errors import StoreError, Timeout
 from ..frame import SEGMENT_HEADER_SIZE
 from ..ids import CONVERSATION_ID_RULE, SITE_NAME_RULE, ConversationId, SiteName
@@ -218,7 +218,9 @@ def iter_conversations(
         # "memories": the site's long-term memories, checked by logstore.memories.check.
         # The pool (logstore.convpool) holds no conversation: nothing there was acknowledged.
         # site.id: the site's incarnation (logstore.incarnation); usage.acct: its quota account (logstore.quota).
-        known = (manifest.LOCK_FILE, layout.CONVERSATIONS_DIR, layout.POOL_DIR, "memories", SITE_ID_FILE, "usage.acct")
+        known = (
+            manifestfiles.LOCK_FILE, layout.CONVERSATIONS_DIR, layout.POOL_DIR, "memories", SITE_ID_FILE, "usage.acct"
+        )
         if name in known or name == RETIRED_ID_FILE or ".tmp" in name:
             continue
         stem, _, ext = name.partition(".")

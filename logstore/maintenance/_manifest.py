@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 import xxhash
 
-from .. import layout, manifest
+from .. import bootid, layout, manifest, manifestcodec, manifestfiles
 from ..conversation import Tip
 from ..errors import Timeout
 from ._files import (
@@ -35,7 +35,7 @@ from ._types import (
 class _ManifestState:
     epoch: int | None
     complete: bool
-    entries: dict[str, manifest._Entry]
+    entries: dict[str, manifestcodec.Entry]
     #: ``(kind, file, offset, detail, note)``; ``note`` is the action text of a state a crash
     #: leaves that the engine resolves by itself (None for a problem).
     problems: list[tuple[str, str, int | None, str, str | None]]
@@ -50,7 +50,7 @@ class _ManifestState:
     #: Reading records logged before this boot (no boot record of this boot seen yet).
     before_boot: bool = True
     #: The log holds a walked record of this boot: the engine will not look for conversations
-    #: the listing does not know (see manifest.SiteManifest._walk_unknown).
+    #: the listing does not know (see manifestrecovery.ListingRecovery._walk_unknown).
     walked: bool = False
     #: The engine will rebuild the whole listing from the conversations' logs at its next
     #: listing (a damaged or incomplete activity log marks the listing incomplete).
@@ -62,7 +62,7 @@ class _ManifestState:
 
 def _read_manifest(site_dir: str) -> _ManifestState:
     """The committed listing as the engine would load it, without changing anything."""
-    epochs = manifest._epoch_files(site_dir)
+    epochs = manifestcodec.epoch_files(site_dir)
     snaps = [e for e, kinds in epochs.items() if "snap" in kinds]
     if not snaps:
         return _ManifestState(
@@ -80,10 +80,10 @@ def _read_manifest(site_dir: str) -> _ManifestState:
             ],
         )
     epoch = max(snaps)
-    spath = manifest.snap_path(site_dir, epoch)
+    spath = manifestcodec.snap_path(site_dir, epoch)
     try:
-        entries, complete = manifest._decode_snapshot(manifest._read(spath), epoch)
-    except manifest._Damaged:
+        entries, complete = manifestcodec.decode_snapshot(manifestcodec.read_or_damaged(spath), epoch)
+    except manifestcodec.Damaged:
         return _ManifestState(
             epoch, False, {}, [(MANIFEST_DAMAGED, spath, 0, "the snapshot fails its checksums", None)]
         )
@@ -103,13 +103,13 @@ def _read_manifest(site_dir: str) -> _ManifestState:
                 "next listing; --repair rewrites the manifest now",
             )
         )
-    lpath = manifest.log_path(site_dir, epoch)
+    lpath = manifestcodec.log_path(site_dir, epoch)
     try:
         with open(lpath, "rb") as f:
             data = f.read()
     except FileNotFoundError:
         # The snapshot and its log are each written durably (write_file_atomic), the log
-        # second: a crash between the two leaves this (manifest.SiteManifest._current_epoch_locked).
+        # second: a crash between the two leaves this (manifestfiles.ManifestFiles._current_epoch_locked).
         if any(e < epoch and "log" in kinds for e, kinds in epochs.items()):
             note = (
                 "none needed: a crash came between writing this epoch's snapshot and its log, so the snapshot "
@@ -123,31 +123,31 @@ def _read_manifest(site_dir: str) -> _ManifestState:
             )
         state.problems.append((MANIFEST_DAMAGED, lpath, None, "the current epoch has no activity log", note))
         return state
-    head = data[: manifest.LOG_HEADER.size]
-    if len(head) < manifest.LOG_HEADER.size:
+    head = data[: manifestcodec.LOG_HEADER.size]
+    if len(head) < manifestcodec.LOG_HEADER.size:
         # Not a crash's work (the log is created whole and synced before it is used); the engine
         # would start a new epoch and rebuild the listing, but the file was damaged: a problem.
         state.problems.append((MANIFEST_DAMAGED, lpath, 0, "the activity log's header is truncated", None))
         return state
-    magic, e, salt, check = manifest.LOG_HEADER.unpack(head)
-    if magic != manifest.LOG_MAGIC or e != epoch or xxhash.xxh3_64_intdigest(head[:24]) != check:
+    magic, e, salt, check = manifestcodec.LOG_HEADER.unpack(head)
+    if magic != manifestcodec.LOG_MAGIC or e != epoch or xxhash.xxh3_64_intdigest(head[:24]) != check:
         state.problems.append((MANIFEST_DAMAGED, lpath, 0, "the activity log's header fails its checksum", None))
         return state
-    state.log_salt, state.log_done = salt, manifest.LOG_HEADER.size
+    state.log_salt, state.log_done = salt, manifestcodec.LOG_HEADER.size
     state.log_ino = os.stat(lpath).st_ino
-    _apply_log(state, lpath, data[manifest.LOG_HEADER.size :], manifest.LOG_HEADER.size)
+    _apply_log(state, lpath, data[manifestcodec.LOG_HEADER.size :], manifestcodec.LOG_HEADER.size)
     return state
 
 
 def _iter_log(data: bytes, salt: int) -> Iterator[tuple[int, int, list[Any] | None]]:
-    """``manifest.iter_log_records(data, salt, 0)``, with its common case (whole, valid records) inlined.
+    """``manifestcodec.iter_log_records(data, salt, 0)``, with its common case (whole, valid records) inlined.
 
     At the first record that is not plainly valid it hands over to the
     engine's reader, which resynchronises after damage exactly as the engine does.
     """
-    unpack = manifest.REC_HEADER.unpack_from
-    hsize = manifest.REC_HEADER.size
-    magic_ok = manifest.REC_MAGIC
+    unpack = manifestcodec.REC_HEADER.unpack_from
+    hsize = manifestcodec.REC_HEADER.size
+    magic_ok = manifestcodec.REC_MAGIC
     xxh3 = xxhash.xxh3_64_intdigest
     decode = _MSGPACK.decode
     pos, n = 0, len(data)
@@ -167,13 +167,13 @@ def _iter_log(data: bytes, salt: int) -> Iterator[tuple[int, int, list[Any] | No
             break
         yield pos, end, rec
         pos = end
-    for off, end, rec in manifest.iter_log_records(data, salt, pos):
+    for off, end, rec in manifestcodec.iter_log_records(data, salt, pos):
         yield off, end, rec
 
 
 _MSGPACK = msgspec.msgpack.Decoder()
 
-#: What the engine does about a damaged activity log (see manifest.SiteManifest._tail and _refresh).
+#: What the engine does about a damaged activity log (see manifestapply.ManifestApply._tail and _refresh).
 _REBUILD_NOTE = (
     "none needed: the engine marks its listing incomplete on reading this and rebuilds the whole listing "
     "from the conversations' logs at the site's next listing; --repair rewrites the manifest now"
@@ -198,15 +198,15 @@ def _apply_log(state: _ManifestState, lpath: str, data: bytes, base: int) -> Non
                 (MANIFEST_DAMAGED, lpath, base + off, "an activity log record fails its checksum", _REBUILD_NOTE)
             )
             continue
-        if rec and rec[0] == manifest.WALKED and len(rec) > 1 and rec[1] == manifest.boot_id:
+        if rec and rec[0] == manifestcodec.WALKED and len(rec) > 1 and rec[1] == bootid.boot_id:
             state.walked = True
         if state.before_boot and rec:
-            # As the engine's loader does: note who was written before this boot (see manifest._apply).
-            if rec[0] == manifest.BOOT and len(rec) > 1 and rec[1] == manifest.boot_id:
+            # As the engine's loader does: note who was written before this boot (see ManifestApply._apply).
+            if rec[0] == manifestcodec.BOOT and len(rec) > 1 and rec[1] == bootid.boot_id:
                 state.before_boot = False
-            elif rec[0] == manifest.INTENT and len(rec) > 1:
+            elif rec[0] == manifestcodec.INTENT and len(rec) > 1:
                 state.recover.add(rec[1])
-        if rec and rec[0] == manifest.INTENT and len(rec) > 1 and isinstance(rec[1], str):
+        if rec and rec[0] == manifestcodec.INTENT and len(rec) > 1 and isinstance(rec[1], str):
             state.intents[rec[1]] = state.intents.get(rec[1], 0) + 1
         apply(entries, rec)
         done = end
@@ -214,7 +214,7 @@ def _apply_log(state: _ManifestState, lpath: str, data: bytes, base: int) -> Non
     if state.log_done < base + len(data):
         # Read under the manifest lock, so no writer is half way through a record.
         # A torn or zeroed append. Under the manifest lock the engine marks the listing
-        # incomplete at bytes that are not a whole record and rebuilds it (manifest.SiteManifest._tail).
+        # incomplete at bytes that are not a whole record and rebuilds it (manifestapply.ManifestApply._tail).
         extra = base + len(data) - state.log_done
         state.rebuild_owed = True
         state.problems.append(
@@ -232,10 +232,10 @@ def _refresh_manifest(site_dir: str, state: _ManifestState | None) -> _ManifestS
     """``state`` brought up to date by reading only what was appended to its log, or a full re-read."""
     if state is None or state.epoch is None or not state.log_done:
         return _read_manifest(site_dir)
-    epochs = manifest._epoch_files(site_dir)
+    epochs = manifestcodec.epoch_files(site_dir)
     if max((e for e, kinds in epochs.items() if "snap" in kinds), default=None) != state.epoch:
         return _read_manifest(site_dir)  # compacted since: a new snapshot holds it all
-    lpath = manifest.log_path(site_dir, state.epoch)
+    lpath = manifestcodec.log_path(site_dir, state.epoch)
     try:
         with open(lpath, "rb") as f:
             if os.fstat(f.fileno()).st_ino != state.log_ino:
@@ -248,34 +248,37 @@ def _refresh_manifest(site_dir: str, state: _ManifestState | None) -> _ManifestS
     return state
 
 
-def _apply_log_record(entries: dict[str, manifest._Entry], rec: list[Any]) -> None:
+def _apply_log_record(entries: dict[str, manifestcodec.Entry], rec: list[Any]) -> None:
     """Merge one activity-log record, monotonically, as the engine does."""
     try:
         kind, conv, created, last, nxt = rec[:5]
     except (ValueError, TypeError):
         return
-    if kind == manifest.INTENT and len(rec) >= 8:
-        _apply_log_record(entries, [manifest.COMMIT, conv, *rec[5:8]])  # the commit it carries comes first
+    if kind == manifestcodec.INTENT and len(rec) >= 8:
+        _apply_log_record(entries, [manifestcodec.COMMIT, conv, *rec[5:8]])  # the commit it carries comes first
     e = entries.get(conv)
-    if kind == manifest.INTENT:
+    if kind == manifestcodec.INTENT:
         if e is None:
-            e = entries[conv] = manifest._Entry(conv, 0, 0, 0)
+            e = entries[conv] = manifestcodec.Entry(conv, 0, 0, 0)
         if nxt > e.next_seq and (e.pending is None or nxt > e.pending[2]):
             e.pending = (created, last, nxt)
         return
-    if kind == manifest.RESOLVE and e is not None and e.pending is not None and len(rec) > 5 and e.pending[2] == rec[5]:
+    if (
+        kind == manifestcodec.RESOLVE and e is not None and e.pending is not None and len(rec) > 5
+        and e.pending[2] == rec[5]
+    ):
         e.pending = None
     if nxt <= 0:
         return
     if e is None:
-        e = entries[conv] = manifest._Entry(conv, created, last, 0)
+        e = entries[conv] = manifestcodec.Entry(conv, created, last, 0)
     if nxt > e.next_seq:
         e.created_us, e.last_us, e.next_seq = created, last, nxt
     if e.pending is not None and e.pending[2] <= e.next_seq:
         e.pending = None
 
 
-def _committed(e: manifest._Entry | None) -> Tip | None:
+def _committed(e: manifestcodec.Entry | None) -> Tip | None:
     return Tip(e.created_us, e.last_us, e.next_seq) if e is not None and e.next_seq > 0 else None
 
 
@@ -316,7 +319,7 @@ class _Verified:
 
 def _read_manifest_locked(site_dir: str, lock_timeout: float, state: _ManifestState | None = None) -> _ManifestState:
     """:func:`_refresh_manifest` under the manifest's lock, held shared: no writer is mid-record."""
-    with _flocked(os.path.join(site_dir, manifest.LOCK_FILE), False, lock_timeout, create=False):
+    with _flocked(os.path.join(site_dir, manifestfiles.LOCK_FILE), False, lock_timeout, create=False):
         return _refresh_manifest(site_dir, state)
 
 
@@ -353,18 +356,18 @@ def _write_manifest(
         m._flock()
         try:
             state = _read_manifest(sdir)
-            out: dict[str, manifest._Entry] = (
+            out: dict[str, manifestcodec.Entry] = (
                 {}
                 if whole_site
                 else {
-                    c: manifest._Entry(c, e.created_us, e.last_us, e.next_seq, e.pending)
+                    c: manifestcodec.Entry(c, e.created_us, e.last_us, e.next_seq, e.pending)
                     for c, e in state.entries.items()
                 }
             )
             for conv, tip in tips.items():
                 out.pop(conv, None)
                 if tip is not None:
-                    out[conv] = manifest._Entry(conv, tip.created_us, tip.last_us, tip.next_seq)
+                    out[conv] = manifestcodec.Entry(conv, tip.created_us, tip.last_us, tip.next_seq)
             for conv, e in state.entries.items():
                 mine = out.get(conv)
                 if conv in truncated:
@@ -381,12 +384,12 @@ def _write_manifest(
                     if mine is not None or (
                         conv not in tips and _has_segments(layout.conversation_dir(root, site, conv))
                     ):
-                        out[conv] = mine = manifest._Entry(conv, e.created_us, e.last_us, e.next_seq)
+                        out[conv] = mine = manifestcodec.Entry(conv, e.created_us, e.last_us, e.next_seq)
                 if e.pending is not None and (mine is None or e.pending[2] > mine.next_seq):
                     if mine is None:
-                        out[conv] = mine = manifest._Entry(conv, 0, 0, 0)
+                        out[conv] = mine = manifestcodec.Entry(conv, 0, 0, 0)
                     mine.pending = e.pending
-            epochs = manifest._epoch_files(sdir)
+            epochs = manifestcodec.epoch_files(sdir)
             epoch = max(epochs, default=0) + 1
             m._write_epoch(epoch, sorted(out.values(), key=lambda e: e.conversation_id), True)
             m._current_epoch_locked()
@@ -413,11 +416,11 @@ def _mark_manifest_incomplete(root: str, site: str, drop: set[str], lock_timeout
         try:
             state = _read_manifest(sdir)
             entries = [
-                manifest._Entry(c, e.created_us, e.last_us, e.next_seq, e.pending)
+                manifestcodec.Entry(c, e.created_us, e.last_us, e.next_seq, e.pending)
                 for c, e in state.entries.items()
                 if c not in drop
             ]
-            epoch = max(manifest._epoch_files(sdir), default=0) + 1
+            epoch = max(manifestcodec.epoch_files(sdir), default=0) + 1
             m._write_epoch(epoch, sorted(entries, key=lambda e: e.conversation_id), False)
             m._current_epoch_locked()
         finally:
@@ -470,7 +473,7 @@ def _check_manifest(
         for c, e in state.entries.items()
         if e.pending is not None and c not in damaged and c not in suspects and (only is None or c == only)
     ]
-    spath = manifest.snap_path(sdir, state.epoch or 0)
+    spath = manifestcodec.snap_path(sdir, state.epoch or 0)
     for conv in suspects:
         conv_dir = layout.conversation_dir(root, site, conv)
         try:

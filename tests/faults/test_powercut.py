@@ -8,7 +8,7 @@ under the strict POSIX model (unsynced data dropped, kept, torn or zeroed;
 directory entries no directory sync covered rolled back) and under the lenient
 ordered model (a prefix of the operations, the write in flight torn).
 
-Every state is opened as after a reboot (a new ``manifest.boot_id``) and must:
+Every state is opened as after a reboot (a new ``bootid.boot_id``) and must:
 open without error; show every acknowledged batch byte for byte and never
 part of a batch; list exactly the conversations that hold items, each with
 ``created_at`` its first item's and ``last_appended_at`` its last item's
@@ -57,11 +57,14 @@ from convmem.logstore import (
     FileStore,
     ItemsLost,
     Range,
+    bootid,
     convpool,
     fileio,
     frame,
     layout,
-    manifest,
+    manifestcodec,
+    manifestrecovery,
+    manifestwrite,
     poolclaims,
     preallocation,
     zerofill,
@@ -241,8 +244,8 @@ class StateFailed(AssertionError):
 
 def check_state(root: str, rec: Recording, acked: list[Ack], nth: int, held: Counter[str]) -> None:
     """Everything a state must show (see the module doc); raises AssertionError, counts what held in ``held``."""
-    booted = manifest.boot_id
-    manifest.boot_id = f"restarted-after-power-cut-{nth}"  # a power cut means a new boot
+    booted = bootid.boot_id
+    bootid.boot_id = f"restarted-after-power-cut-{nth}"  # a power cut means a new boot
     if nth % 2 == 0:
         # What a power cut leaves, fsck must not call a problem: the engine resolves it by itself.
         report = check(root)
@@ -280,7 +283,7 @@ def check_state(root: str, rec: Recording, acked: list[Ack], nth: int, held: Cou
         held["appends continued"] += 1
     finally:
         store.close()
-        manifest.boot_id = booted
+        bootid.boot_id = booted
 
 
 def _check_whole_batches(conv: str, items: list[Any]) -> None:
@@ -682,7 +685,7 @@ def _owed_commits(w: Writer) -> None:
     w.append(CONVS[2], 1, 20)
     assert [s.conversation_id for s in list_all(w.store, SITE)] == [CONVS[2], CONVS[1], CONVS[0]]
     w.append(CONVS[0], 1, 40)
-    manifest.OWED_MAX = 2  # the next intent logs every commit owed, ahead of itself
+    manifestwrite.OWED_MAX = 2  # the next intent logs every commit owed, ahead of itself
     w.append(CONVS[1], 1, 20)
     w.append(CONVS[1], 1, 20)
     # The store is closed next (by record): the commits still owed are logged then.
@@ -690,14 +693,15 @@ def _owed_commits(w: Writer) -> None:
 
 def test_power_cut_owed_commits(shm_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Cuts while commits are owed, carried by intents, logged in a batch, and logged at close."""
-    monkeypatch.setattr(manifest, "OWED_MAX", manifest.OWED_MAX)  # restored after the workload's change
+    monkeypatch.setattr(manifestwrite, "OWED_MAX", manifestwrite.OWED_MAX)  # restored after the workload's change
     rec = record(shm_path / "data", CONVS, _nothing, _owed_commits)
     site_dir = next((shm_path / "data" / "sites").iterdir())
     data = max(site_dir.glob("manifest-*.log")).read_bytes()
-    salt = manifest.LOG_HEADER.unpack_from(data)[2]
-    recs = [r for _o, _e, r in manifest.iter_log_records(data, salt, manifest.LOG_HEADER.size) if r is not None]
-    assert any(r[0] == manifest.INTENT and len(r) == 8 for r in recs), recs  # an intent carried a commit
-    assert sum(r[0] == manifest.COMMIT for r in recs) >= 3, recs  # logged with a later record, and at close
+    salt = manifestcodec.LOG_HEADER.unpack_from(data)[2]
+    start = manifestcodec.LOG_HEADER.size
+    recs = [r for _o, _e, r in manifestcodec.iter_log_records(data, salt, start) if r is not None]
+    assert any(r[0] == manifestcodec.INTENT and len(r) == 8 for r in recs), recs  # an intent carried a commit
+    assert sum(r[0] == manifestcodec.COMMIT for r in recs) >= 3, recs  # logged with a later record, and at close
     explore(rec, "owed commits", shm_path)
 
 
@@ -882,9 +886,9 @@ def test_power_cut_fsck_repair(shm_path: Path) -> None:
         idx[0].unlink()
         sdir = Path(layout.site_dir(str(root), SITE))
         log = max(p for p in sdir.iterdir() if p.suffix == ".log")
-        salt = manifest.LOG_HEADER.unpack(log.read_bytes()[: manifest.LOG_HEADER.size])[2]
-        recs = list(manifest.iter_log_records(log.read_bytes(), salt, manifest.LOG_HEADER.size))
-        assert recs[-1][2] is not None and recs[-1][2][0] == manifest.COMMIT
+        salt = manifestcodec.LOG_HEADER.unpack(log.read_bytes()[: manifestcodec.LOG_HEADER.size])[2]
+        recs = list(manifestcodec.iter_log_records(log.read_bytes(), salt, manifestcodec.LOG_HEADER.size))
+        assert recs[-1][2] is not None and recs[-1][2][0] == manifestcodec.COMMIT
         os.truncate(log, recs[-1][0])
 
     def work(w: Writer) -> None:
@@ -946,8 +950,8 @@ def check_damaged_state(
     prefix of whole acknowledged batches (its damaged seqs restored too), provided its original log is
     then in ``quarantine/``.
     """
-    booted = manifest.boot_id
-    manifest.boot_id = f"restarted-after-power-cut-{nth}"
+    booted = bootid.boot_id
+    bootid.boot_id = f"restarted-after-power-cut-{nth}"
     store = FileStore(root, **OPTS)
     try:
         logs = {c: read_tolerant(store, c) for c in rec.convs}
@@ -1005,7 +1009,7 @@ def check_damaged_state(
         held["appends continued"] += 1
     finally:
         store.close()
-        manifest.boot_id = booted
+        bootid.boot_id = booted
 
 
 def _damage_a_middle_record(root: Path, conv: str) -> range:
@@ -1280,14 +1284,14 @@ def test_listing_recovery_runs_only_after_a_reboot(shm_path: Path, monkeypatch: 
     sdir = Path(layout.site_dir(str(root), SITE))
     log = max(p for p in sdir.iterdir() if p.suffix == ".log")
     data = log.read_bytes()
-    salt = manifest.LOG_HEADER.unpack(data[: manifest.LOG_HEADER.size])[2]
-    recs = list(manifest.iter_log_records(data, salt, manifest.LOG_HEADER.size))
-    assert recs[-1][2] is not None and recs[-1][2][:2] == [manifest.COMMIT, CONVS[0]]
-    assert recs[-2][2] is not None and recs[-2][2][:2] == [manifest.INTENT, CONVS[0]]
+    salt = manifestcodec.LOG_HEADER.unpack(data[: manifestcodec.LOG_HEADER.size])[2]
+    recs = list(manifestcodec.iter_log_records(data, salt, manifestcodec.LOG_HEADER.size))
+    assert recs[-1][2] is not None and recs[-1][2][:2] == [manifestcodec.COMMIT, CONVS[0]]
+    assert recs[-2][2] is not None and recs[-2][2][:2] == [manifestcodec.INTENT, CONVS[0]]
     os.truncate(log, recs[-2][0])
     looked: list[str] = []
-    real = manifest._ends_at
-    monkeypatch.setattr(manifest, "_ends_at", lambda d, *a: looked.append(d) or real(d, *a))
+    real = manifestrecovery._ends_at
+    monkeypatch.setattr(manifestrecovery, "_ends_at", lambda d, *a: looked.append(d) or real(d, *a))
 
     store = FileStore(root, **OPTS)  # same boot: the page cache held everything, nothing is checked
     try:
@@ -1296,7 +1300,7 @@ def test_listing_recovery_runs_only_after_a_reboot(shm_path: Path, monkeypatch: 
         assert by_id[CONVS[0]].last_appended_at < read_all(store, SITE, CONVS[0])[-1].recorded_at
     finally:
         store.close()
-    monkeypatch.setattr(manifest, "boot_id", "a-later-boot")
+    monkeypatch.setattr(bootid, "boot_id", "a-later-boot")
     store = FileStore(root, **OPTS)
     try:
         listing = list_all(store, SITE)

@@ -36,7 +36,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from convmem.logstore import FileStore, manifest
+from convmem.logstore import FileStore, bootid
 from convmem.logstore.maintenance import check, forget_conversation, redact_items
 
 from ._common import SITE, Ack, make_batch, make_payload
@@ -161,8 +161,8 @@ def _check_erasure(root: str, rec: Recording, acked: list[Ack], nth: int, held: 
     assert not leaks, f"erased bytes survive the cut: {leaks}"
     report = check(root)
     assert not report.unrepaired, [f"{p.kind}: {p.detail}" for p in report.unrepaired]
-    booted = manifest.boot_id
-    manifest.boot_id = f"restarted-after-power-cut-{nth}"
+    booted = bootid.boot_id
+    bootid.boot_id = f"restarted-after-power-cut-{nth}"
     store = FileStore(root, **OPTS)
     try:
         logs = {c: read_tolerant(store, c) for c in CONVS}
@@ -189,7 +189,7 @@ def _check_erasure(root: str, rec: Recording, acked: list[Ack], nth: int, held: 
         held["appends continued"] += 1
     finally:
         store.close()
-        manifest.boot_id = booted
+        bootid.boot_id = booted
     # Run again, the erasures reach the after state.
     redact_items(root, SITE, RED, LO, HI, lock_timeout=5.0)
     if forget_began and not forgotten:
