@@ -8,7 +8,9 @@ otherwise only the records past the last known end are read. So a write made
 by one process is seen by every other process's next call, and checks such
 as dedupe_key uniqueness and the site limit are made under the exclusive lock
 against the latest state: of two processes racing to create the same key,
-exactly one wins.
+exactly one wins. A read whose ``stat`` of the log finds it as this process
+last read it takes neither the file lock nor any other system call under the
+mutex (``_reading``): there is nothing to bring up to date.
 """
 
 from __future__ import annotations
