@@ -46,12 +46,12 @@ ANSWERS_KEPT = 64
 #: How many query vectors a retriever keeps, by query text (1.5 KiB each).
 QUERY_VECTORS_KEPT = 256
 
+#: The constant of reciprocal rank fusion: a hit at rank r (from 1) scores w / (RRF_K + r).
+RRF_K = 60
+
 #: How many times a search ranks outside the lock before it ranks under it, when each try raced a change of the
 #: index (see ``Retriever.search``): a lone write costs the searches beside it one more unlocked try, not a queue.
 OPTIMISTIC_TRIES = 3
-
-#: The constant of reciprocal rank fusion: a hit at rank r (from 1) scores w / (RRF_K + r).
-RRF_K = 60
 
 
 @dataclass(frozen=True)
