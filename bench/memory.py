@@ -41,6 +41,7 @@ from convmem.logstore.memories.retrieval import MemoryDoc, Retriever
 from . import mcpserver
 from .context import Ctx
 from .ltm_eval import memories, no_answer, queries
+from .ltm_eval.concurrency import interleaved
 from .ltm_eval.evaluate import abstention_figures, at_scale, docs_only, evaluate, shared_embedder
 from .util import CONVMEM, Row, engine_sync_disabled, paired_median_diff_ci
 
@@ -159,7 +160,7 @@ ltm.close()
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-#: Searches in flight for the concurrency figure, and calls per thread.
+#: Searches in flight for the concurrency figure.
 IN_FLIGHT = 8
 
 
@@ -193,56 +194,32 @@ class _Overlap:
 
 def _inflight_row(ctx: Ctx, data_dir: str) -> Row:
     """memory_search's p50 with ``IN_FLIGHT`` calls in flight (threads, as a server's workers run them) over
-    its p50 alone, on the 10,000-memory site; every call encodes its query and ranks (no cached answer)."""
-    import threading
-
+    its p50 alone, on the 10,000-memory site, in alternating blocks (``interleaved``: both see the same load);
+    every call encodes its query and ranks (no cached answer)."""
     from convmem.logstore.memories import LongTermMemory  # type: ignore[attr-defined,unused-ignore]
 
     texts = list(dict.fromkeys(q.text for q in queries()))
-    per_thread = 15 if ctx.quick else 40
-    alone_calls = IN_FLIGHT * per_thread
+    rounds, per_thread = (3, 10) if ctx.quick else (8, 10)
     overlap = _Overlap()
     ltm = LongTermMemory(data_dir, retriever_factory=lambda d: Retriever(d, answers_kept=0, query_vectors_kept=0,
                                                                          embedder=overlap))
     try:
         for t in texts[:30]:  # warm up: the open, the encoder's arena
             ltm.search(mcpserver.SITE, t, limit=10)
-
-        def timed(i: int) -> float:
-            t0 = time.perf_counter()
-            ltm.search(mcpserver.SITE, texts[i % len(texts)], limit=10)
-            return (time.perf_counter() - t0) * 1000
-
-        alone = [timed(i) for i in range(alone_calls)]
         overlap.most = 0
-        together: list[float] = []
-        start = threading.Barrier(IN_FLIGHT)
-        done = threading.Lock()
-
-        def worker(w: int) -> None:
-            start.wait()
-            mine = [timed(w * per_thread + j) for j in range(per_thread)]
-            with done:
-                together.extend(mine)
-
-        threads = [threading.Thread(target=worker, args=(w,)) for w in range(IN_FLIGHT)]
-        t0 = time.perf_counter()
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
-        wall = time.perf_counter() - t0
+        res = interleaved(lambda i: ltm.search(mcpserver.SITE, texts[i % len(texts)], limit=10), IN_FLIGHT,
+                          rounds, per_thread)
     finally:
         ltm.close()
-    p_alone, p_together = statistics.median(alone), statistics.median(together)
+    p_alone, p_together = statistics.median(res.alone), statistics.median(res.together)
     return Row("memory", f"memory_search p50 with {IN_FLIGHT} calls in flight vs alone ({SITE_SIZE:,} memories, "
-               f"{os.cpu_count()} cores)", "ratio", higher_better=False, samples={CONVMEM: [p_together / p_alone]},
-               note=f"{p_together:.2f} ms in flight, {p_alone:.2f} ms alone; "
-                    f"{len(together) / wall:.0f} calls/s in flight; {len(together)} calls; "
-                    f"at most {overlap.most} encodes at once",
-               extra={"headline": "ltm_search_inflight_vs_alone", "value": p_together / p_alone,
+               f"{os.cpu_count()} cores)", "ratio", higher_better=False, samples={CONVMEM: [res.ratio]},
+               note=f"{res.summary(IN_FLIGHT)}; {len(res.together)} calls in flight, {len(res.alone)} alone, "
+                    f"in {rounds} alternating rounds; at most {overlap.most} encodes at once",
+               extra={"headline": "ltm_search_inflight_vs_alone", "value": res.ratio,
                       "inflight_ms": p_together, "alone_ms": p_alone, "in_flight": IN_FLIGHT,
-                      "calls_per_s": len(together) / wall, "encodes_at_once": overlap.most})
+                      "calls_per_s": len(res.together) / res.wall_together, "encodes_at_once": overlap.most,
+                      "cpu_alone_ms": res.cpu_alone, "cpu_inflight_ms": res.cpu_together})
 
 
 #: The many-sites figure: sites, memories each, the store's budget (memories held over all sites), rounds.

@@ -156,10 +156,12 @@ def surface(backend: Backend, site: str, context: str) -> list[dict[str, str]]:
 
 
 def try_surface(backend: Backend, site: str, context: str) -> list[dict[str, str]] | None:
-    """:func:`surface` when the store can answer at once, without waiting or I/O; None otherwise.
+    """:func:`surface` when the store can answer at once, without waiting, ranking or I/O; None otherwise.
 
-    Cheap enough for the event loop (a ranking in memory); None when the store
-    is not open yet or must wait, refresh or write first (see
+    Cheap enough for the event loop (a kept answer looked up, one ``stat``); None
+    when the store is not open yet, would have to rank (encode, multiply, run
+    BM25: milliseconds of CPU that would hold up every other request on the
+    loop), or must wait, refresh or write first (see
     ``LongTermMemory.try_surface``): then call :func:`surface` in a worker thread.
     """
     store = backend.memories

@@ -1,8 +1,9 @@
 """Searches rank outside the site's mutex and the retriever's lock; writes, deletes and erasures race them.
 
-What must hold: a search never fails because a write ran beside it, its hits are those of one state of the
-index, and no search started after an erasure returned (in this process or another one) shows the erased
-memory. Real files, real threads, a real second process; the shipped encoder.
+What must hold: a search (``memory_search``, ``memory_verify``'s related memories, the auto-surface and its
+event-loop lookup) never fails because a write ran beside it, its hits are those of one state of the index,
+and none started after an erasure returned (in this process or another one) shows the erased memory.
+Real files, real threads, a real second process; the shipped encoder.
 """
 
 from __future__ import annotations
@@ -14,14 +15,17 @@ import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 from memories_support import SITE, create, delete, fields
 
+from convmem.logstore.errors import Unavailable
 from convmem.logstore.memories import LongTermMemory
+from convmem.logstore.memories.planning import verify_query
+from convmem.logstore.memories.record import parse_fields
 from convmem.logstore.memories.retrieval import Hit, MemoryDoc, Retriever
 
 REPO = Path(__file__).resolve().parent.parent
@@ -50,15 +54,22 @@ class GatedRanking(Retriever):
         return super()._ranked(view, db, query, *args)
 
 
+def _gating(gate_text: str) -> tuple[list[GatedRanking], Callable[[str], GatedRanking]]:
+    """A retriever factory making :class:`GatedRanking` retrievers, and the list of those it made."""
+    made: list[GatedRanking] = []
+
+    def factory(d: str) -> GatedRanking:
+        made.append(GatedRanking(d, gate_text))
+        return made[-1]
+
+    return made, factory
+
+
 def test_a_search_ranks_without_holding_the_site_or_the_retriever(tmp_path: Path) -> None:
     """While one search is ranking, reads, other searches and a write of the same site complete; the waiting
     search then shows the current records, nothing erased meanwhile."""
     slow = "which animal facts does the user enjoy"
-    made: list[GatedRanking] = []
-
-    def factory(d: str) -> GatedRanking:
-        made.append(GatedRanking(d, slow))
-        return made[-1]
+    made, factory = _gating(slow)
 
     with LongTermMemory(tmp_path, retriever_factory=factory) as store:
         keep = create(store, _raw(1))
@@ -78,14 +89,68 @@ def test_a_search_ranks_without_holding_the_site_or_the_retriever(tmp_path: Path
         assert keep.memory_id in found[0]
 
 
+def test_a_verify_ranks_without_holding_the_site(tmp_path: Path) -> None:
+    """While a verify's related memories are being ranked, reads and an erasure of the same site complete; the
+    verify then shows what the state holds once the ranking is done, nothing erased meanwhile."""
+    candidate = {"category": "preference", "subject": "zebra1 and zebra2 facts", "summary": "quokka1 quokka2"}
+    gate = verify_query(parse_fields(candidate, "candidate."))
+    made, factory = _gating(gate)
+
+    with LongTermMemory(tmp_path, retriever_factory=factory) as store:
+        keep = create(store, _raw(1))
+        doomed = create(store, _raw(2))
+        found: list[set[str]] = []
+
+        def verify() -> None:
+            related, _, _ = store.verify(SITE, "create", candidate)
+            found.append({m.memory_id for m, _ in related})
+
+        t = threading.Thread(target=verify)
+        t.start()
+        assert made[0].entered.wait(60)
+        assert store.search(SITE, "zebra1", limit=1)[0][0].memory_id == keep.memory_id
+        delete(store, doomed.memory_id, force=True)
+        assert not found
+        made[0].release.set()
+        t.join(60)
+        assert found == [{keep.memory_id}]
+
+
+def _searched(store: LongTermMemory, hint: str) -> set[str]:
+    return {m.memory_id for m, _ in store.search(SITE, hint, limit=10)}
+
+
+def _verified(store: LongTermMemory, hint: str) -> set[str]:
+    """The related memories a verify of a new memory like ``hint`` shows."""
+    related, _, _ = store.verify(SITE, "create", {"category": "preference", "subject": hint, "summary": hint})
+    return {m.memory_id for m, _ in related}
+
+
+def _surfaced(store: LongTermMemory, hint: str) -> set[str]:
+    return {m.memory_id for m in store.surface(SITE, hint)}
+
+
+def _surfaced_at_once(store: LongTermMemory, hint: str) -> set[str]:
+    """What the event loop's lookup (a kept answer) shows; nothing when it leaves the hint to a worker."""
+    found = store.try_surface(SITE, hint)
+    return set() if found is None else {m.memory_id for m in found}
+
+
+#: Every read that ranks: what each thread of :class:`Searchers` calls in turn.
+READS = {"search": _searched, "verify": _verified, "surface": _surfaced, "try_surface": _surfaced_at_once}
+
+
 class Searchers:
-    """Threads searching ``store`` until :meth:`stop`; each search notes which memories were erased before it
-    began (:meth:`erased`) and reports it if it shows one, or a memory not in ``ever``, or fails."""
+    """Threads searching ``store`` until :meth:`stop` (each thread in turn ``memory_search``, ``memory_verify``'s
+    related memories, the auto-surface and its event-loop lookup: :data:`READS`); each read notes which memories
+    were erased before it began (:meth:`erased`) and reports it if it shows one, or a memory not in ``ever``,
+    or fails."""
 
     def __init__(self, store: LongTermMemory, threads: int, ever: set[str]) -> None:
         self.store, self.ever = store, ever
         self.gone: set[str] = set()
         self.problems: list[str] = []
+        self.calls = dict.fromkeys(READS, 0)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._run, args=(w,)) for w in range(threads)]
@@ -103,17 +168,18 @@ class Searchers:
             with self._lock:
                 gone = set(self.gone)
             hint = f"{HINTS[(w + i) % len(HINTS)]} {i % 5}"
+            what = list(READS)[(w + i // len(HINTS)) % len(READS)]
             i += 1
             try:
-                hits = self.store.search(SITE, hint, limit=10)
+                ids = READS[what](self.store, hint)
+                self.calls[what] += 1
             except Exception as exc:  # any failure is the finding
-                self.problems.append(f"search {hint!r} raised {exc!r}")
+                self.problems.append(f"{what} {hint!r} raised {exc!r}")
                 return
-            ids = {m.memory_id for m, _ in hits}
             if ids & gone:
-                self.problems.append(f"search {hint!r} begun after the erasure of {sorted(ids & gone)} showed it")
+                self.problems.append(f"{what} {hint!r} begun after the erasure of {sorted(ids & gone)} showed it")
             if not ids <= self.ever:
-                self.problems.append(f"search {hint!r} showed unknown ids {sorted(ids - self.ever)}")
+                self.problems.append(f"{what} {hint!r} showed unknown ids {sorted(ids - self.ever)}")
 
     def stop(self) -> None:
         self._stop.set()
@@ -157,6 +223,7 @@ def test_searches_racing_writes_never_fail_and_never_show_what_was_erased(tmp_pa
             searchers.stop()
         assert not searchers.problems, searchers.problems[:5]
         assert searchers.gone, "the run erased nothing"
+        assert all(searchers.calls.values()), searchers.calls
         for hint in HINTS:
             assert not {m.memory_id for m, _ in store.search(SITE, hint, limit=50)} & searchers.gone
 
@@ -201,6 +268,7 @@ def test_an_erasure_by_another_process_is_never_shown_by_a_later_search(tmp_path
             proc.wait(60)
         assert proc.returncode == 0
         assert not searchers.problems, searchers.problems[:5]
+        assert all(searchers.calls.values()), searchers.calls
         left = {m.memory_id for m, _ in store.search(SITE, "zebra quokka walrus", limit=20)}
         assert left == set(ids[6:])
 
@@ -278,3 +346,50 @@ def test_a_ranking_torn_by_a_change_is_run_again(tmp_path: Path) -> None:
     finally:
         fresh.close()
         r.close()
+
+
+def _open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_store_with_many_sites_keeps_a_bounded_number_open(tmp_path: Path) -> None:
+    """Past ``sites_kept`` the least recently used idle sites are closed and forgotten: the store's map of sites and
+    its descriptors stop growing, and every site still answers (opened again from its log)."""
+    sites = [f"many-{i:02d}" for i in range(9)]
+    with LongTermMemory(tmp_path, sites_kept=3) as store:
+        made = {site: create(store, _raw(i), site=site).memory_id for i, site in enumerate(sites)}
+        held: list[int] = []
+        for _ in range(3):
+            for i, site in enumerate(sites):
+                assert store.search(site, f"zebra{i}", limit=1)[0][0].memory_id == made[site]
+                assert len(store._sites) <= 3
+            held.append(_open_descriptors())
+        assert held[2] <= held[1], held
+        early = store.site(sites[0])
+        for site in sites[1:5]:
+            store.search(site, "zebra", limit=1)
+        with pytest.raises(Unavailable):  # closed as idle: a caller holding it learns so, and opens it again
+            early.get(made[sites[0]])
+        assert store.get(sites[0], made[sites[0]]).memory_id == made[sites[0]]
+
+
+def test_a_site_in_use_is_never_closed_for_the_others(tmp_path: Path) -> None:
+    """A search ranking on one site while calls on more than ``sites_kept`` other sites come and go: the site is not
+    closed under it, and the search answers from it."""
+    slow = "which animal facts does the user enjoy"
+    made, factory = _gating(slow)
+
+    with LongTermMemory(tmp_path, sites_kept=2, retriever_factory=factory) as store:
+        mine = create(store, _raw(1), site="busy-site").memory_id
+        found: list[list[str]] = []
+        t = threading.Thread(
+            target=lambda: found.append([m.memory_id for m, _ in store.search("busy-site", slow, limit=5)]))
+        t.start()
+        assert made[0].entered.wait(60)
+        for i in range(5):
+            create(store, _raw(i), site=f"other-{i}")
+            assert "busy-site" in store._sites
+        made[0].release.set()
+        t.join(60)
+        assert found == [[mine]]
+        assert len(store._sites) <= 2

@@ -138,11 +138,28 @@ def test_query_vectors_are_cached_per_site_and_bounded(tmp_path: Path) -> None:
     for q in ("how far is it in miles", "how far is it in miles", "oven temperature"):
         r.search(q, limit=1)
     assert counting.texts == ["how far is it in miles", "oven temperature"]
-    assert r.answers_at_once("how far is it in miles", 1)
+    assert not r.answers_at_once("how far is it in miles", 1)  # its vector is kept, but it would rank
     r.search("a third hint", limit=1)  # the table holds two: the oldest goes
-    assert not r.answers_at_once("how far is it in miles", 1)
+    r.search("how far is it in miles", limit=1)
+    assert counting.texts[-1] == "how far is it in miles"
+    counting.texts.clear()
+    r.search("a third hint", limit=1)
+    assert counting.texts == []
     r.erase("m1")  # an erasure empties the table (a verify query may have held the memory's text)
-    assert not r.answers_at_once("oven temperature", 1)
+    r.search("a third hint", limit=1)
+    assert counting.texts == ["a third hint"]
+    r.close()
+
+
+def test_only_a_kept_answer_is_answered_at_once(tmp_path: Path) -> None:
+    r = Retriever(str(tmp_path / "idx"), embedder=Counting(default_encoder()))
+    r.load([MemoryDoc("m1", "pref", "Units", "Prefers kilometres and Celsius", "", (), True)])
+    assert not r.answers_at_once("how far is it in miles", 1)
+    r.search("how far is it in miles", limit=1)
+    assert r.answers_at_once("how far is it in miles", 1)
+    assert not r.answers_at_once("how far is it in miles", 2)  # another limit: another answer
+    r.upsert(MemoryDoc("m2", "pref", "Oven", "Bakes at 200 degrees", "", (), True))  # a change drops the answers
+    assert not r.answers_at_once("how far is it in miles", 1)
     r.close()
 
 

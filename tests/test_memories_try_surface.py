@@ -1,9 +1,10 @@
 """``try_surface``: the lookup memory_context runs on the event loop answers as ``surface`` does, or declines.
 
-It must never answer from a stale view: when another process (here, a second
-store on the same data directory) wrote, when a lock is held against it, when
-the index is not built yet, or when an access-time flush is due, it returns
-None and the caller takes the ordinary path.
+It answers only from a kept answer, and never from a stale view: when another
+process (here, a second store on the same data directory) wrote, when the
+index is not built yet, when the hint would have to be ranked, or when an
+access-time flush is due, it returns None and the caller takes the ordinary
+path (a worker thread).
 """
 
 from __future__ import annotations
@@ -62,17 +63,36 @@ def test_declines_after_another_process_wrote_then_sees_the_write(tmp_path: Path
         assert m.memory_id not in (_ids(store.surface(SITE, "pager rotation mondays")) or [])
 
 
-def test_declines_while_a_writer_holds_the_lock(tmp_path: Path) -> None:
-    with LongTermMemory(tmp_path) as store:
+def test_answers_beside_a_writer_holding_the_lock_and_declines_once_it_wrote(tmp_path: Path) -> None:
+    """The lookup never waits: a writer of another process that holds the lock has not written yet, so the log is
+    as this process read it and the kept answer stands; once the write lands, the view is stale."""
+    with LongTermMemory(tmp_path) as store, LongTermMemory(tmp_path) as other:
         create(store, fields(1, summary="deploys go out from the release branch"))
-        assert store.surface(SITE, "release branch deploys") != []
+        expected = _ids(store.surface(SITE, "release branch deploys"))
+        assert expected
         fd = fileio.open_create(str(Path(memories_dir(str(tmp_path), SITE)) / LOCK_NAME))
         try:
             assert fileio.try_lock(fd, True)
-            assert store.try_surface(SITE, "release branch deploys") is None
+            assert _ids(store.try_surface(SITE, "release branch deploys")) == expected
         finally:
             fileio.unlock(fd)
             os.close(fd)
+        create(other, fields(2, summary="deploys go out on tuesdays from the release branch"))
+        assert store.try_surface(SITE, "release branch deploys") is None
+        assert store.surface(SITE, "release branch deploys") != []
+        assert store.try_surface(SITE, "release branch deploys") is not None
+
+
+def test_declines_a_hint_it_would_have_to_rank(tmp_path: Path) -> None:
+    """Only a kept answer is given on the event loop: a hint whose vector is kept but whose answer is not (a write
+    dropped the answers) would rank, milliseconds of CPU, and goes to a worker thread."""
+    with LongTermMemory(tmp_path) as store:
+        create(store, fields(1, summary="deploys go out from the release branch"))
+        assert store.surface(SITE, "release branch deploys") != []
+        assert store.try_surface(SITE, "release branch deploys") is not None
+        create(store, fields(2, subject="Units", summary="the user wants metric units"))  # drops the kept answers
+        assert store.try_surface(SITE, "release branch deploys") is None
+        assert store.surface(SITE, "release branch deploys") != []
         assert store.try_surface(SITE, "release branch deploys") is not None
 
 

@@ -49,6 +49,10 @@ QUERY_VECTORS_KEPT = 256
 #: The constant of reciprocal rank fusion: a hit at rank r (from 1) scores w / (RRF_K + r).
 RRF_K = 60
 
+#: How many times a search ranks outside the lock before it ranks under it, when each try raced a change of the
+#: index (see ``Retriever.search``): a lone write costs the searches beside it one more unlocked try, not a queue.
+OPTIMISTIC_TRIES = 3
+
 
 @dataclass(frozen=True)
 class MemoryDoc:
@@ -411,7 +415,8 @@ class Retriever:
         under the lock before it touches anything, and the ranking stands
         only if the version is unchanged once it is done (checked under the
         lock); otherwise (a write ran meanwhile; what it read may be torn) it
-        is thrown away, whatever it returned or raised, and run again under
+        is thrown away, whatever it returned or raised, and run again: outside
+        the lock again, up to :data:`OPTIMISTIC_TRIES` tries in all, then under
         the lock on the writer's connection. So the hits are always those of
         one state of the index that held while the search ran.
         """
@@ -425,21 +430,27 @@ class Retriever:
                 self._answers.move_to_end(key)
                 return list(cached)
         qvec = self._given_vector(query, encoded) if encoded is not None else self._query_vector(query)
-        with self._lock:
-            self._check_open()
-            version, view = self._version, self._view()
-        hits: tuple[Hit, ...] | None
-        try:
-            with view.lexical.reading() as db:
-                hits = self._ranked(view, db, query, qvec, limit, category, key[3], include_deleted)
-        except _TORN:
-            hits = None  # a write under way (memdb refuses the reader), or the index changed under the ranking
+        hits: tuple[Hit, ...] | None = None
+        for _ in range(OPTIMISTIC_TRIES):
             with self._lock:
-                if self._version == version:
-                    raise
+                self._check_open()
+                version, view = self._version, self._view()
+            try:
+                with view.lexical.reading() as db:
+                    hits = self._ranked(view, db, query, qvec, limit, category, key[3], include_deleted)
+            except _TORN:
+                hits = None  # a write under way (memdb refuses the reader), or the index changed under the ranking
+                with self._lock:
+                    if self._version == version:
+                        raise
+            with self._lock:
+                self._check_open()
+                if hits is not None and self._version == version:
+                    break
+                hits = None
         with self._lock:
             self._check_open()
-            if hits is None or self._version != version:
+            if hits is None:  # every try raced a change: rank under the lock, where no change can run
                 hits = self._ranked(self._view(), None, query, qvec, limit, category, key[3], include_deleted)
             if self._answers_kept > 0:
                 self._answers[key] = hits
@@ -468,11 +479,9 @@ class Retriever:
         return tuple(self._judged(view, db, ordered, sims, terms, holding))
 
     def answers_at_once(self, query: str, limit: int) -> bool:
-        """True when a search of ``query`` would need no encoding (its answer or its vector is cached)."""
+        """True when a search of ``query`` would neither encode nor rank: its answer is kept."""
         with self._lock:
-            if self._embedder is None or (query, limit, None, (), False) in self._answers:
-                return True
-            return self._query_text(query) in self._qvecs
+            return (query, limit, None, (), False) in self._answers
 
     def _query_text(self, query: str) -> str:
         """What the encoder is given for ``query``: the query as typed (stripped), "" when it has no words."""

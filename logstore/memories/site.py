@@ -8,7 +8,9 @@ otherwise only the records past the last known end are read. So a write made
 by one process is seen by every other process's next call, and checks such
 as dedupe_key uniqueness and the site limit are made under the exclusive lock
 against the latest state: of two processes racing to create the same key,
-exactly one wins.
+exactly one wins. A read whose ``stat`` of the log finds it as this process
+last read it takes neither the file lock nor any other system call under the
+mutex (``_reading``): there is nothing to bring up to date.
 """
 
 from __future__ import annotations
@@ -20,10 +22,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 from .. import fileio, layout, links
-from ..errors import Timeout
+from ..errors import Timeout, Unavailable
 from ..incarnation import Incarnation, SiteGuard, is_file_at
 from . import access, tokens
 from .errors import MEMORY_LOCK, InvalidMemory, MemoryStoreFull, NotFound, VersionConflict
@@ -98,9 +100,12 @@ class SiteMemories:
         A writer first holds the site's own lock shared (a removal waits for
         it). Both check which incarnation of the site is there: state and
         descriptors of an earlier one (removed, perhaps re-created, by another
-        process) are dropped first.
+        process) are dropped first. A closed site (its store closed, or the
+        store closed it as idle past ``sites_kept``) raises Unavailable.
         """
         with self._mutex:
+            if self._closed:
+                raise Unavailable("these memories were closed (the store was closed, or let the site go)")
             if exclusive:
                 with self._guard.writing(self._site_path) as incarnation:
                     self._same_site(incarnation)
@@ -116,6 +121,52 @@ class SiteMemories:
                 return
             with self._lock_file(False):
                 yield
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[None]:
+        """Hold the mutex on a state that is the log's as it is on disk now: what a read needs.
+
+        The quick way (:meth:`_is_current`) makes one ``stat`` of the log, before the mutex, and
+        no system call under it: when that stat shows the file this process has open, at the
+        end it has read up to, the state (which changes only under the mutex, together with the
+        inode and end it was read at) is the log's as of that stat, and the stat came after the
+        read began. So a memory whose erasure (a rewrite: a new file at the path) or delete (an
+        append) returned before the read began, in this process or in another, is not in it.
+        Otherwise, the way of every other call: :meth:`_locked` (incarnation check, shared file
+        lock, refresh). Holding the mutex while making system calls serialises this process's
+        threads behind the GIL: each call gives the GIL up and must win it back from every
+        thread that is ranking.
+        """
+        st = self._log_stat()
+        with self._mutex:
+            if self._is_current(st):
+                yield
+                return
+        with self._locked(False):
+            yield
+
+    def _log_stat(self) -> os.stat_result | None:
+        try:
+            return os.stat(self.log.path)
+        except OSError:
+            return None
+
+    def _is_current(self, st: os.stat_result | None) -> bool:
+        """True when the state is that of the log ``st`` describes (mutex held; see :meth:`_reading`).
+
+        The file at the path is the one open here (a rewrite puts a new file there, and the inode
+        of the one held open cannot be reused meanwhile), as long as this process has read it; a
+        site removed since has no log at the path.
+        """
+        return (
+            st is not None
+            and not self._closed
+            and self._lock_fd is not None
+            and self._incarnation is not None
+            and self.log.fd is not None
+            and st.st_ino == self.log.inode
+            and st.st_size == self._end
+        )
 
     def _same_site(self, incarnation: Incarnation | None) -> None:
         """Forget everything of an earlier incarnation of the site (mutex held)."""
@@ -362,8 +413,17 @@ class SiteMemories:
         """
         fields = check_verify(intent, candidate, memory_id, force)
         encoded = self._encoded(verify_query(fields)) if fields is not None else None
-        with self._locked(False):
-            found = related(self.state, self._retriever_now, intent, fields, memory_id, limit, encoded)
+        # As search: learn the ranking the state asks for and take the retriever, rank without the mutex,
+        # then make the answer from the state as it is after the ranking (a memory erased meanwhile is left out).
+        probe = _Replay()
+        with self._reading():
+            related(self.state, probe.learning, intent, fields, memory_id, limit, encoded)
+            retriever = self._retriever_now() if probe.asked is not None else None
+        if retriever is not None:
+            probe.rank(retriever)
+        with self._reading():
+            found = related(self.state, lambda: probe.replaying(self._retriever_now), intent, fields, memory_id,
+                            limit, encoded)
         now = self._now()
         what = tokens.digest(intent, memory_id, fields.to_json() if fields is not None else None, force)
         return found, self.book.mint(self.site, intent, what, now), tokens.expires_us(now)
@@ -517,7 +577,7 @@ class SiteMemories:
     # ------------------------------------------------------------ API: reads
 
     def get(self, memory_id: str) -> Memory:
-        with self._locked(False):
+        with self._reading():
             m = self.state.get(memory_id)
             if m is None:
                 raise NotFound(memory_id)
@@ -546,7 +606,7 @@ class SiteMemories:
         a memory whose erasure had returned before the search took the lock the second time.
         """
         encoded = self._encoded(query)
-        with self._locked(False):
+        with self._reading():
             if not self.state:
                 return []
             retriever = self._retriever_now()
@@ -557,7 +617,7 @@ class SiteMemories:
                                     include_deleted=include_deleted, encoded=encoded)
         except ValueError as e:  # closed meanwhile (the site was released or closed): rank again, locked
             failed = e
-        with self._locked(False):
+        with self._reading():
             if hits is not None:
                 out = current_hits(self.state, hits, limit, category, tags, include_deleted, relevant_only)
             elif retriever is self._retriever and failed is not None:
@@ -591,36 +651,30 @@ class SiteMemories:
         return None if retriever is None else retriever.encode_query(query)
 
     def try_surface(self, context: str, limit: int) -> list[Memory] | None:
-        """The auto-surface for ``context`` if it needs no waiting and no file reads or writes; else None.
+        """The auto-surface for ``context`` if it is a lookup of a kept answer, with no waiting and no file
+        reads or writes; else None.
 
-        Its only system calls are a stat, an fstat and a non-blocking flock. See
-        :meth:`LongTermMemory.try_surface`. Answers what :meth:`search`
-        and :meth:`touch` would (under the same shared lock, on the same
-        state), or None when this process's view may be stale (another
-        process wrote, or the file was replaced), the index is not built yet,
-        a lock is held, an erasure may be due, or access times are due to be
-        written.
+        Its only system call is the ``stat`` of :meth:`_reading`'s quick way; the mutex is only tried.
+        See :meth:`LongTermMemory.try_surface`. Answers what :meth:`search` and :meth:`touch` would
+        (on the same state), or None when this process's view may be stale (another process wrote,
+        or the file was replaced), the index is not built yet or would have to rank (the answer is
+        not kept: a ranking belongs in a worker thread, not on a server's event loop), the mutex is
+        held, an erasure may be due, or access times are due to be written.
         """
+        st = self._log_stat()
         if not self._mutex.acquire(blocking=False):
             return None
         try:
-            fd = self._lock_fd
-            if self._closed or fd is None or self._retriever is None:
+            retriever = self._retriever
+            if retriever is None or not self._is_current(st):
                 return None
-            if not self._retriever.answers_at_once(context, limit + 2):
-                return None  # a new hint must be encoded: a few milliseconds, in a worker thread
+            if not retriever.answers_at_once(context, limit + 2):
+                return None
             if time.monotonic() - self._flushed_at >= access.FLUSH_INTERVAL_S:
                 return None  # the touch would write the access file: leave that to a worker thread
-            if not fileio.try_lock(fd, False):
+            if not self._surely_nothing_due() and self._has_expired():  # in memory: O(1) unless the log grew
                 return None
-            try:
-                if self.log.changed() or self.log.size() != self._end:
-                    return None
-                if not self._surely_nothing_due() and self._has_expired():  # in memory: O(1) unless the log grew
-                    return None
-                picked = surface_pick(self._search_locked(context, limit + 2, None, (), False, True), limit)
-            finally:
-                fileio.unlock(fd)
+            picked = surface_pick(self._search_locked(context, limit + 2, None, (), False, True), limit)
             return self._touch(picked, flush=False)
         finally:
             self._mutex.release()
@@ -708,6 +762,51 @@ class SiteMemories:
             if self._lock_fd is not None:
                 os.close(self._lock_fd)
                 self._lock_fd = None
+
+
+_Asked = tuple[str, int, str | None, tuple[str, ...], bool]
+
+
+class _Replay:
+    """The one search :func:`.planning.related` asks, run between two holds of the mutex (see ``verify``).
+
+    :meth:`learning` is the retriever of a first run under the mutex: it notes the search asked and
+    answers nothing. :meth:`rank` runs that search without the mutex. :meth:`replaying` is the
+    retriever of the second run: the same search is answered from those hits, any other (the state
+    changed meanwhile) by the site's retriever, under the mutex.
+    """
+
+    def __init__(self) -> None:
+        self.asked: _Asked | None = None
+        self._encoded: Any = None
+        self._hits: list[Any] | None = None
+        self._fallback: Callable[[], RetrieverLike] | None = None
+
+    def learning(self) -> RetrieverLike:
+        self._fallback = None
+        return cast("RetrieverLike", self)
+
+    def replaying(self, fallback: Callable[[], RetrieverLike]) -> RetrieverLike:
+        self._fallback = fallback
+        return cast("RetrieverLike", self)
+
+    def rank(self, retriever: RetrieverLike) -> None:
+        assert self.asked is not None
+        query, limit, category, tags, include_deleted = self.asked
+        with contextlib.suppress(ValueError):  # closed meanwhile (released): ranked again under the mutex
+            self._hits = retriever.search(query, limit=limit, category=category, tags=tags,
+                                          include_deleted=include_deleted, encoded=self._encoded)
+
+    def search(self, query: str, *, limit: int, category: str | None = None, tags: Sequence[str] = (),
+               include_deleted: bool = False, encoded: Any = None) -> list[Any]:
+        asked = (query, limit, category, tuple(tags), include_deleted)
+        if self._fallback is None:
+            self.asked, self._encoded = asked, encoded
+            return []
+        if asked == self.asked and self._hits is not None:
+            return self._hits
+        return self._fallback().search(query, limit=limit, category=category, tags=tags,
+                                       include_deleted=include_deleted, encoded=encoded)
 
 
 def _stale_temp(name: str) -> bool:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from .. import layout
@@ -24,6 +25,10 @@ from .site import MEMORIES_DIR, Config, SiteMemories
 
 logger = logging.getLogger("convmem.memories")
 
+#: Sites a store keeps open at most, by default, beside those in use (each holds up to three descriptors and,
+#: with its index released, a few KiB): past it the least recently used idle ones are closed and forgotten.
+SITES_KEPT = 256
+
 
 class LongTermMemory(LongTermStore):
     """Verify-first long-term memories, per site, on a logstore data directory.
@@ -37,7 +42,10 @@ class LongTermMemory(LongTermStore):
     descriptors (read again from the log, and the index rebuilt from the
     stored vectors without the model, when next used). The site in use is
     never released, so the total may exceed the budget by that site's size
-    (at most ``MAX_MEMORIES_PER_SITE``) until the next call.
+    (at most ``MAX_MEMORIES_PER_SITE``) until the next call. ``sites_kept``
+    bounds the sites kept open at all (even empty ones hold descriptors):
+    past it the least recently used sites no call is using are closed and
+    forgotten, and opened again when next used.
     """
 
     def __init__(
@@ -49,6 +57,7 @@ class LongTermMemory(LongTermStore):
         clock: Callable[[], int] = now_us,
         retriever_factory: RetrieverFactory | None = None,
         index_budget: int = INDEX_BUDGET,
+        sites_kept: int = SITES_KEPT,
     ) -> None:
         self.root = os.path.abspath(os.fspath(data_dir))
         if retention_seconds < 0:
@@ -69,6 +78,9 @@ class LongTermMemory(LongTermStore):
         #: Sites by last use, least recent first: whose search index to release when over ``index_budget``.
         self._recent: OrderedDict[str, None] = OrderedDict()
         self._index_budget = index_budget
+        self._sites_kept = max(1, sites_kept)
+        #: How many calls are using each site now (under ``_lock``): a site in use is never closed.
+        self._users: dict[str, int] = {}
         #: One per store: its sites share the descriptors telling their incarnations apart.
         self._guard = SiteGuard(os.path.join(self.root, layout.SITES_DIR), lock_timeout)
         self._lock = threading.Lock()
@@ -92,7 +104,7 @@ class LongTermMemory(LongTermStore):
                     if self._stop.is_set():
                         return
                     try:
-                        self.site(name).purge_expired()
+                        self.purge_expired(name)
                     except Exception:  # retried at the next round; a damaged site must not stop the others
                         logger.warning("retention sweep of site %s failed", name, exc_info=True)
                 self._stop.wait(interval_seconds)
@@ -100,14 +112,27 @@ class LongTermMemory(LongTermStore):
         self._sweeper = threading.Thread(target=sweep, name="convmem-memory-sweeper", daemon=True)
         self._sweeper.start()
 
-    def _read(self, site: str) -> SiteMemories:
-        """The site, after erasing anything past the retention window."""
-        s = self.site(site)
-        s.purge_expired()
-        return s
+    @contextlib.contextmanager
+    def _read(self, site: str) -> Iterator[SiteMemories]:
+        """The site in use (see :meth:`_using`), after erasing anything past the retention window."""
+        with self._using(site) as s:
+            s.purge_expired()
+            yield s
 
     def site(self, site: str) -> SiteMemories:
-        """The memories of ``site`` (validated site name)."""
+        """The memories of ``site`` (validated site name); the store's own calls hold it in use (:meth:`_using`)
+        meanwhile, a caller of this method does not: once ``sites_kept`` others were used since, it may be closed
+        (its calls then raise Unavailable)."""
+        with self._using(site) as s:
+            return s
+
+    @contextlib.contextmanager
+    def _using(self, site: str) -> Iterator[SiteMemories]:
+        """The memories of ``site``, held in use for the block: neither released nor closed meanwhile.
+
+        Each use moves the site to the recent end, releases the least recently used sites past the index
+        budget and closes those idle past ``sites_kept``.
+        """
         site = SiteName(site)
         with self._lock:
             if self._closed:
@@ -116,12 +141,41 @@ class LongTermMemory(LongTermStore):
             if s is None:
                 s = SiteMemories(self.root, site, self._book, self._config, self._guard)
                 self._sites[site] = s
+            self._users[site] = self._users.get(site, 0) + 1
             self._recent[site] = None
             self._recent.move_to_end(site)
             victims = over_budget(self._sites, self._recent, site, self._index_budget)
+            gone = self._forget_idle_locked()
         for v in victims:
             v.release()
-        return s
+        for g in gone:
+            g.release()  # its access times written, its descriptors (the site guard's too) closed
+            g.close()
+        try:
+            yield s
+        finally:
+            with self._lock:
+                left = self._users[site] - 1
+                if left:
+                    self._users[site] = left
+                else:
+                    del self._users[site]
+
+    def _forget_idle_locked(self) -> list[SiteMemories]:
+        """The least recently used sites no call is using, taken out of the store, so that the rest fit
+        ``sites_kept``."""
+        out: list[SiteMemories] = []
+        excess = len(self._sites) - self._sites_kept
+        if excess <= 0:
+            return out
+        for name in list(self._recent):
+            if excess <= 0:
+                break
+            if name not in self._users:
+                out.append(self._sites.pop(name))
+                del self._recent[name]
+                excess -= 1
+        return out
 
     # Convenience wrappers, one per tool.
 
@@ -137,7 +191,8 @@ class LongTermMemory(LongTermStore):
         """Related memories and a token for exactly this change (a delete's ``force`` included)."""
         if memory_id is not None:
             check_memory_id(memory_id)
-        return self.site(site).verify(intent, candidate, memory_id, force=force)
+        with self._using(site) as s:
+            return s.verify(intent, candidate, memory_id, force=force)
 
     def upsert(
         self,
@@ -147,23 +202,26 @@ class LongTermMemory(LongTermStore):
         memory_id: str | None = None,
         expected_version: int | None = None,
     ) -> Memory:
-        s = self.site(site)
         if memory_id is None:
             if expected_version is not None:
                 from .errors import InvalidMemory
 
                 raise InvalidMemory("expected_version", "only an update (with memory_id) takes expected_version")
-            return s.create(memory, verify_token)
+            with self._using(site) as s:
+                return s.create(memory, verify_token)
         check_memory_id(memory_id)
-        return s.update(memory_id, memory, verify_token, expected_version)
+        with self._using(site) as s:
+            return s.update(memory_id, memory, verify_token, expected_version)
 
     def delete(self, site: str, memory_id: str, verify_token: object, force: bool = False) -> Memory | None:
         check_memory_id(memory_id)
-        return self.site(site).delete(memory_id, verify_token, force)
+        with self._using(site) as s:
+            return s.delete(memory_id, verify_token, force)
 
     def get(self, site: str, memory_id: str) -> Memory:
         check_memory_id(memory_id)
-        return self._read(site).get(memory_id)
+        with self._read(site) as s:
+            return s.get(memory_id)
 
     def search(
         self,
@@ -175,24 +233,25 @@ class LongTermMemory(LongTermStore):
         tags: Sequence[str] = (),
         include_deleted: bool = False,
     ) -> list[tuple[Memory, float]]:
-        return self._read(site).search(
-            query, limit=limit, category=category, tags=tags, include_deleted=include_deleted
-        )
+        with self._read(site) as s:
+            return s.search(query, limit=limit, category=category, tags=tags, include_deleted=include_deleted)
 
     def surface(self, site: str, context: str, limit: int = 2) -> list[Memory]:
         """The top ``limit`` active memories for a task hint (auto-surface); never hides one shown before."""
-        s = self._read(site)
-        return s.touch(surface_pick(s.search(context, limit=limit + 2, touch=False, relevant_only=True), limit))
+        with self._read(site) as s:
+            return s.touch(surface_pick(s.search(context, limit=limit + 2, touch=False, relevant_only=True), limit))
 
     def try_surface(self, site: str, context: str, limit: int = 2) -> list[Memory] | None:
         """:meth:`surface` if it can answer at once from what this process holds; None otherwise.
 
-        It answers only when the site's index is already built, no other
-        process wrote since this one last read, no lock is held against it,
+        It answers only when the site's index holds the answer already (the
+        same hint surfaced since the memories last changed), no other process
+        wrote since this one last read, no call holds the site's mutex,
         nothing is due for erasure and no access-time flush is due: then the
-        lookup is CPU work only, short enough to run on a server's event loop.
-        None means: call :meth:`surface` (in a worker thread), which does the
-        waiting, refreshing, purging or flushing. Never raises for those cases.
+        lookup is a table look-up and one ``stat``, short enough to run on a
+        server's event loop. None means: call :meth:`surface` (in a worker
+        thread), which ranks, waits, refreshes, purges or flushes. Never
+        raises for those cases.
         """
         if self._closed:
             return None
@@ -200,19 +259,24 @@ class LongTermMemory(LongTermStore):
         return None if s is None else s.try_surface(context, limit)
 
     def all(self, site: str) -> list[Memory]:
-        return self._read(site).all()
+        with self._read(site) as s:
+            return s.all()
 
     def import_records(self, site: str, records: Sequence[Memory]) -> tuple[int, int]:
-        return self.site(site).import_records(records)
+        with self._using(site) as s:
+            return s.import_records(records)
 
     def export_stored(self, site: str) -> list[StoredMemory]:
-        return self._read(site).export_stored()
+        with self._read(site) as s:
+            return s.export_stored()
 
     def import_stored(self, site: str, records: Sequence[StoredMemory]) -> tuple[int, int]:
-        return self.site(site).import_stored(records)
+        with self._using(site) as s:
+            return s.import_stored(records)
 
     def purge_expired(self, site: str) -> list[str]:
-        return self.site(site).purge_expired()
+        with self._using(site) as s:
+            return s.purge_expired()
 
     def sites(self) -> list[str]:
         """Sites that have a memories directory, sorted."""
