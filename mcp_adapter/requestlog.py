@@ -57,7 +57,7 @@ def _is_site_name(user: str) -> bool:
 _STANDARD_ATTRS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestInfo:
     """What the request line reports; filled in as the request is served."""
 
@@ -458,8 +458,23 @@ def _pairs(fields: dict[str, Any]) -> str:
     """The request line's ``key=value`` pairs (None values left out), each value as :func:`_field_value` writes it.
 
     Numbers, and strings without a character that needs escaping or quoting,
-    are written as they are without going through the escaping.
+    are written as they are without going through the escaping. The usual
+    line (every value a number or such a string) is recognised with one
+    search over all its strings together: a character to escape or quote is
+    in one of them exactly when it is in their concatenation.
     """
+    texts = []
+    for value in fields.values():
+        kind = type(value)
+        if kind is str:
+            if not value:
+                break
+            texts.append(value)
+        elif not (value is None or kind is int or kind is float or kind is bool):
+            break
+    else:
+        if _SPECIAL.search("".join(texts)) is None:
+            return " ".join([f"{key}={value}" for key, value in fields.items() if value is not None])
     out = []
     for key, value in fields.items():
         if value is None:
