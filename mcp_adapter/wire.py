@@ -166,7 +166,10 @@ class ResultSplice:
     than through Starlette's exception layer, router and route (see
     :func:`convmem.mcp_adapter.http.build_app`). The scope gets what the
     router would have put in it (``router``, ``route``, ``endpoint``,
-    ``path_params``).
+    ``path_params``). Invariant (``build_app``): this layer sits inside
+    :class:`~convmem.mcp_adapter.http.RequestAdmission`, which reads and caps
+    the body of every ``POST /mcp``, so whatever the direct route serves has
+    been admitted.
     """
 
     def __init__(self, app: ASGIApp, direct: DirectRoute | None = None) -> None:
