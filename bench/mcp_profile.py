@@ -28,7 +28,8 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from . import mcpserver
 from .mcp_e2e import RawClient
@@ -112,12 +113,14 @@ STAGES: tuple[tuple[str, str], ...] = (
     ("Starlette app (everything below)", "starlette.applications:Starlette.__call__"),
     ("request log middleware (everything below)", "convmem.mcp_adapter.requestlog:RequestLog.__call__"),
     ("  the request log line", "convmem.mcp_adapter.requestlog:_emit"),
+    ("    written straight to the text handler", "convmem.mcp_adapter.requestlog:_write_direct"),
     ("admission: credentials, size, body read", "convmem.mcp_adapter.http:RequestAdmission.__call__"),
     ("  authentication (a large body only)", "convmem.mcp_adapter.http:RequestAdmission._authenticate"),
     ("  body read and replay", "convmem.mcp_adapter.http:RequestAdmission._forward"),
-    ("result splice middleware", "convmem.mcp_adapter.wire:ResultSplice.__call__"),
-    ("Starlette routing", "starlette.routing:Router.app"),
-    ("SDK body-size limit", "mcp.server.transport_security:RequestBodyLimitMiddleware.__call__"),
+    ("    the body deadline's timer", "convmem.mcp_adapter.deadline:Deadline.__enter__"),
+    ("result splice middleware, POST /mcp routed to the exchange", "convmem.mcp_adapter.wire:ResultSplice.__call__"),
+    ("Starlette routing (not on POST /mcp)", "starlette.routing:Router.app"),
+    ("SDK body-size limit (not on POST /mcp)", "mcp.server.transport_security:RequestBodyLimitMiddleware.__call__"),
     ("single exchange (below: the SDK's kernel)", "convmem.mcp_adapter.exchange:SingleExchange.__call__"),
     ("  JSON-RPC parse and header checks", "convmem.mcp_adapter.exchange:SingleExchange._request_of"),
     ("    Host/Origin/Content-Type checks", "mcp.server.transport_security:"
@@ -129,7 +132,7 @@ STAGES: tuple[tuple[str, str], ...] = (
     ("      method surface validation", "mcp_types.methods:validate_client_request"),
     ("      result sieve (serialize_server_result)", "mcp_types.methods:serialize_server_result"),
     ("      connection teardown (aclose_shielded)", "mcp.server.runner:aclose_shielded"),
-    ("    connection (Connection.from_envelope)", "mcp.server.connection:Connection.from_envelope"),
+    ("    born-ready connection", "convmem.mcp_adapter.exchange:_born_ready"),
     ("    response JSON (model_dump_json)", "pydantic.main:BaseModel.model_dump_json"),
     ("tool call (everything below)", "convmem.mcp_adapter.server:call_tool"),
     ("  authentication (header cache)", "convmem.mcp_adapter.auth:Authenticator.authenticate"),
@@ -171,7 +174,27 @@ def stage_table(stats: object, requests: int) -> str:
         lines.append(f"{label:<62} {entry[3] / requests * 1e6:>10.1f} {entry[1] / requests:>13.2f}")
     return "\n".join(lines)
 
-def floor(calls: int) -> list[tuple[str, float]]:
+#: Layers ``--floor --without`` replaces by a pass-through, to show what each costs in the app's context.
+LAYERS = ("request-line", "request-log", "admission")
+
+
+def _pass_through(names: Sequence[str]) -> None:
+    """Replace each named layer of :data:`LAYERS` by a pass-through, in this process (the bench's, not a server)."""
+    from convmem.mcp_adapter import http, requestlog
+
+    async def forward(self: Any, scope: Any, receive: Any, send: Any) -> None:
+        await self.app(scope, receive, send)
+
+    for name in names:
+        if name == "request-line":
+            requestlog._emit = lambda info: None
+        elif name == "request-log":
+            requestlog.RequestLog.__call__ = forward  # type: ignore[method-assign]
+        elif name == "admission":
+            http.RequestAdmission.__call__ = forward  # type: ignore[method-assign]
+
+
+def floor(calls: int, without: Sequence[str] = ()) -> list[tuple[str, float]]:
     """CPU microseconds per ``ping`` in-process (no sockets, no uvicorn): the SDK's minimum, and the whole app.
 
     * ``kernel``: what no server on the SDK can skip for a ``ping``: the
@@ -179,10 +202,14 @@ def floor(calls: int) -> list[tuple[str, float]]:
       born-ready ``Connection``, the method's surface and params validation,
       the handler, the result sieve) and the response's JSON;
     * ``app``: the whole ASGI application ``convmem serve`` runs (request id
-      and log line, admission, the exchange, the kernel), called directly.
+      and log line, admission, the exchange, the kernel), called directly;
+      ``without`` (names of :data:`LAYERS`) leaves those layers out, so the
+      difference is what they cost in the request's context (where code runs
+      with colder caches than in a loop of its own).
 
     The best of 5 rounds of ``calls`` each, process CPU time.
     """
+    _pass_through(without)
     import asyncio
     import base64
 
@@ -274,12 +301,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated subset of {', '.join(KINDS)}")
     p.add_argument("--out", default="mcp-profile", help="directory for the profiles")
     p.add_argument("--floor", action="store_true", help="time a ping in-process: the SDK's kernel alone, the whole app")
+    p.add_argument("--without", default="", help=f"with --floor: comma-separated layers left out ({', '.join(LAYERS)})")
     p.add_argument("server_args", nargs="*", help="extra `convmem serve` options (after --)")
     args = p.parse_args(argv)
     if args.floor:
         load = open("/proc/loadavg").read().split()[:3]
-        for name, us in floor(args.calls):
-            print(f"ping in-process, {name}: {us:.1f} us CPU per call, load average {' '.join(load)}", file=sys.stderr)
+        without = [w.strip() for w in args.without.split(",") if w.strip()]
+        if any(w not in LAYERS for w in without):
+            p.error(f"--without takes {', '.join(LAYERS)}")
+        label = f" without {', '.join(without)}" if without else ""
+        for name, us in floor(args.calls, without):
+            print(f"ping in-process, {name}{label}: {us:.1f} us CPU per call, load average {' '.join(load)}",
+                  file=sys.stderr)
         return 0
     os.makedirs(args.out, exist_ok=True)
     for kind in [k.strip() for k in args.kinds.split(",") if k.strip()]:

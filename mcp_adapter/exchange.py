@@ -34,6 +34,7 @@ checks the responses are byte for byte the same.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Mapping
 from contextlib import AsyncExitStack
@@ -53,7 +54,9 @@ from mcp.shared.message import ServerMessageMetadata
 from mcp.shared.transport_context import TransportContext
 from mcp_types import (
     DEFAULT_NEGOTIATED_VERSION,
+    ClientCapabilities,
     ErrorData,
+    Implementation,
     JSONRPCError,
     JSONRPCRequest,
     JSONRPCResponse,
@@ -61,7 +64,7 @@ from mcp_types import (
     jsonrpc_message_adapter,
 )
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -86,7 +89,7 @@ class _DispatchContext:
     raises :class:`NoBackChannelError`.
     """
 
-    __slots__ = ("cancel_requested", "message_metadata", "request_id")
+    __slots__ = ("_cancel_requested", "message_metadata", "request_id")
 
     transport = _TRANSPORT
     can_send_request = False
@@ -94,7 +97,14 @@ class _DispatchContext:
     def __init__(self, request_id: RequestId, metadata: ServerMessageMetadata) -> None:
         self.request_id = request_id
         self.message_metadata = metadata
-        self.cancel_requested = anyio.Event()
+        self._cancel_requested: anyio.Event | None = None
+
+    @property
+    def cancel_requested(self) -> anyio.Event:
+        """Set if the peer cancels the request (never, on this path): made when first asked for."""
+        if self._cancel_requested is None:
+            self._cancel_requested = anyio.Event()
+        return self._cancel_requested
 
     async def notify(self, method: str, params: Mapping[str, Any] | None, opts: CallOptions | None = None) -> None:
         _dispatch_logger.debug("dropped %s: a JSON response carries only the result", method)
@@ -182,7 +192,7 @@ class SingleExchange:
         """Run the SDK's kernel for ``message`` and write its response as the SDK's transport does."""
         metadata = ServerMessageMetadata(request_context=request, can_send_request=False)
         dctx = _DispatchContext(message.id, metadata)
-        connection = Connection.from_envelope(version or DEFAULT_NEGOTIATED_VERSION, None, None)
+        connection = _born_ready(version or DEFAULT_NEGOTIATED_VERSION)
         connection.exit_stack = _WatchedExitStack()
         reply: JSONRPCResponse | JSONRPCError
         try:
@@ -198,6 +208,37 @@ class SingleExchange:
         headers = [*_JSON_HEADERS, (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+def _validates_none(model: type[BaseModel]) -> bool:
+    try:
+        model.model_validate(None, by_name=False)
+    except ValidationError:
+        return False
+    return True
+
+
+#: ``Connection.from_envelope``'s default outbound: the connection cannot reach its peer.
+_NO_CHANNEL = inspect.signature(Connection.from_envelope).parameters["outbound"].default
+#: ``from_envelope`` turns the envelope's client info and capabilities into models; ``None`` never becomes one.
+_NONE_IS_NOT_SUPPLIED = not any(_validates_none(m) for m in (Implementation, ClientCapabilities))
+
+
+def _born_ready(version: str) -> Connection:
+    """``Connection.from_envelope(version, None, None)``, without its two validations that cannot succeed.
+
+    A handshake-era request carries no client info or capabilities in an
+    envelope. ``from_envelope`` validates each ``None`` into its model, which
+    fails (checked at import, :data:`_NONE_IS_NOT_SUPPLIED`; each failure
+    builds a ``ValidationError``), then builds a connection with neither and
+    sets it initialized: what is built here.
+    """
+    if not _NONE_IS_NOT_SUPPLIED:  # pragma: no cover - a future SDK giving None a meaning
+        return Connection.from_envelope(version, None, None)
+    connection = Connection(_NO_CHANNEL, protocol_version=version, client_params=None)
+    connection.client_capabilities = None
+    connection.initialized.set()
+    return connection
 
 
 class _WatchedExitStack(AsyncExitStack):
@@ -257,3 +298,15 @@ def _replaying(first: Message, receive: Receive) -> Receive:
 def install(manager: StreamableHTTPSessionManager) -> None:
     """Serve ``manager``'s stateless JSON POSTs through :class:`SingleExchange` (inside its body-size limit)."""
     manager.asgi_app = RequestBodyLimitMiddleware(SingleExchange(manager), manager.max_request_body_size)
+
+
+def without_body_limit(manager: StreamableHTTPSessionManager) -> ASGIApp:
+    """``manager``'s request handler past the SDK's body-size limit, for a request whose body is already capped.
+
+    Only for a request :class:`~convmem.mcp_adapter.http.RequestAdmission`
+    has read: its caps are never above the manager's limit (checked where the
+    app is built), so the limit (which reads the body again and copies it)
+    could never refuse it.
+    """
+    app = manager.asgi_app
+    return app.app if isinstance(app, RequestBodyLimitMiddleware) else app

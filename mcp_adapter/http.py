@@ -52,11 +52,12 @@ from convmem.logstore import MAX_BATCH_BYTES
 
 from . import exchange, metrics
 from .auth import Authenticator
+from .deadline import Deadline
 from .errors import ToolFailure, unauthenticated
 from .limits import BODY_TIMEOUT
 from .requestlog import RequestLog
 from .server import Backend
-from .wire import ResultSplice
+from .wire import DirectRoute, ResultSplice
 
 MCP_PATH = "/mcp"
 HEALTH_PATH = "/healthz"
@@ -213,7 +214,7 @@ class RequestAdmission:
         chunks: list[bytes] = []
         size = 0
         more = True
-        with anyio.move_on_after(self.body_timeout) as deadline:
+        with Deadline(self.body_timeout) as deadline:  # perf: a timer, not a cancel scope (see .deadline)
             while more:
                 message = await receive()
                 if message["type"] != "http.request":
@@ -293,8 +294,14 @@ def build_app(
             Route(metrics.METRICS_PATH, metrics.endpoint(metrics_token), methods=["GET"]),  # ops
         ],
     )
-    exchange.install(server.session_manager)  # perf: well-formed POSTs served in place (see .exchange)
-    app.add_middleware(ResultSplice)  # innermost: writes read results into the SDK's response (see .wire)
+    manager = server.session_manager
+    exchange.install(manager)  # perf: well-formed POSTs served in place (see .exchange)
+    if MAX_BODY_BYTES > manager.max_request_body_size:  # pragma: no cover - both are this module's constant
+        raise ValueError("an admitted body could exceed the SDK's body-size limit")
+    route = next(r for r in app.router.routes if isinstance(r, Route) and r.path == MCP_PATH)
+    # perf: an admitted POST /mcp goes from the splice layer straight to the exchange (see .wire.ResultSplice).
+    direct = DirectRoute(MCP_PATH, app.router, route, lambda: exchange.without_body_limit(manager))
+    app.add_middleware(ResultSplice, direct=direct)  # innermost: writes read results into the SDK's response
     app.add_middleware(RequestAdmission, authenticator=backend.authenticator, body_timeout=body_timeout)
     app.add_middleware(NoEventStream)
     app.add_middleware(RequestLog)  # ops: request ids and the request log line; keep it the outermost

@@ -29,6 +29,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,7 +57,7 @@ def _is_site_name(user: str) -> bool:
 _STANDARD_ATTRS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestInfo:
     """What the request line reports; filled in as the request is served."""
 
@@ -93,9 +94,35 @@ class RequestInfo:
 _current: contextvars.ContextVar[RequestInfo | None] = contextvars.ContextVar("convmem_request", default=None)
 
 
+#: Request ids taken from one ``os.urandom`` call at a time (a syscall per :data:`_IDS_PER_CALL` ids, not per id).
+_IDS_PER_CALL = 256
+_ids: Iterator[str] = iter(())
+
+
 def new_request_id() -> str:
-    """16 random hex digits."""
-    return os.urandom(8).hex()
+    """16 random hex digits.
+
+    Ids are cut from a batch of random bytes. Taking one is a list
+    iterator's ``next``, atomic under the GIL, so threads never share an id;
+    a forked child drops the batch it inherited (its parent hands out the
+    same ids).
+    """
+    global _ids
+    try:
+        return next(_ids)
+    except StopIteration:
+        digits = os.urandom(8 * _IDS_PER_CALL).hex()
+        batch = [digits[i : i + 16] for i in range(0, len(digits), 16)]
+        _ids = iter(batch[1:])
+        return batch[0]
+
+
+def _drop_ids() -> None:
+    global _ids
+    _ids = iter(())
+
+
+os.register_at_fork(after_in_child=_drop_ids)
 
 
 def current() -> RequestInfo | None:
@@ -110,22 +137,99 @@ def request_id() -> str:
 
 
 def _emit(info: RequestInfo) -> None:
-    """Log the request line: the record ``logger.log(level, "request", extra=...)`` makes, made directly.
+    """Log the request line: what ``logger.log(level, "request", extra=...)`` would write.
 
-    ``Logger.log`` would walk the stack to find this function's frame; the
-    record here names the same file, line and function without the walk.
+    When the line could only reach the text handler :func:`configure`
+    installed (:func:`_direct_handler`), it is formatted and written straight
+    to that handler's stream, without a LogRecord. Otherwise the record
+    ``Logger.log`` would make is made (without its stack walk: the record
+    names the same file, line and function) and handled as usual.
     """
     level = logging.WARNING if info.error_code == "Unauthenticated" else logging.INFO
     if not logger.isEnabledFor(level):
         return
-    line = sys._getframe().f_lineno  # the frame is not kept: it would hold this request's objects in a cycle
-    record = logger.makeRecord(
-        logger.name, level, _EMIT_FILE, line, "request", (), None, "_emit", {"request": info.fields()}
-    )
-    logger.handle(record)
+    handler = _direct_handler(level)
+    if handler is not None:
+        _write_direct(handler, level, info.fields())
+        return
+    logger.handle(_record(level, info.fields()))
+
+
+def _record(level: int, fields: dict[str, Any]) -> logging.LogRecord:
+    line = sys._getframe(1).f_lineno  # the frame is not kept: it would hold this request's objects in a cycle
+    return logger.makeRecord(logger.name, level, _EMIT_FILE, line, "request", (), None, "_emit", {"request": fields})
 
 
 _EMIT_FILE = _emit.__code__.co_filename
+
+#: The handler :func:`configure` installed last, while it is the root logger's.
+_configured: logging.StreamHandler[Any] | None = None
+
+
+def _direct_handler(level: int) -> logging.StreamHandler[Any] | None:
+    """The text handler of :func:`configure`, when a request line of ``level`` would reach it and nothing else.
+
+    That is: records are plain LogRecords (no record factory installed), the
+    request logger is an ordinary enabled logger without filters, no logger
+    between it and the root has a handler, the root's only handler is that
+    one, without filters, taking ``level``, with its :class:`TextFormatter`.
+    Then the line the logging machinery would write is known
+    (:func:`direct_line`); any other set-up goes through the machinery.
+    """
+    handler = _configured
+    if (
+        handler is None
+        or type(handler.formatter) is not TextFormatter
+        or handler.filters
+        or level < handler.level
+        or logging.getLogRecordFactory() is not logging.LogRecord
+        or type(logger) is not logging.Logger
+        or logger.disabled
+        or logger.filters
+    ):
+        return None
+    node: logging.Logger | None = logger
+    while node is not None and node is not logging.root:
+        if node.handlers or not node.propagate:
+            return None
+        node = node.parent
+    root_handlers = logging.root.handlers
+    if node is None or len(root_handlers) != 1 or root_handlers[0] is not handler:
+        return None
+    return handler
+
+
+def _now() -> tuple[float, float]:
+    """``created`` and ``msecs`` as a LogRecord made now has them."""
+    if sys.version_info >= (3, 13):  # pragma: no cover - the record's clock since 3.13
+        ns = time.time_ns()
+        return ns / 1e9, (ns % 1_000_000_000) // 1_000_000 + 0.0
+    created = time.time()
+    return created, int((created - int(created)) * 1000) + 0.0
+
+
+def direct_line(formatter: TextFormatter, level: int, created: float, msecs: float, fields: dict[str, Any]) -> str:
+    """The text :class:`TextFormatter` makes of the request line's record (``created``, ``msecs``, ``fields``)."""
+    return f"{formatter.stamp(created, msecs)} {logging.getLevelName(level)} {logger.name}: request {_pairs(fields)}"
+
+
+def _write_direct(handler: logging.StreamHandler[Any], level: int, fields: dict[str, Any]) -> None:
+    """What ``handler.handle(record)`` does with the request line's record, without the record."""
+    formatter = handler.formatter
+    assert isinstance(formatter, TextFormatter)
+    created, msecs = _now()
+    handler.acquire()
+    try:
+        stream = handler.stream
+        stream.write(direct_line(formatter, level, created, msecs, fields) + handler.terminator)
+        if stream and hasattr(stream, "flush"):
+            stream.flush()
+    except RecursionError:  # as StreamHandler.emit
+        raise
+    except Exception:
+        handler.handleError(_record(level, fields))
+    finally:
+        handler.release()
 
 
 class ToolCall:
@@ -354,8 +458,23 @@ def _pairs(fields: dict[str, Any]) -> str:
     """The request line's ``key=value`` pairs (None values left out), each value as :func:`_field_value` writes it.
 
     Numbers, and strings without a character that needs escaping or quoting,
-    are written as they are without going through the escaping.
+    are written as they are without going through the escaping. The usual
+    line (every value a number or such a string) is recognised with one
+    search over all its strings together: a character to escape or quote is
+    in one of them exactly when it is in their concatenation.
     """
+    texts = []
+    for value in fields.values():
+        kind = type(value)
+        if kind is str:
+            if not value:
+                break
+            texts.append(value)
+        elif not (value is None or kind is int or kind is float or kind is bool):
+            break
+    else:
+        if _SPECIAL.search("".join(texts)) is None:
+            return " ".join([f"{key}={value}" for key, value in fields.items() if value is not None])
     out = []
     for key, value in fields.items():
         if value is None:
@@ -385,11 +504,15 @@ class TextFormatter(logging.Formatter):
         """The standard time stamp, its date and time part computed once per second."""
         if datefmt is not None:  # pragma: no cover - this formatter never sets one
             return super().formatTime(record, datefmt)
-        second = int(record.created)
+        return self.stamp(record.created, record.msecs)
+
+    def stamp(self, created: float, msecs: float) -> str:
+        """:meth:`formatTime` of a record with these ``created`` and ``msecs``."""
+        second = int(created)
         if self._second[0] != second:
-            self._second = (second, time.strftime(self.default_time_format, self.converter(record.created)))
+            self._second = (second, time.strftime(self.default_time_format, self.converter(created)))
         stamp = self._second[1]
-        return self.default_msec_format % (stamp, record.msecs) if self.default_msec_format else stamp
+        return self.default_msec_format % (stamp, msecs) if self.default_msec_format else stamp
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         record.message = escape_text(relative_paths(record.message))
@@ -412,7 +535,9 @@ class TextFormatter(logging.Formatter):
 
 def configure(fmt: str) -> None:
     """Send every log record to stderr in ``fmt`` (``text`` or ``json``), replacing earlier handlers."""
+    global _configured
     handler = logging.StreamHandler(sys.stderr)
+    _configured = handler
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
     for old in list(root.handlers):

@@ -36,7 +36,7 @@ the same bytes (:meth:`Prepared.decoded`).
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import mcp_types as types
@@ -160,10 +160,21 @@ class ResultSplice:
 
     Invariant: a response is rewritten only when a tool handler of this very
     request left a prepared result; any other response passes untouched.
+
+    ``direct``, when given, serves an admitted ``POST /mcp`` (the exact path)
+    in place of ``app``: the MCP endpoint reached in this one step rather
+    than through Starlette's exception layer, router and route (see
+    :func:`convmem.mcp_adapter.http.build_app`). The scope gets what the
+    router would have put in it (``router``, ``route``, ``endpoint``,
+    ``path_params``). Invariant (``build_app``): this layer sits inside
+    :class:`~convmem.mcp_adapter.http.RequestAdmission`, which reads and caps
+    the body of every ``POST /mcp``, so whatever the direct route serves has
+    been admitted.
     """
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, direct: DirectRoute | None = None) -> None:
         self.app = app
+        self.direct = direct
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -171,40 +182,66 @@ class ResultSplice:
             return
         splice = Splice()
         scope[SCOPE_KEY] = splice
-        start: Message | None = None
-        held: list[bytes] = []
+        direct = self.direct
+        if direct is not None and scope["path"] == direct.path and not scope.get("root_path") and "router" not in scope:
+            scope["router"], scope["route"] = direct.router, direct.route
+            scope["endpoint"], scope["path_params"] = direct.route.endpoint, {}
+            await direct.handler()(scope, receive, splicing(splice, send))
+            return
+        await self.app(scope, receive, splicing(splice, send))
 
-        async def splicing_send(message: Message) -> None:
-            nonlocal start
-            if not splice.pending and start is None:
-                splice.open = False  # this response passes through as it is
-                await send(message)
-                return
-            if message["type"] == "http.response.start":
-                start = message
-                return
-            if message["type"] != "http.response.body" or start is None:
-                await send(message)
-                return
-            held.append(message.get("body", b""))
-            if message.get("more_body", False):
-                return
-            chunks = splice.chunks(b"".join(held))
-            held.clear()
-            size = sum(len(c) for c in chunks)
-            headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
-            headers.append((b"content-length", str(size).encode()))
-            await send({**start, "headers": headers})
-            start = None
-            if size <= PIECE:
-                await send({"type": "http.response.body", "body": b"".join(chunks)})
-                return
-            pieces = [memoryview(c)[i : i + PIECE] for c in chunks for i in range(0, len(c), PIECE)]
-            for i, piece in enumerate(pieces):
-                # ASGI bodies are bytes: one piece is copied at a time, while the socket drains.
-                await send({"type": "http.response.body", "body": bytes(piece), "more_body": i + 1 < len(pieces)})
 
-        await self.app(scope, receive, splicing_send)
+class DirectRoute:
+    """The one route :class:`ResultSplice` serves itself: its path, the router and route it stands for, its handler.
+
+    ``handler`` is called per request (the handler may be replaced after the app is built).
+    """
+
+    __slots__ = ("handler", "path", "route", "router")
+
+    def __init__(self, path: str, router: Any, route: Any, handler: Callable[[], ASGIApp]) -> None:
+        self.path = path
+        self.router = router
+        self.route = route
+        self.handler = handler
+
+
+def splicing(splice: Splice, send: Send) -> Send:
+    """``send`` with ``splice``'s placeholders replaced in the response (held only when a result is pending)."""
+    start: Message | None = None
+    held: list[bytes] = []
+
+    async def splicing_send(message: Message) -> None:
+        nonlocal start
+        if not splice.pending and start is None:
+            splice.open = False  # this response passes through as it is
+            await send(message)
+            return
+        if message["type"] == "http.response.start":
+            start = message
+            return
+        if message["type"] != "http.response.body" or start is None:
+            await send(message)
+            return
+        held.append(message.get("body", b""))
+        if message.get("more_body", False):
+            return
+        chunks = splice.chunks(b"".join(held))
+        held.clear()
+        size = sum(len(c) for c in chunks)
+        headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+        headers.append((b"content-length", str(size).encode()))
+        await send({**start, "headers": headers})
+        start = None
+        if size <= PIECE:
+            await send({"type": "http.response.body", "body": b"".join(chunks)})
+            return
+        pieces = [memoryview(c)[i : i + PIECE] for c in chunks for i in range(0, len(c), PIECE)]
+        for i, piece in enumerate(pieces):
+            # ASGI bodies are bytes: one piece is copied at a time, while the socket drains.
+            await send({"type": "http.response.body", "body": bytes(piece), "more_body": i + 1 < len(pieces)})
+
+    return splicing_send
 
 
 def splice_of(request: Any) -> Splice | None:

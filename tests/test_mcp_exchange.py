@@ -237,3 +237,47 @@ async def test_a_connection_exit_stack_with_something_on_it_is_unwound() -> None
     entered = exchange._WatchedExitStack()
     entered.enter_context(contextlib.nullcontext())
     assert entered.used
+
+
+def test_the_born_ready_connection_is_what_from_envelope_builds() -> None:
+    from mcp.server.connection import Connection
+
+    for version in ("2025-06-18", "2025-03-26"):
+        ours, theirs = exchange._born_ready(version), Connection.from_envelope(version, None, None)
+        assert exchange._NONE_IS_NOT_SUPPLIED
+        assert ours.outbound is theirs.outbound and ours.has_standalone_channel == theirs.has_standalone_channel
+        for name in ("protocol_version", "session_id", "client_params", "client_capabilities", "state"):
+            assert getattr(ours, name) == getattr(theirs, name), name
+        assert ours.initialized.is_set() and theirs.initialized.is_set()
+        assert ours.initialize_accepted == theirs.initialize_accepted
+        assert set(vars(ours)) == set(vars(theirs))
+
+
+@pytest.mark.anyio
+async def test_post_mcp_reaches_the_exchange_with_the_routers_scope(tmp_path: Path) -> None:
+    seen: list[dict[str, Any]] = []
+    async with _app(tmp_path / "fast", True) as fast:
+        single = next(m for m in _walk(fast) if isinstance(m, exchange.SingleExchange))
+        route = next(r for r in fast.routes if getattr(r, "path", None) == "/mcp")
+        sdk_handler = single.fallback
+
+        async def watching(scope: Any, receive: Any, send: Any) -> None:
+            seen.append(dict(scope))
+            await sdk_handler(scope, receive, send)
+
+        single.fallback = watching
+        status, _, _ = await _request(fast, rpc("notifications/initialized", id=None), {})
+        assert status == 202
+        assert seen[0]["route"] is route and seen[0]["endpoint"] is route.endpoint
+        assert seen[0]["router"] is fast.router and seen[0]["path_params"] == {}
+        # Any other path is Starlette's to route: "/mcp/" is redirected as before.
+        sent: list[Message] = []
+
+        async def receive() -> Message:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: Message) -> None:
+            sent.append(message)
+
+        await fast({**_scope(b"", {}), "path": "/mcp/", "raw_path": b"/mcp/"}, receive, send)
+        assert sent[0]["status"] == 307
