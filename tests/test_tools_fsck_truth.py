@@ -19,19 +19,7 @@ import pytest
 
 from convmem.logstore import FileStore, ListSelector, frame, index, layout, manifest, manifestcodec
 from convmem.logstore.conversation import Tip
-from tests.tools_support import (
-    REPO,
-    SITE,
-    cli,
-    conv_dir,
-    flip_byte,
-    fsck,
-    kinds,
-    populate,
-    read_all,
-    record_offsets,
-    salt_of,
-)
+from tests.tools_support import REPO, SITE, cli, conv_dir, flip_byte, fsck, kinds, populate, read_all, record_offsets
 from tests.tools_support import segments as segs_of
 
 CID = "conv-0001"
@@ -210,8 +198,9 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # The tests that cut the last record expect no index entry to point at it.
     last = segs_of(root, CID)[-1]
     base = layout.parse_segment_name(last.name)
-    assert base is not None
-    entries = index.load(str(last.with_suffix(".idx")), base, salt_of(last), last.stat().st_size)
+    header = frame.decode_segment_header(last.read_bytes()[: frame.SEGMENT_HEADER_SIZE])
+    assert base is not None and header is not None
+    entries = index.load(str(last.with_suffix(".idx")), base, header.salt, last.stat().st_size)
     assert entries is not None and record_offsets(last)[-1][0] not in entries.offsets
     return root
 
