@@ -90,6 +90,7 @@ class ConversationCreation(SegmentRoll):
             self._pending_end = 0  # on failure the file is emptied: an empty file is a torn creation
             fileio.pwrite_all(fd, data if size == claim.size else data + bytes(size - len(data)), 0)
             fileio.crashpoint("after-file-create")
+            fileio.crashpoint("pool-claim-written")
             fileio.crashpoint("before-data-sync")
             fileio.fdatasync(fd)  # the only sync: the rename is synced after the acknowledgement
             fileio.crashpoint("pool-claim-synced")
