@@ -2,7 +2,8 @@
 
 A conversation with no directory yet may take a pre-created one from the
 site's pool (:meth:`ConversationCreation._claim_from_pool`,
-:mod:`logstore.convpool`); its first segment is then written into the
+:mod:`logstore.convpool`); its first segment, the conversation's identity
+record between the header and the batches, is then written into the
 entry's synced zeros and the rename into place is synced after the
 acknowledgement (:mod:`logstore.poolclaims` moves an entry back when a power
 cut undid it). Otherwise the directory is made and the first segment created
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import os
 
-from . import convpool, fileio, frame, index, layout, poolclaims
+from . import convpool, fileio, frame, index, layout
 from .frame import SEGMENT_HEADER_SIZE
 from .groupcommit import Batch
 from .sealedsegment import SegmentRoll
@@ -65,16 +66,19 @@ class ConversationCreation(SegmentRoll):
         acknowledged batch. The index file is created with the first index entry.
 
         In a claimed pool entry (FORMAT.md 6, "A first append in one sync") the
-        same write goes into the entry's synced zeros, the conversation's
-        identity into its lock file, and only those two files are synced: the
-        rename into place is synced after the acknowledgement
+        same write, with the conversation's identity record between the header
+        and the records, goes into the entry's synced zeros, and only that file
+        is synced (one ``fdatasync``): the rename into place is synced after the acknowledgement
         (:meth:`logstore.convpool.SitePool.settle_later`), and a power cut that
         undoes it leaves the entry for :mod:`logstore.poolclaims` to move back.
         """
         salt = frame.new_salt()
         records = self._encode(todo, stamp, salt)
-        data = frame.encode_segment_header(0, salt) + b"".join(records)
         claim, self._claim = self._claim, None
+        # The identity lies under the batch's own sync: a power cut that undoes the rename leaves
+        # it beside the data, for poolclaims to move the entry back into place.
+        ident = frame.encode_identity(salt, stamp, self.conversation_id) if claim is not None else b""
+        data = frame.encode_segment_header(0, salt) + ident + b"".join(records)
         if claim is not None:
             # A claimed pool entry: its file is the pool's entry_bytes of synced zeros, so the write
             # goes into allocated space (extending it only when the batch is bigger).
@@ -86,12 +90,9 @@ class ConversationCreation(SegmentRoll):
             self._pending_end = 0  # on failure the file is emptied: an empty file is a torn creation
             fileio.pwrite_all(fd, data if size == claim.size else data + bytes(size - len(data)), 0)
             fileio.crashpoint("after-file-create")
-            # The conversation's identity, in the entry's lock file (a synced sector of zeros): a power
-            # cut that undoes the rename leaves it beside the data, for poolclaims to move it back into
-            # place. The two files' syncs are the only ones: the rename is synced after the acknowledgement.
-            fileio.pwrite_all(claim.lock_fd, poolclaims.encode(self.conversation_id), 0)
+            fileio.crashpoint("pool-claim-written")
             fileio.crashpoint("before-data-sync")
-            fileio.sync_all([fd, claim.lock_fd], [])
+            fileio.fdatasync(fd)  # the only sync: the rename is synced after the acknowledgement
             fileio.crashpoint("pool-claim-synced")
         else:
             self._alloc = 0
@@ -123,4 +124,4 @@ class ConversationCreation(SegmentRoll):
         self._idx = index.SparseIndex(0, salt)
         self._idx_fd = None
         self._idx_lazy = True
-        self._written(records, todo, stamp, SEGMENT_HEADER_SIZE)
+        self._written(records, todo, stamp, SEGMENT_HEADER_SIZE + len(ident))

@@ -10,19 +10,18 @@ segment file of zeros, all synced. A first append *claims* one by renaming
 it into place as the conversation's directory (``renameat2`` with
 ``RENAME_NOREPLACE``: atomic, exactly one of several racing processes wins,
 and an existing directory, even an empty one another process has just made,
-is never replaced), then writes the segment header and its records into the
-zeros and the conversation's identity into the entry's lock file
-(:mod:`logstore.poolclaims`), and syncs those two files at once: one round of
-device flushes, as for any append, and the batch is acknowledged. The rename
+is never replaced), then writes the segment header, the conversation's
+identity (an identity record, :mod:`logstore.poolclaims`) and the batch's
+records into the zeros in one write, and syncs that file alone: one
+``fdatasync``, as for any append, and the batch is acknowledged. The rename
 (and the fan-out directories it needed) is made durable afterwards, by the
 next fill; until then a power cut can undo it, and the next process to use
 the site moves the entry into place again (:func:`logstore.poolclaims.settle_site`).
 
 Invariants:
 
-* A ready entry (``e-<16 hex>``) holds a lock file of
-  :data:`logstore.poolclaims.LOCK_BYTES` zeros (empty in entries built before
-  identities existed) and a segment
+* A ready entry (``e-<16 hex>``) holds an empty lock file (in entries built
+  by older engines, :data:`logstore.poolclaims.LOCK_BYTES` zeros) and a segment
   ``00000000000000000000.seg`` of exactly ``entry_bytes`` zeros, both
   synced (``entry_bytes``: the store's first chunk of preallocated space, 4 KiB
   by default), and its name is never reused. Whoever holds the flock of its lock
@@ -34,12 +33,12 @@ Invariants:
   once it has exited (or closed its store).
 * An entry being built (``t-<16 hex>``) is flocked by its builder; one whose
   flock can be taken has no builder left and is removed.
-* An entry in the pool whose lock file holds an identity was claimed by a
-  first append whose rename a power cut undid: it may hold acknowledged data,
-  and is never used or removed here (:mod:`logstore.poolclaims` moves it into
-  place). Any other entry whose segment or lock file is not all zeros holds
-  nothing acknowledged (a claim acknowledges only once both files, identity
-  included, are synced), so it is removed.
+* An entry in the pool whose segment (or, claimed by an older engine, lock
+  file) holds an identity was claimed by a first append whose rename a power
+  cut undid: it may hold acknowledged data, and is never used or removed here
+  (:mod:`logstore.poolclaims` moves it into place). Any other entry whose
+  segment or lock file is not as a fill leaves it holds nothing acknowledged
+  (a claim acknowledges only once its identity is synced), so it is removed.
 * A claimed conversation whose data did not reach the disk holds a segment
   whose first sector is zeros: a torn creation, which reads as empty
   (:func:`logstore.recovery.is_torn_creation`) and is written again by the
@@ -309,10 +308,9 @@ class SitePool:
                 clean = size == self.entry_bytes and os.pread(seg_fd, size, 0) == self._zeros
             except FileNotFoundError:
                 return None  # claimed and gone already
-            lock = _lock_state(lock_fd)
-            if lock is None:
-                return None  # a claim a power cut moved back: poolclaims moves it into place
-            if not (clean and lock):
+            if not (clean and _lock_clean(lock_fd)):
+                if poolclaims.holds_identity(lock_fd, seg_fd):
+                    return None  # a claim a power cut moved back: poolclaims moves it into place
                 self._discard(entry)
                 return None
             got = self._place_entry(entry, lock_fd, seg_fd, conversation_path, missing)
@@ -549,8 +547,6 @@ class SitePool:
                 tokens.append(token)
                 lock_fds.append(fileio.open_create(os.path.join(tmp, layout.LOCK_FILE)))
                 fileio.try_lock(lock_fds[-1], True)
-                # A sector of zeros, synced: the claim's identity lands there with no new size to commit.
-                fileio.pwrite_all(lock_fds[-1], _LOCK_ZEROS, 0)
                 seg_fds.append(fileio.open_create(os.path.join(tmp, layout.segment_name(0)), os.O_RDWR | os.O_TRUNC))
                 fileio.pwrite_all(seg_fds[-1], self._zeros, 0)
             # Every entry's files and directory at once: one round of device flushes for the batch.
@@ -590,11 +586,11 @@ class SitePool:
                 return  # being claimed
             seg = os.open(os.path.join(entry, layout.segment_name(0)), os.O_RDONLY)
             try:
-                clean = os.fstat(seg).st_size == self.entry_bytes and os.pread(seg, self.entry_bytes, 0) == self._zeros
+                ready = os.fstat(seg).st_size == self.entry_bytes and os.pread(seg, self.entry_bytes, 0) == self._zeros
+                holds_data = not (ready and _lock_clean(fd)) and not poolclaims.holds_identity(fd, seg)
             finally:
                 os.close(seg)
-            lock = _lock_state(fd)
-            if lock is not None and not (clean and lock):
+            if holds_data:
                 self._discard(entry)
         except OSError:
             pass
@@ -625,12 +621,9 @@ class SitePool:
 _LOCK_ZEROS = bytes(poolclaims.LOCK_BYTES)
 
 
-def _lock_state(fd: int) -> bool | None:
-    """An entry's lock file: True when clean (empty, or a sector of zeros), None when it holds an identity."""
-    data = os.pread(fd, poolclaims.LOCK_BYTES + 1, 0)
-    if data in (b"", _LOCK_ZEROS):
-        return True
-    return None if poolclaims.decode(data) is not None else False
+def _lock_clean(fd: int) -> bool:
+    """Whether an entry's lock file is as a fill leaves it: empty, or (built by older engines) a sector of zeros."""
+    return os.pread(fd, poolclaims.LOCK_BYTES + 1, 0) in (b"", _LOCK_ZEROS)
 
 
 #: Fill on the calling thread instead of a background job (tests that record every file

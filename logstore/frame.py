@@ -16,11 +16,12 @@ Record (32-byte header, body, 16-byte trailer)::
     0   8  u64    checksum: xxh3_64 of bytes 8..32+body_len, seed = salt
     8   4  u32    body_len
     12  2  u16    count (items in the batch, seqs a loss record stands for; 0 for a seal)
-    14  2  u16    kind (1 batch, 2 seal, 3 loss, 4 keyed batch)
+    14  2  u16    kind (1 batch, 2 seal, 3 loss, 4 keyed batch, 5 identity)
     16  8  u64    first_seq
     24  8  i64    recorded_at, microseconds since the Unix epoch, UTC
     32  n  body   a batch: the items as one compact JSON array; a seal: empty;
-                  a keyed batch: u8 key length k, k bytes of idempotency key, the JSON array
+                  a keyed batch: u8 key length k, k bytes of idempotency key, the JSON array;
+                  an identity: the conversation id (ASCII), count 0, no seqs
     32+n 8 u64    checksum again
     40+n 4 u32    body_len again
     44+n 4 bytes  b"CVMT"
@@ -40,7 +41,7 @@ from typing import NamedTuple
 
 import xxhash
 
-from .limits import MAX_BATCH_BYTES, MAX_BATCH_ITEMS
+from .limits import MAX_BATCH_BYTES, MAX_BATCH_ITEMS, MAX_ID_LENGTH, MIN_ID_LENGTH
 
 SEGMENT_MAGIC = b"CVMSEG\x00\x01"
 FORMAT_VERSION = 1
@@ -65,6 +66,12 @@ KIND_LOSS = 3
 KIND_KEYED = 4
 #: The kinds whose records hold items (a batch, with or without its key).
 ITEM_KINDS = (KIND_BATCH, KIND_KEYED)
+#: The conversation's identity (FORMAT.md 3, "Identity"): written by a first append that claimed
+#: a pool entry, at offset 40 of the first segment, in the write (and sync) of its first batch.
+#: It holds no seqs (count 0, first seq the segment's base) and no items; readers skip it.
+KIND_IDENTITY = 5
+#: The kinds whose records stand for seqs (items, or items lost).
+SEQ_KINDS = (KIND_BATCH, KIND_KEYED, KIND_LOSS)
 #: The longest idempotency key (bytes of ``[A-Za-z0-9_-]``).
 MAX_KEY_LEN = 128
 
@@ -84,6 +91,7 @@ MIN_KEYED_BODY = 1 + 1 + 2
 
 _xxh3 = xxhash.xxh3_64_intdigest
 _KEY_BYTES = re.compile(rb"[A-Za-z0-9_-]+")
+_ID_BYTES = re.compile(rb"[A-Za-z0-9_-]{%d,%d}" % (MIN_ID_LENGTH, MAX_ID_LENGTH))
 #: The record checksum function (public for the scan loop in segment.py).
 xxh3_64 = _xxh3
 
@@ -111,6 +119,10 @@ class RecordHeader(NamedTuple):
     def end_seq(self) -> int:
         """One past the last seq in the record."""
         return self.first_seq + self.count
+
+
+#: Bounds of an identity record's body: a conversation id.
+MIN_IDENTITY_BODY, MAX_IDENTITY_BODY = MIN_ID_LENGTH, MAX_ID_LENGTH
 
 
 def new_salt() -> int:
@@ -165,7 +177,20 @@ def plausible(h: RecordHeader) -> bool:
         return 1 <= h.count <= MAX_LOSS_COUNT and 2 <= h.body_len <= MAX_LOSS_BODY
     if h.kind == KIND_KEYED:
         return 1 <= h.count <= MAX_BATCH_ITEMS and MIN_KEYED_BODY <= h.body_len <= MAX_KEYED_BODY
+    if h.kind == KIND_IDENTITY:
+        return h.count == 0 and MIN_IDENTITY_BODY <= h.body_len <= MAX_IDENTITY_BODY
     return False
+
+
+def encode_identity(salt: int, recorded_at_us: int, conversation_id: str) -> bytes:
+    """The identity record of a claimed pool entry's first segment (base seq 0), stamped like its first batch."""
+    return encode_record(salt, KIND_IDENTITY, 0, 0, recorded_at_us, conversation_id.encode("ascii"))
+
+
+def identity_of(body: bytes | memoryview) -> str | None:
+    """The conversation id an identity record's body names, or None when it is not a valid id."""
+    raw = bytes(body)
+    return raw.decode("ascii") if _ID_BYTES.fullmatch(raw) else None
 
 
 def keyed_body(key: bytes, items: bytes) -> bytes:

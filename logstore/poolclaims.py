@@ -1,16 +1,19 @@
 """Claims of pool entries whose move into place a power cut undid: finding them and finishing the move.
 
 A first append claims a pool entry (:mod:`logstore.convpool`) by renaming it
-into place as the conversation's directory, writes the first segment and the
-conversation's **identity** (into the entry's ``lock`` file, 512 bytes of
-zeros synced when the entry was built) and syncs those two files, and nothing
-else, before it acknowledges (FORMAT.md 6, "A first append in one sync"). The
+into place as the conversation's directory, writes the first segment into the
+entry's synced zeros, its header followed by the conversation's **identity**
+(an identity record, :data:`logstore.frame.KIND_IDENTITY`) and the first
+batch's records in one write, and syncs that one file, and nothing else,
+before it acknowledges (FORMAT.md 6, "A first append in one sync"). The
 rename is made durable later, in the background. A power cut before that can
 leave the entry, with acknowledged data, back in ``pool/`` (or below a spare
 directory whose own rename was undone). Such an entry is a **claimed entry
 not moved**: not damage, and moved into place (:func:`finish`) by every process
 before it first uses the site (:func:`settle_site`), so that no reader,
-listing or writer of that process can miss the conversation.
+listing or writer of that process can miss the conversation. Entries claimed
+by an engine that wrote the identity into the entry's ``lock`` file instead
+(and synced both files) are found the same way (:func:`read_identity`).
 
 Invariants:
 
@@ -20,6 +23,9 @@ Invariants:
   after a power cut undid its rename (a killed claimer's entry stays where
   its rename put it). So every running process started after any such cut,
   and settling a site once per process and boot is enough.
+* The identity lies under the sync that acknowledges the first batch (in the
+  same segment, the same write): an entry whose segment holds no valid
+  identity (and whose lock file holds none) never acknowledged anything.
 * An entry whose identity names a conversation that has a directory holding
   the same identity is the old name of that directory (a power cut kept the
   rename's new name and not the removal of the old, which a filesystem with
@@ -39,19 +45,21 @@ from typing import NamedTuple
 
 import xxhash
 
-from . import bootid, fileio, layout
+from . import bootid, fileio, frame, layout
 
-#: First bytes of an identity (FORMAT.md 6).
+#: First bytes of an identity in a lock file, as engines before identity records wrote it (FORMAT.md 6).
 MAGIC = b"CVMCLM\x00\x01"
-#: Bytes of a pool entry's lock file: one sector, zeros until a claim writes its identity there.
+#: Bytes of a pool entry's lock file as those engines built it: one sector of zeros.
 LOCK_BYTES = 512
+#: Bytes of a first segment that hold its header and an identity record.
+_HEAD_BYTES = frame.SEGMENT_HEADER_SIZE + frame.RECORD_OVERHEAD + frame.MAX_IDENTITY_BODY
 #: The file of ``pool/`` naming the boot whose claims are all in place.
 SETTLED_FILE = "settled"
 _LONGEST_ID = 64
 
 
 def encode(conversation_id: str) -> bytes:
-    """The identity written at offset 0 of a claimed entry's lock file: magic, u8 length, id, u64 xxh3."""
+    """An identity in a lock file's older form (magic, u8 length, id, u64 xxh3), as :func:`decode` reads it."""
     raw = conversation_id.encode("ascii")
     head = MAGIC + bytes((len(raw),)) + raw
     return head + xxhash.xxh3_64_intdigest(head).to_bytes(8, "little")
@@ -74,18 +82,54 @@ def decode(data: bytes) -> str | None:
     return ident if layout.decode_name(layout.encode_name(ident)) == ident else None
 
 
-def read_identity(entry: str) -> str | None:
-    """The identity in the lock file of the directory ``entry``, or None."""
+def segment_identity(data: bytes) -> str | None:
+    """The conversation a first segment's leading bytes name by an identity record, or None.
+
+    ``data``: the segment's bytes from offset 0 (at least the header and the
+    record at offset 40). The identity is valid when the header is valid with
+    base seq 0 and the record at offset 40 is a valid identity record of that
+    header's salt naming a valid conversation id.
+    """
+    header = frame.decode_segment_header(data)
+    at = frame.SEGMENT_HEADER_SIZE
+    if header is None or header.base_seq != 0 or len(data) < at + frame.RECORD_HEADER_SIZE:
+        return None
+    h = frame.decode_record_header(data, at)
+    if h.kind != frame.KIND_IDENTITY or not frame.plausible(h) or h.first_seq != 0 or at + h.size > len(data):
+        return None
+    if not frame.checksum_ok(data, at, h, header.salt):
+        return None
+    return frame.identity_of(data[at + frame.RECORD_HEADER_SIZE : at + frame.RECORD_HEADER_SIZE + h.body_len])
+
+
+def _pread_file(path: str, n: int) -> bytes | None:
     try:
-        fd = os.open(os.path.join(entry, layout.LOCK_FILE), os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
         return None
     try:
-        return decode(os.pread(fd, LOCK_BYTES, 0))
+        return os.pread(fd, n, 0)
     except OSError:
         return None
     finally:
         os.close(fd)
+
+
+def read_identity(entry: str) -> str | None:
+    """The identity in the directory ``entry`` (its first segment's identity record, else its lock file's), or None."""
+    head = _pread_file(os.path.join(entry, layout.segment_name(0)), _HEAD_BYTES)
+    ident = segment_identity(head) if head else None
+    if ident is not None:
+        return ident
+    lock = _pread_file(os.path.join(entry, layout.LOCK_FILE), LOCK_BYTES)
+    return decode(lock) if lock else None
+
+
+def holds_identity(lock_fd: int, seg_fd: int) -> bool:
+    """Whether an entry open as these descriptors holds an identity (a claim a power cut moved back)."""
+    return segment_identity(os.pread(seg_fd, _HEAD_BYTES, 0)) is not None or decode(
+        os.pread(lock_fd, LOCK_BYTES, 0)
+    ) is not None
 
 
 class Unmoved(NamedTuple):

@@ -26,10 +26,13 @@ from .convstate import ReadOnlyFile, Tip
 from .errors import Corrupted, ItemsLost, Loss, Timeout
 from .frame import (
     KIND_BATCH,
+    KIND_IDENTITY,
     KIND_KEYED,
     KIND_LOSS,
     KIND_SEAL,
     MAX_BODY,
+    MAX_IDENTITY_BODY,
+    MIN_IDENTITY_BODY,
     RECORD_HEADER,
     RECORD_HEADER_SIZE,
     SEGMENT_HEADER_SIZE,
@@ -432,7 +435,16 @@ class Reader(Recovery):
         while rel + RECORD_HEADER_SIZE <= limit:
             checksum, body_len, count, kind, first, us = unpack(buf, rel)
             if kind != KIND_BATCH or not 0 < count <= MAX_BATCH_ITEMS or not 2 <= body_len <= MAX_BODY:
-                break
+                if kind != KIND_IDENTITY or pos + rel != SEGMENT_HEADER_SIZE or count or first != seq:
+                    break
+                # A claimed conversation's identity, its first segment's first record: no items.
+                rend = rel + RECORD_HEADER_SIZE + body_len + TRAILER_SIZE
+                if not MIN_IDENTITY_BODY <= body_len <= MAX_IDENTITY_BODY or rend > limit:
+                    break
+                if xxh3(view[rel + 8 : rel + RECORD_HEADER_SIZE + body_len], salt) != checksum:
+                    break
+                rel = rend
+                continue
             body_at = rel + RECORD_HEADER_SIZE
             rend = body_at + body_len + TRAILER_SIZE
             if rend > limit or xxh3(view[rel + 8 : body_at + body_len], salt) != checksum:

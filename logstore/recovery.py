@@ -17,7 +17,7 @@ import os
 from . import fileio, frame, index
 from .convstate import ConversationState, ReadOnlyFile
 from .errors import Corrupted
-from .frame import ITEM_KINDS, KIND_SEAL, SEGMENT_HEADER_SIZE
+from .frame import ITEM_KINDS, KIND_IDENTITY, KIND_SEAL, SEGMENT_HEADER_SIZE, SEQ_KINDS
 from .segment import BadRecord, Fault, Gap, classify_tail, data_end, find_next_record, iter_records, walk
 
 
@@ -56,7 +56,7 @@ class Recovery(ConversationState):
                     return None
                 end = data_end(fd, SEGMENT_HEADER_SIZE, os.fstat(fd).st_size)
                 for rec in walk(fd, SEGMENT_HEADER_SIZE, end, header.salt):
-                    if not isinstance(rec, Gap) and rec[1].kind != KIND_SEAL:
+                    if not isinstance(rec, Gap) and rec[1].kind in SEQ_KINDS:
                         return rec[1].recorded_at_us
         except FileNotFoundError:
             return None
@@ -156,7 +156,7 @@ class Recovery(ConversationState):
                         )
                     if h.kind == KIND_SEAL:
                         self._sealed_active = True
-                    else:
+                    elif h.kind != KIND_IDENTITY:  # (the conversation's identity: no seqs, no time of a batch)
                         if (
                             h.kind in ITEM_KINDS
                             and off - last_indexed >= self.options.index_interval
@@ -219,7 +219,7 @@ class Recovery(ConversationState):
         last = 0
         start = self._idx.last_offset() or SEGMENT_HEADER_SIZE
         for rec in walk(self._fd, start, self._end, self._salt):
-            if not isinstance(rec, Gap) and rec[1].kind != KIND_SEAL:
+            if not isinstance(rec, Gap) and rec[1].kind in SEQ_KINDS:
                 last = rec[1].recorded_at_us
         if last == 0 and len(self._segments) > 1:
             # The active segment holds only its header (or a seal): ask the previous one.

@@ -81,6 +81,7 @@ def iter_records(
     xxh3 = frame.xxh3_64
     max_body = frame.MAX_BODY
     max_count = MAX_BATCH_ITEMS
+    min_ident, max_ident = frame.MIN_IDENTITY_BODY, frame.MAX_IDENTITY_BODY
     pos = start
     view = memoryview(buf)
     buf_off = start
@@ -105,8 +106,10 @@ def iter_records(
             ok = count == 0 and body_len == 0
         elif kind == frame.KIND_KEYED:
             ok = 1 <= count <= max_count and frame.MIN_KEYED_BODY <= body_len <= frame.MAX_KEYED_BODY
+        elif kind == frame.KIND_LOSS:
+            ok = count >= 1 and 2 <= body_len <= frame.MAX_LOSS_BODY
         else:
-            ok = kind == frame.KIND_LOSS and count >= 1 and 2 <= body_len <= frame.MAX_LOSS_BODY
+            ok = kind == frame.KIND_IDENTITY and count == 0 and min_ident <= body_len <= max_ident
         if not ok:
             raise BadRecord(pos, "record header fields are out of range", Fault.HEADER)
         rend = pos + frame.RECORD_OVERHEAD + body_len
@@ -128,10 +131,11 @@ def iter_records(
 
 
 # Where a record header may start: the u16 count and u16 kind fields (bytes
-# 12..16 of a record) of a batch or keyed batch (count 1..250), a seal (count 0)
-# or a loss record (any count). Matched with a lookahead so candidates may overlap.
+# 12..16 of a record) of a batch or keyed batch (count 1..250), a seal or an
+# identity (count 0) or a loss record (any count). Matched with a lookahead so
+# candidates may overlap.
 _CANDIDATE = re.compile(
-    rb"(?=[\x01-\xfa]\x00[\x01\x04]\x00|\x00\x00\x02\x00|[^\x00]\x00\x03\x00|[\x00-\xff][^\x00]\x03\x00)",
+    rb"(?=[\x01-\xfa]\x00[\x01\x04]\x00|\x00\x00[\x02\x05]\x00|[^\x00]\x00\x03\x00|[\x00-\xff][^\x00]\x03\x00)",
     re.DOTALL,
 )
 

@@ -199,6 +199,8 @@ class Writer(GroupCommit, ConversationCreation):
         )
         # Only the records that fit the segment (at least one): the rest wait for the next group.
         n, end = 0, self._end if self._segments and not roll else SEGMENT_HEADER_SIZE
+        if self._claim is not None:
+            end += frame.RECORD_OVERHEAD + len(self.conversation_id)  # the identity record (_create_first_segment)
         for b in todo:
             size = len(b.body) + frame.RECORD_OVERHEAD
             if n and end + size > limit:

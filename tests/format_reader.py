@@ -32,6 +32,7 @@ class Bounds:
     max_batch_count: int
     max_batch_body: int
     max_loss_body: int
+    identity_body: tuple[int, int] = (8, 64)
 
 
 def doc_bounds(text: str | None = None) -> Bounds:
@@ -49,6 +50,10 @@ def doc_bounds(text: str | None = None) -> Bounds:
         max_batch_count=number(r"kind is 1 with 1 <= count <= ([\d,]+)"),
         max_batch_body=number(r"kind is 1 with 1 <= count <= [\d,]+ and 2 <= n <= ([\d,]+)"),
         max_loss_body=number(r"kind is 3 with count >= 1 and 2 <= n <= ([\d,]+)"),
+        identity_body=(
+            number(r"kind is 5 with count = 0 and (\d+) <= n"),
+            number(r"kind is 5 with count = 0 and \d+ <= n <= (\d+)"),
+        ),
     )
 
 
@@ -78,6 +83,8 @@ def _plausible(bounds: Bounds, count: int, kind: int, n: int) -> bool:
         return count == 0 and n == 0
     if kind == 3:
         return count >= 1 and 2 <= n <= bounds.max_loss_body
+    if kind == 5:
+        return count == 0 and bounds.identity_body[0] <= n <= bounds.identity_body[1]
     return False
 
 
@@ -128,3 +135,16 @@ def batch_items(record: Record) -> list[object]:
     items = json.loads(record.body)
     assert isinstance(items, list) and len(items) == record.count
     return items
+
+
+def entry_conversation(segment: str | Path) -> str | None:
+    """The conversation a pool entry's first segment names (section 6, "A first append in one sync"), or None."""
+    try:
+        base, records = read_segment(segment)
+    except ValueError:
+        return None
+    first = records[0] if records else None
+    if base != 0 or not isinstance(first, Record) or first.offset != 40 or first.kind != 5 or first.first_seq != 0:
+        return None
+    ident = first.body.decode("ascii", "replace")
+    return ident if re.fullmatch(r"[A-Za-z0-9_-]{8,64}", ident) else None

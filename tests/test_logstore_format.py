@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from convmem.logstore import MAX_BATCH_BYTES, MAX_BATCH_ITEMS, Corrupted, FileStore, Range, frame
+from convmem.logstore import MAX_BATCH_BYTES, MAX_BATCH_ITEMS, Corrupted, FileStore, Range, frame, layout
 from convmem.logstore.maintenance import check, scan_segment
 from tests import format_reader
 from tests.logstore_helpers import segment_files
@@ -35,7 +35,9 @@ def largest_batch() -> list[dict[str, str]]:
 
 def test_the_documents_bounds_are_the_engines() -> None:
     bounds = format_reader.doc_bounds()
-    assert bounds == format_reader.Bounds(MAX_BATCH_ITEMS, frame.MAX_BODY, frame.MAX_LOSS_BODY)
+    assert bounds == format_reader.Bounds(
+        MAX_BATCH_ITEMS, frame.MAX_BODY, frame.MAX_LOSS_BODY, (frame.MIN_IDENTITY_BODY, frame.MAX_IDENTITY_BODY)
+    )
     # The batch body's own sentence states the same number as the validity rule.
     text = " ".join(format_reader.FORMAT_MD.read_text().split())
     stated = re.search(r"so `n` is at most [^=]*= \*\*([\d,]+)\*\*", text)
@@ -126,3 +128,22 @@ def test_after_damage_every_reader_resumes_at_the_next_header_even_when_its_trai
     assert [type(r).__name__ for r in doc] == ["Record", "Damage", "Record", "Record"]
     damage = doc[1]
     assert isinstance(damage, format_reader.Damage) and (damage.offset, damage.resume) == (r1.offset, r2.offset)
+
+
+def test_a_claimed_conversation_names_itself_in_its_first_segment(tmp_path: Path) -> None:
+    """A first append that claimed a pool entry: the reader built from FORMAT.md finds its identity, then its items."""
+    store = FileStore(tmp_path)
+    try:
+        store.append(SITE, "conv-format-warm-up", [{"warm": True}])
+        store._pools[SITE].fill()
+        store.append(SITE, CONV, [{"a": 1}, {"b": 2}])
+        store.append(SITE, CONV, [{"c": 3}])
+    finally:
+        store.close()
+    seg = Path(layout.conversation_dir(str(tmp_path), SITE, CONV)) / layout.segment_name(0)
+    assert format_reader.entry_conversation(seg) == CONV
+    _base, doc = format_reader.read_segment(seg)
+    assert [(type(r).__name__, getattr(r, "kind", None)) for r in doc] == [("Record", 5), ("Record", 1), ("Record", 1)]
+    items = [i for r in doc[1:] if isinstance(r, format_reader.Record) for i in format_reader.batch_items(r)]
+    assert items == [{"a": 1}, {"b": 2}, {"c": 3}]
+    assert [r.first_seq for r in doc if isinstance(r, format_reader.Record)] == [0, 0, 2]

@@ -199,7 +199,7 @@ def test_new_conversation_lost_from_the_log_is_found_after_a_reboot(
 
 
 def test_first_append_syncs_no_manifest_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The first batch of a conversation claimed from the pool: its segment's and identity's data syncs only.
+    """The first batch of a conversation claimed from the pool: one data sync, its segment's (identity included).
 
     No sync of the manifest log, and no directory sync before the acknowledgement
     (the rename's directories are synced by the next fill, FORMAT.md 6).
@@ -216,7 +216,7 @@ def test_first_append_syncs_no_manifest_record(tmp_path: Path, monkeypatch: pyte
     finally:
         fileio.fault_hook = None
     store.close()
-    assert syncs.count("fdatasync") == 2, syncs  # the segment with its first record, and the identity
+    assert syncs.count("fdatasync") == 1, syncs  # the segment: its header, identity record and first record
     assert syncs.count("fsync") == 0, syncs
 
 

@@ -52,8 +52,8 @@ def test_the_byte_quota_refuses_the_append_that_would_pass_it_and_writes_nothing
                 more += 1
         assert more <= 2 + room // 900
         assert len(store.read(SITE, "quota-conv-0001", Tail(1000))) == acked + more
-    # (Plus a block for each ready pool entry's lock file, which holds a claim's identity, and for
-    # pool/settled: FORMAT.md 6.)
+    # (Plus a block for each ready pool entry's lock file, a sector of zeros in entries older
+    # engines built, and for pool/settled: FORMAT.md 6.)
     assert site_usage(str(data), SITE).bytes <= limit * 1.1 + (convpool.TARGET + 1) * 4096
 
 

@@ -6,6 +6,9 @@ import io
 import json
 from pathlib import Path
 
+import pytest
+
+from convmem.logstore import FileStore, convpool
 from convmem.logstore.maintenance import Progress
 from convmem.tools.progress import ProgressBar
 from tests.tools_support import SITE, cli, flip_byte, populate, record_offsets, segments
@@ -79,3 +82,22 @@ def test_progress_bar_draws_only_on_a_terminal() -> None:
     bar(Progress(10, 10, 100, 100))
     bar.close()
     assert shown.getvalue().startswith("\r[") and shown.getvalue().endswith("\r")
+
+
+def test_dump_names_a_claimed_conversations_identity(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first segment of a conversation claimed from the pool starts with its identity record."""
+    root = tmp_path / "data"
+    monkeypatch.setattr(convpool, "inline_fill", True)  # the pool is filled before the second append
+    with FileStore(root) as store:
+        store.append(SITE, "conv-0001", [{"i": 1}])
+        store.append(SITE, "conv-0002", [{"i": 2}, {"j": 3}])
+        store.append(SITE, "conv-0002", [{"i": 4}])
+    seg = segments(root, "conv-0002")[0]
+    records = record_offsets(seg)
+    assert records[0][0] == 40 and records[0][2] == 5, records
+    out = cli("dump", str(seg)).stdout.decode()
+    assert f"@40 len={records[0][1]} identity ok" in out and "conversation conv-0002" in out
+    assert f"{len(records)} records, 0 damaged" in out
+    lines = [json.loads(line) for line in cli("dump", str(seg), "--json").stdout.splitlines()]
+    assert (lines[0]["kind"], lines[0]["conversation_id"], lines[0]["count"]) == ("identity", "conv-0002", 0)
+    assert [d["kind"] for d in lines[1:]] == ["batch"] * (len(records) - 1)

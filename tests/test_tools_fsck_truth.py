@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from convmem.logstore import FileStore, ListSelector, frame, layout, manifest, manifestcodec
+from convmem.logstore import FileStore, ListSelector, frame, index, layout, manifest, manifestcodec
 from convmem.logstore.conversation import Tip
 from tests.tools_support import REPO, SITE, cli, conv_dir, flip_byte, fsck, kinds, populate, read_all, record_offsets
 from tests.tools_support import segments as segs_of
@@ -194,6 +194,14 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with FileStore(root, segment_bytes=256 * 1024) as store:
         for i in range(200):
             store.append(SITE, CID, [{"more": i, "text": "x" * 500}])
+        store.append(SITE, CID, [{"more": "last"}])
+    # The tests that cut the last record expect no index entry to point at it.
+    last = segs_of(root, CID)[-1]
+    base = layout.parse_segment_name(last.name)
+    header = frame.decode_segment_header(last.read_bytes()[: frame.SEGMENT_HEADER_SIZE])
+    assert base is not None and header is not None
+    entries = index.load(str(last.with_suffix(".idx")), base, header.salt, last.stat().st_size)
+    assert entries is not None and record_offsets(last)[-1][0] not in entries.offsets
     return root
 
 

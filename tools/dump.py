@@ -38,6 +38,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def _seqs(r: RecordInfo) -> str:
     if r.first_seq is None or r.count is None:
         return "seqs ?"
+    if r.kind == "identity":
+        return f"conversation {r.conversation_id}"
     if r.count == 0:
         return f"seal at seq {r.first_seq}"
     return f"seqs {r.first_seq}..{r.first_seq + r.count - 1}"
@@ -132,6 +134,8 @@ def run(args: argparse.Namespace) -> int:
                 "count": r.count,
                 "recorded_at": format_timestamp(r.recorded_at_us) if r.recorded_at_us is not None else None,
             }
+            if r.conversation_id is not None:
+                doc["conversation_id"] = r.conversation_id
             if not args.no_payloads:
                 doc["payloads"] = [json.loads(p) for p in r.payloads]
             sys.stdout.write(json.dumps(doc) + "\n")

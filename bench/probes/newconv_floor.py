@@ -13,14 +13,16 @@ synced file plus ``fdatasync``):
   parents and of the pool directory;
 * ``pool/spare``: the same with the fan-out directory an empty, synced spare
   renamed into place (the engine's layout, FORMAT.md 1 and 6);
-* ``once/1file``: one sync for the claim (the design of FORMAT.md 6, "A
-  first append in one sync", measured for the choice): the record and the
-  conversation's identity written into the entry's segment while it is still
-  in ``pool/``, one ``fdatasync``, then the spares and the entry renamed into
-  place with no directory sync;
+* ``once/1file``: one sync for the claim, the engine's way (FORMAT.md 6, "A
+  first append in one sync": the identity is a record of the segment, in the
+  batch's write): the record and the conversation's identity written into
+  the entry's segment, one ``fdatasync``, the spares and the entry renamed
+  into place with no directory sync (the engine renames first, then writes;
+  the system calls are the same);
 * ``once/2files``: the same with the identity in a second pre-zeroed, synced
   file of the entry (its ``lock`` file made 512 bytes long): two
-  ``fdatasync`` at once, then the renames;
+  ``fdatasync`` at once, then the renames (what engines before identity
+  records did);
 * ``log/append``: the owner's example design, measured for the choice: the
   record appended (``O_APPEND``) to the site's already-open activity log and
   synced there (the directory and segment made later, not timed);

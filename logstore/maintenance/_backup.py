@@ -203,14 +203,18 @@ def backup(
             report.sites += 1
             dst_site = layout.site_dir(work, site)
             fileio.makedirs(dst_site)
-            for _cid, cdir in iter_conversations(root, site):
-                dst = os.path.join(work, os.path.relpath(cdir, root))
+            for cid, cdir in iter_conversations(root, site):
+                # At its place in the copy, also when read from a claimed pool entry not moved.
+                dst = layout.conversation_dir(work, site, cid)
+                home = layout.conversation_dir(root, site, cid)
                 try:
                     _copy_conversation(cdir, dst, lock_timeout, report)
                 except FileNotFoundError:
                     if os.path.isdir(cdir):
                         raise
                     fileio.remove_tree(dst, ignore_errors=True)  # deleted (its site removed) while we copied it
+                    if cdir != home and os.path.isdir(home):  # an engine moved the claimed entry into place
+                        _copy_conversation(home, dst, lock_timeout, report)
                 if progress is not None:
                     progress(report.conversations)
             for extra in extras:

@@ -8,14 +8,15 @@ from dataclasses import dataclass
 
 from .. import frame, layout
 from ..errors import Corrupted, ItemsLost, Loss
-from ..frame import ITEM_KINDS, KIND_LOSS, SEGMENT_HEADER_SIZE, items_body
+from ..frame import ITEM_KINDS, KIND_IDENTITY, KIND_LOSS, SEGMENT_HEADER_SIZE, items_body
 from ..ids import ConversationId, SiteName
 from ..recovery import is_torn_creation
 from ..segment import Gap, classify_failure, walk
 from ._files import (
-    _committed_segments,
     _open_ro,
     _select_sites,
+    committed_segments_at,
+    conversation_home,
     iter_conversations,
 )
 from ._records import (
@@ -43,10 +44,18 @@ def iter_conversation_items(
     acknowledged) ends the log; any damage to acknowledged data raises
     :class:`~logstore.Corrupted` with its file and offset; seqs a repair recorded as
     lost raise :class:`~logstore.ItemsLost` (an export never skips items silently).
+    A conversation whose first append a power cut moved back into the pool is
+    read from there (:func:`conversation_home`).
     """
     root = os.path.abspath(os.fspath(data_dir))
-    conv_dir = layout.conversation_dir(root, SiteName(site), ConversationId(conversation_id))
-    segs = _committed_segments(conv_dir, lock_timeout)
+    home = conversation_home(root, SiteName(site), ConversationId(conversation_id))
+    yield from _conversation_items(root, site, conversation_id, home, lock_timeout)
+
+
+def _conversation_items(
+    root: str, site: str, conversation_id: str, conv_dir: str, lock_timeout: float
+) -> Iterator[ExportedItem]:
+    conv_dir, segs = committed_segments_at(root, site, conversation_id, conv_dir, lock_timeout)
     expected = 0
     decode = _BATCH_RAW.decode
     for i, (base, size) in enumerate(segs):
@@ -70,6 +79,8 @@ def iter_conversation_items(
                     raise Corrupted(path, offset, f"expected seq {expected}, record starts at {h.first_seq}")
                 if h.kind == KIND_LOSS:
                     raise ItemsLost([Loss(h.first_seq, h.end_seq - 1, path, offset)])
+                if h.kind == KIND_IDENTITY:
+                    continue  # a claimed conversation's identity: no items
                 if h.kind not in ITEM_KINDS:
                     break
                 why = _batch_problem(body, h.count, h.kind)
@@ -89,5 +100,5 @@ def export_items(
     if conversation_id is not None:
         yield from iter_conversation_items(root, site, conversation_id, lock_timeout=lock_timeout)
         return
-    for cid, _dir in iter_conversations(root, site):
-        yield from iter_conversation_items(root, site, cid, lock_timeout=lock_timeout)
+    for cid, conv_dir in iter_conversations(root, site):
+        yield from _conversation_items(root, site, cid, conv_dir, lock_timeout)

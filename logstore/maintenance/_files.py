@@ -285,6 +285,36 @@ def _committed_segments(conv_dir: str, lock_timeout: float) -> list[tuple[int, i
     return [] if snap is None else snap.segments
 
 
+def conversation_home(root: str, site: str, conversation_id: str) -> str:
+    """The directory holding a conversation's files: its own path, or a claimed pool entry not moved.
+
+    With no directory at its own path, a conversation whose first append a power
+    cut moved back into the pool (FORMAT.md 6, "A first append in one sync") is
+    read from that entry until an engine or ``fsck --repair`` moves it; its own
+    path when neither exists.
+    """
+    path = layout.conversation_dir(root, site, conversation_id)
+    if os.path.lexists(path):
+        return path
+    found = [u.path for u in poolclaims.unmoved(layout.site_dir(root, site)) if u.conversation_id == conversation_id]
+    return found[0] if found else path
+
+
+def committed_segments_at(root: str, site: str, conversation_id: str, conv_dir: str, lock_timeout: float
+                          ) -> tuple[str, list[tuple[int, int]]]:
+    """``(directory, its committed segments)``; from the conversation's home when ``conv_dir`` went meanwhile.
+
+    An engine moving a claimed entry into place renames the whole directory: a
+    reader that found it in the pool looks again at the conversation's place.
+    """
+    segs = _committed_segments(conv_dir, lock_timeout)
+    if not segs and not os.path.isdir(conv_dir):
+        home = conversation_home(root, site, conversation_id)
+        if home != conv_dir:
+            return home, _committed_segments(home, lock_timeout)
+    return conv_dir, segs
+
+
 @dataclass(frozen=True)
 class ConversationFiles:
     """Where a conversation's files are, and what is there (``convmem locate``)."""
@@ -304,7 +334,7 @@ def locate_conversation(data_dir: str | os.PathLike[str], site: str, conversatio
         raise MaintenanceError(f"{site!r} is not a valid site name ({SITE_NAME_RULE})")
     if not _valid_id(conversation_id, ConversationId):
         raise MaintenanceError(f"{conversation_id!r} is not a valid conversation id ({CONVERSATION_ID_RULE})")
-    path = layout.conversation_dir(root, site, conversation_id)
+    path = conversation_home(root, site, conversation_id)
     files: list[tuple[str, int]] = []
     for name in _listdir(path):
         with contextlib.suppress(FileNotFoundError):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import msgspec
 
 from .. import frame, index
-from ..frame import ITEM_KINDS, KIND_BATCH, KIND_KEYED, KIND_LOSS, KIND_SEAL, SEGMENT_HEADER_SIZE
+from ..frame import ITEM_KINDS, KIND_BATCH, KIND_IDENTITY, KIND_KEYED, KIND_LOSS, KIND_SEAL, SEGMENT_HEADER_SIZE
 from ..segment import Gap, data_end, walk
 from ._files import (
     _open_ro,
@@ -51,7 +51,8 @@ class RecordInfo:
     """One record of a segment as :func:`scan_segment` sees it.
 
     ``kind`` is ``"batch"``, ``"seal"``, ``"loss"`` (a record a repair wrote in
-    place of damaged data; it keeps the seqs, not the items) or ``"damaged"``; ``verdict`` is
+    place of damaged data; it keeps the seqs, not the items), ``"identity"`` (the
+    conversation a claimed pool entry's first segment names) or ``"damaged"``; ``verdict`` is
     ``"ok"`` or why the record failed. For a damaged record ``size`` is the
     span up to the next valid record (or the end of the file) and the header
     fields are given when they were plausible. ``payloads`` holds the items'
@@ -67,6 +68,8 @@ class RecordInfo:
     recorded_at_us: int | None
     checksum: int | None
     payloads: tuple[bytes, ...] = ()
+    #: For an identity record, the conversation it names.
+    conversation_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -128,13 +131,21 @@ def scan_segment(path: str | os.PathLike[str], *, payloads: bool = True) -> tupl
             offset, h, body = rec
             items: tuple[bytes, ...] = ()
             verdict = "ok"
+            ident: str | None = None
             if h.kind in ITEM_KINDS:
                 verdict = _batch_problem(body, h.count, h.kind) or "ok"
                 if payloads and verdict == "ok":
                     items = tuple(bytes(r) for r in _BATCH_RAW.decode(frame.items_body(h.kind, body)))
-            kind = {KIND_BATCH: "batch", KIND_KEYED: "batch", KIND_SEAL: "seal", KIND_LOSS: "loss"}[h.kind]
+            elif h.kind == KIND_IDENTITY:
+                # The conversation a claimed pool entry's first segment names (FORMAT.md 3, "Identity").
+                ident = frame.identity_of(body)
+                verdict = "ok" if ident is not None else "identity is not a valid conversation id"
+            kind = {KIND_BATCH: "batch", KIND_KEYED: "batch", KIND_SEAL: "seal", KIND_LOSS: "loss",
+                    KIND_IDENTITY: "identity"}[h.kind]
             out.append(
-                RecordInfo(offset, h.size, kind, verdict, h.first_seq, h.count, h.recorded_at_us, h.checksum, items)
+                RecordInfo(
+                    offset, h.size, kind, verdict, h.first_seq, h.count, h.recorded_at_us, h.checksum, items, ident
+                )
             )
         return info, out
 

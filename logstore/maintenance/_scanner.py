@@ -13,7 +13,7 @@ import msgspec
 from .. import fileio, frame, index, layout
 from ..conversation import Tip
 from ..errors import Timeout
-from ..frame import KIND_LOSS, KIND_SEAL, SEGMENT_HEADER_SIZE
+from ..frame import KIND_IDENTITY, KIND_LOSS, KIND_SEAL, SEGMENT_HEADER_SIZE
 from ..recovery import is_torn_creation
 from ..segment import Gap, classify_failure, walk
 from ._files import (
@@ -237,6 +237,9 @@ class _ConvScanner:
                     if kind == KIND_SEAL:
                         sealed = True
                         expected = first
+                        continue
+                    if kind == KIND_IDENTITY:
+                        expected = first  # a claimed conversation's identity: no seqs, no items
                         continue
                     if kind == KIND_LOSS:
                         # Seqs a repair recorded as lost: not a problem, they read as ItemsLost.

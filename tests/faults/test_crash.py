@@ -216,9 +216,9 @@ def _rounds_on_one_dir(base: Path, round_nos: range, rng: random.Random) -> None
 def test_sigkill_first_appends(tmp_path: Path) -> None:
     """Writers killed while most of their appends are first appends to new conversations.
 
-    A first append claims a pool entry and is acknowledged once its segment and
-    the conversation's identity are synced; the rename into place is synced
-    later. A kill can fall anywhere in that (between the claim and the data,
+    A first append claims a pool entry and is acknowledged once its segment (the
+    conversation's identity record in it) is synced; the rename into place is
+    synced later. A kill can fall anywhere in that (between the claim and the data,
     between the acknowledgement and the directory syncs, inside the pool's
     refill): every acknowledged batch of every new conversation must be read by
     another process at once (the reader thread, during the round) and after the

@@ -7,9 +7,10 @@ after a directory creation, during a segment roll (sealed / next created),
 after the manifest intent and commit, after a manifest compaction,
 inside an extend-ahead job (zeros written, not synced, on its thread), right
 after a first append claimed a pre-created directory of the site's pool
-(renamed into place, nothing written), once its segment and identity are
-synced (the rename not), after its acknowledgement before the rename's
-directories are synced, and while the pool is refilled. Each
+(renamed into place, nothing written), once its segment (header, identity
+record and batch) is written and not synced, once it is synced (the rename
+not), after its acknowledgement before the rename's directories are synced,
+and while the pool is refilled. Each
 is crashed at, for several N, and then checked as in the SIGKILL test: every
 acknowledged item is there, seqs are gapless, no partial batch, every
 conversation with an acknowledged item is listed, and appends (by this
@@ -43,6 +44,7 @@ POINTS = [
     "manifest-compact",
     "extend-ahead-written",
     "pool-claimed",
+    "pool-claim-written",
     "pool-claim-synced",
     "pool-claim-settling",
     "pool-entry-built",

@@ -668,7 +668,7 @@ def _groups(w: Writer) -> None:
 def test_power_cut_group_commit(shm_path: Path) -> None:
     """Several batches written as separate records in one write and one sync, cut at every point."""
     rec = record(shm_path / "data", CONVS, _nothing, _groups)
-    # (Lock files aside: the pool syncs each entry's, and a claim the identity it writes there.)
+    # (Lock files aside: the pool syncs each entry's.)
     locks = {ident for name, ident in rec.disk._names.items() if name.endswith(os.sep + layout.LOCK_FILE)}
     syncs = sum(1 for op in rec.disk.ops if op[0] == "sync" and op[1] not in locks)
     assert len(rec.acks) == 8
@@ -827,7 +827,7 @@ def test_power_cut_pool_claims(shm_path: Path) -> None:
     """First appends that claim pre-created directories from the site's pool, and the pool's refills.
 
     Cuts fall between a claim's rename and the data, between the
-    acknowledgement (the segment and the identity synced) and the sync of the
+    acknowledgement (the segment synced, the identity record in it) and the sync of the
     rename (a claimed entry not moved: back in the pool, holding an
     acknowledged batch, which the next process moves into place), and in the
     middle of building an entry. At every cut the acknowledged batches are

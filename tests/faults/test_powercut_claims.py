@@ -1,11 +1,12 @@
 """A first append in one sync: the window between its acknowledgement and the sync of its rename.
 
-A claim renames a pool entry into place, writes the first segment and the
-conversation's identity (in the entry's lock file), syncs those two files and
-acknowledges; the directories the rename changed are synced afterwards (FORMAT.md
-6, "A first append in one sync"). These tests hold that window open and check,
-with real processes and real files:
+A claim renames a pool entry into place, writes the first segment (its
+header, the conversation's identity record and the batch, in one write),
+syncs that one file and acknowledges; the directories the rename changed are
+synced afterwards (FORMAT.md 6, "A first append in one sync"). These tests
+hold that window open and check, with real processes and real files:
 
+* the first append syncs one file and no directory;
 * another process reads and lists the conversation during the window;
 * the states a power cut there can leave, made on disk as that cut leaves
   them (the recorded simulation of ``test_powercut.py`` explores every cut
@@ -14,7 +15,13 @@ with real processes and real files:
   calls it a note, and the first process to use the site, a reader included,
   moves it into place before it looks), below a spare whose own rename was
   undone, both names kept (the old one removed), and a conflict (left alone,
-  reported as an error, never claimed).
+  reported as an error, never claimed);
+* ``convmem export``, ``backup`` and ``locate`` of a copy no engine opened
+  since the cut see the conversation in the entry;
+* an entry claimed by an engine that wrote the identity into the lock file
+  (and a segment without an identity record) is found and moved the same way;
+  an entry whose identity record is torn held nothing acknowledged and is
+  removed, never claimed.
 """
 
 from __future__ import annotations
@@ -29,8 +36,8 @@ from typing import Any
 
 import pytest
 
-from convmem.logstore import FileStore, convpool, layout, poolclaims
-from convmem.logstore.maintenance import CLAIM_NOT_MOVED, check
+from convmem.logstore import FileStore, Range, convpool, fileio, frame, layout, poolclaims
+from convmem.logstore.maintenance import CLAIM_NOT_MOVED, backup, check, export_items, locate_conversation, scan_segment
 
 from ._common import SITE, subprocess_env
 
@@ -187,8 +194,7 @@ def test_conflicting_entry_is_left_and_reported(tmp_path: Path, held_fills: list
     path = _claim(root, BATCHES)
     odd = Path(layout.pool_dir(layout.site_dir(str(root), SITE))) / (layout.POOL_READY_PREFIX + "00000000000000bb")
     shutil.copytree(path, odd)
-    with open(path / layout.LOCK_FILE, "r+b") as f:  # the conversation's own directory loses its identity
-        f.write(bytes(poolclaims.LOCK_BYTES))
+    _drop_identity(path)  # the conversation's own directory loses its identity
     assert _kinds(root) == [(CLAIM_NOT_MOVED, False)]
     with FileStore(root) as store:
         for i in range(convpool.TARGET + 2):  # more first appends than the pool holds: none takes it
@@ -206,3 +212,115 @@ def test_identity_round_trip_and_rejects() -> None:
         torn[i] ^= 0x40
         assert poolclaims.decode(bytes(torn)) is None, i
     assert poolclaims.decode(raw[:-1]) is None
+
+
+def _identity_end(seg: bytes) -> int:
+    h = frame.decode_record_header(seg, frame.SEGMENT_HEADER_SIZE)
+    assert h.kind == frame.KIND_IDENTITY, h
+    return frame.SEGMENT_HEADER_SIZE + h.size
+
+
+def _drop_identity(path: Path) -> None:
+    """Rewrite a claimed conversation's first segment without its identity record (as created in place)."""
+    seg = path / layout.segment_name(0)
+    data = seg.read_bytes()
+    end = _identity_end(data)
+    seg.write_bytes(data[: frame.SEGMENT_HEADER_SIZE] + data[end:] + bytes(end - frame.SEGMENT_HEADER_SIZE))
+    for idx in path.glob("*.idx"):
+        idx.unlink()  # its offsets moved
+
+
+def test_first_append_syncs_one_file_and_no_directory(tmp_path: Path, held_fills: list[Any]) -> None:
+    root = tmp_path / "data"
+    store = FileStore(root)
+    ops: list[tuple[Any, ...]] = []
+    try:
+        store.append(SITE, "warm-up-conversation", [{"warm": True}])
+        pool = store._pools[SITE]
+        pool.fill()
+        fileio.recorder = lambda *op: ops.append(op)
+        try:
+            store.append(SITE, CONV, BATCHES[0])
+        finally:
+            fileio.recorder = None
+        assert pool._unsynced, "the first append did not claim a pool entry"
+    finally:
+        store._pools[SITE]._unsynced.clear()
+        store.close()
+    syncs = [op[0] for op in ops if op[0] in ("sync", "dirsync")]
+    assert syncs == ["sync"], ops
+    info, records = scan_segment(Path(layout.conversation_dir(str(root), SITE, CONV)) / layout.segment_name(0))
+    assert [(r.kind, r.conversation_id) for r in records] == [("identity", CONV), ("batch", None)]
+    assert records[0].offset == frame.SEGMENT_HEADER_SIZE and info.base_seq == 0
+
+
+def test_export_backup_and_locate_see_a_claimed_entry_not_moved(tmp_path: Path, held_fills: list[Any]) -> None:
+    """A copy of the data directory no engine opened since the cut: the tools read the entry where it is."""
+    root = tmp_path / "data"
+    path = _claim(root, BATCHES)
+    back = _undo_rename(root, path)
+    exported = [(e.conversation_id, e.seq, json.loads(e.payload)) for e in export_items(str(root), SITE)]
+    assert [(c, s, p) for c, s, p in exported if c == CONV] == [(CONV, i, p) for i, p in enumerate(PAYLOADS)]
+    one = [json.loads(e.payload) for e in export_items(str(root), SITE, CONV)]
+    assert one == PAYLOADS
+    assert Path(locate_conversation(str(root), SITE, CONV).directory) == back
+    assert back.is_dir() and not path.exists(), "a tool moved the entry (only engines and --repair do)"
+    dest = tmp_path / "copy"
+    report = backup(str(root), str(dest), extras=[])
+    assert report.conversations == 2
+    assert not report.check.unrepaired, [(p.kind, p.detail) for p in report.check.unrepaired]
+    assert (Path(layout.conversation_dir(str(dest), SITE, CONV)) / layout.segment_name(0)).is_file()
+    assert [json.loads(e.payload) for e in export_items(str(dest), SITE, CONV)] == PAYLOADS
+    assert _read_elsewhere(dest, CONV)["items"] == PAYLOADS
+
+
+def test_entry_claimed_with_the_identity_in_its_lock_file(tmp_path: Path, held_fills: list[Any]) -> None:
+    """As an older engine leaves it: no identity record, the identity in the lock file's first sector."""
+    root = tmp_path / "data"
+    path = _claim(root, BATCHES)
+    _drop_identity(path)
+    with open(path / layout.LOCK_FILE, "r+b") as f:
+        raw = poolclaims.encode(CONV)
+        f.write(raw + bytes(poolclaims.LOCK_BYTES - len(raw)))
+    back = _undo_rename(root, path)
+    assert [(u.path, u.conversation_id) for u in poolclaims.unmoved(layout.site_dir(str(root), SITE))] == [
+        (str(back), CONV)
+    ]
+    assert [json.loads(e.payload) for e in export_items(str(root), SITE, CONV)] == PAYLOADS
+    seen = _read_elsewhere(root, CONV)
+    assert seen["items"] == PAYLOADS and CONV in seen["listed"]
+    assert path.is_dir() and not back.exists()
+
+
+def test_torn_identity_is_removed_never_claimed(tmp_path: Path, held_fills: list[Any]) -> None:
+    """The identity record not whole: the sync that acknowledges never returned, so nothing there counts."""
+    root = tmp_path / "data"
+    path = _claim(root, BATCHES[:1])
+    seg = path / layout.segment_name(0)
+    data = bytearray(seg.read_bytes())
+    data[frame.SEGMENT_HEADER_SIZE + frame.RECORD_HEADER_SIZE] ^= 0x01  # a byte of the id
+    seg.write_bytes(bytes(data))
+    back = _undo_rename(root, path)
+    assert poolclaims.read_identity(str(back)) is None
+    assert not poolclaims.unmoved(layout.site_dir(str(root), SITE))
+    with FileStore(root) as store:
+        for i in range(convpool.TARGET + 2):  # more first appends than the pool holds: none takes it
+            assert store.append(SITE, f"{OTHER}-{i}", [{"i": i}]).first == 0
+        assert [it.payload for it in store.read(SITE, CONV, Range(0, 10))] == []
+    assert not back.exists()
+
+
+def test_segment_identity_round_trip_and_rejects() -> None:
+    salt = frame.new_salt()
+    head = frame.encode_segment_header(0, salt) + frame.encode_identity(salt, 1, CONV)
+    assert poolclaims.segment_identity(head) == CONV
+    assert poolclaims.segment_identity(bytes(len(head))) is None
+    for i in range(len(head) - frame.TRAILER_SIZE):  # (the trailer decides nothing, FORMAT.md 3)
+        torn = bytearray(head)
+        torn[i] ^= 0x40
+        assert poolclaims.segment_identity(bytes(torn)) is None, i
+    assert poolclaims.segment_identity(head[: -frame.TRAILER_SIZE - 1]) is None
+    other = frame.encode_segment_header(0, salt + 1 if salt + 1 < 1 << 64 else 1) + head[frame.SEGMENT_HEADER_SIZE :]
+    assert poolclaims.segment_identity(other) is None, "an identity of another salt"
+    later = frame.encode_segment_header(5, salt) + head[frame.SEGMENT_HEADER_SIZE :]
+    assert poolclaims.segment_identity(later) is None, "an identity in a segment after the first"
