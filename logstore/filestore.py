@@ -21,6 +21,7 @@ from .errors import Io, StoreError, Timeout, Unavailable
 from .frame import RECORD_OVERHEAD
 from .ids import ConversationId, SiteName, check_expected_next_seq, check_idempotency_key
 from .incarnation import Incarnation, SiteGuard
+from .layout import FORMAT_NAME, FORMAT_VERSION, READABLE_VERSIONS
 from .manifest import SiteManifest
 from .model import (
     ConversationListing,
@@ -41,8 +42,6 @@ from .timefmt import format_us, parse_rfc3339
 
 _Item = TypeVar("_Item", MemoryItem, RawMemoryItem)
 
-FORMAT_NAME = "convmem-logstore"
-FORMAT_VERSION = 1
 
 
 def _bounds(selector: ReadSelector) -> tuple[int | None, int]:
@@ -125,8 +124,13 @@ class FileStore(MemoryStore):
             return
         except msgspec.DecodeError as exc:
             raise Unavailable(f"{marker} is not a logstore marker file") from exc
-        if not isinstance(info, dict) or info.get("format") != FORMAT_NAME or info.get("version") != FORMAT_VERSION:
-            raise Unavailable(f"{self.root} holds an unknown format {info!r}; expected {FORMAT_NAME} v{FORMAT_VERSION}")
+        version = info.get("version") if isinstance(info, dict) else None
+        if not isinstance(info, dict) or info.get("format") != FORMAT_NAME or version not in READABLE_VERSIONS:
+            known = ", ".join(f"v{v}" for v in sorted(READABLE_VERSIONS))
+            raise Unavailable(f"{self.root} holds an unknown format {info!r}; this engine reads {FORMAT_NAME} {known}")
+        if version != FORMAT_VERSION:
+            # Raised before anything of the newer format is written (the pool fills later).
+            fileio.write_file_atomic(marker, msgspec.json.encode({**info, "version": FORMAT_VERSION}) + b"\n")
         fileio.makedirs_durable(os.path.join(self.root, layout.SITES_DIR))
 
     # ------------------------------------------------------------ plumbing

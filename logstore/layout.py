@@ -28,6 +28,15 @@ import os
 import xxhash
 
 MARKER_FILE = "logstore.json"
+FORMAT_NAME = "convmem-logstore"
+#: The data directory's format version, in ``logstore.json``. Version 2 adds what an engine of
+#: version 1 would misread as damage (and could delete): a claimed pool entry's conversation named
+#: by an identity record in its first segment, or by a lock identity (FORMAT.md sections 3 and 6).
+#: This engine reads every version in :data:`READABLE_VERSIONS` and raises an older marker to
+#: this one when it opens the directory, before it writes anything, so that an older engine
+#: refuses the directory instead of misreading it.
+FORMAT_VERSION = 2
+READABLE_VERSIONS = frozenset({1, 2})
 SITES_DIR = "sites"
 CONVERSATIONS_DIR = "c"
 SEGMENT_SUFFIX = ".seg"

@@ -147,3 +147,31 @@ def test_a_claimed_conversation_names_itself_in_its_first_segment(tmp_path: Path
     items = [i for r in doc[1:] if isinstance(r, format_reader.Record) for i in format_reader.batch_items(r)]
     assert items == [{"a": 1}, {"b": 2}, {"c": 3}]
     assert [r.first_seq for r in doc if isinstance(r, format_reader.Record)] == [0, 0, 2]
+
+
+def test_a_version_1_directory_is_raised_to_version_2_when_opened_and_an_unknown_version_is_refused(
+    tmp_path: Path,
+) -> None:
+    """The marker names what an engine may write: a v1 directory opens and is raised to v2 before any write."""
+    from convmem.logstore import Unavailable
+    root = tmp_path / "data"
+    FileStore(str(root)).close()
+    marker = root / layout.MARKER_FILE
+    assert marker.read_bytes() == b'{"format":"convmem-logstore","version":2}\n'
+    assert layout.FORMAT_VERSION == 2
+
+    marker.write_bytes(b'{"format":"convmem-logstore","version":1}\n')  # as a version-1 engine left it
+    store = FileStore(str(root))
+    try:
+        assert marker.read_bytes() == b'{"format":"convmem-logstore","version":2}\n'
+        store.append("team-alpha", "conv-after-upgrade", [{"n": 1}])
+        assert [i.seq for i in store.read("team-alpha", "conv-after-upgrade", Range(0, 10))] == [0]
+    finally:
+        store.close()
+
+    before = os.listdir(root)
+    marker.write_bytes(b'{"format":"convmem-logstore","version":3}\n')
+    with pytest.raises(Unavailable, match=r"unknown format .*reads convmem-logstore v1, v2"):
+        FileStore(str(root))
+    assert marker.read_bytes() == b'{"format":"convmem-logstore","version":3}\n'  # refused, nothing rewritten
+    assert os.listdir(root) == before

@@ -146,7 +146,11 @@ def _require_data_dir(root: str) -> None:
         raise MaintenanceError(f"{root} is not a logstore data directory (no {layout.MARKER_FILE})") from None
     except (OSError, msgspec.DecodeError) as exc:
         raise MaintenanceError(f"cannot read {marker}: {exc}") from exc
-    if not isinstance(info, dict) or info.get("format") != "convmem-logstore" or info.get("version") != 1:
+    if (
+        not isinstance(info, dict)
+        or info.get("format") != layout.FORMAT_NAME
+        or info.get("version") not in layout.READABLE_VERSIONS
+    ):
         raise MaintenanceError(f"{marker} names an unknown format: {info!r}")
     if not os.access(root, os.R_OK | os.X_OK):
         raise MaintenanceError(f"{root} is not readable")
