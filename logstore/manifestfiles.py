@@ -90,6 +90,12 @@ class ManifestFiles(ManifestHook, lease.Leased):
         #: Since the lock was last taken afresh: the write descriptor is known to be the current log's.
         self._wfd_current = False
         self._closing = False
+        #: The log's size as this process left it when it last let the lock go (None: not known), and
+        #: as it is now while this process holds it (None: not known); whether, when the lock was last
+        #: taken to write, the log had grown meanwhile: another process writes it too (see _funlock).
+        self._expect_size: int | None = None
+        self._log_size: int | None = None
+        self._others_wrote = True
         #: The records waiting to be written, and the commits owed (see commit): under this lock,
         #: never held across a system call, so that an append neither queues behind a write of the
         #: log to owe its commit nor to queue its intent (see _write).
@@ -175,10 +181,13 @@ class ManifestFiles(ManifestHook, lease.Leased):
     def _funlock(self) -> None:
         """Let one hold go (``_mutex`` held); the last one keeps the lock as a lease unless it is due.
 
-        Due: past ``lease.TERM``, the manifest is closing, or another process
-        writes the log too (it knocked, or we had to wait for the lock, less
-        than ``lease.CONTENDED`` ago); the reaper lets an idle or knocked one
-        go (:meth:`reap`). While leased, with the write
+        Kept only by a hold that wrote the log, found it as this process left
+        it (nobody else wrote it since: a log that several processes write
+        busily is locked per write, as without leases), and not past
+        ``lease.TERM``, the manifest not closing, and no other process wanting
+        it lately (it knocked, or we had to wait for the lock, less than
+        ``lease.CONTENDED`` ago); the reaper lets an idle or knocked one go
+        (:meth:`reap`). While leased, with the write
         descriptor known current, appends' intents are written without
         ``_mutex`` (:meth:`_write_fast`).
         """
@@ -187,8 +196,8 @@ class ManifestFiles(ManifestHook, lease.Leased):
         if self._lock_holds:
             return
         now = time.monotonic()
-        if (lease.SUPPORTED and not self._closing and now >= self._contended_until
-                and now - self._lease_since < lease.TERM):
+        if (lease.SUPPORTED and not self._closing and now >= self._contended_until and self._wfd_current
+                and not self._others_wrote and now - self._lease_since < lease.TERM):
             self._leased = True
             with self._qlock:
                 self._lease_used = now
@@ -198,7 +207,13 @@ class ManifestFiles(ManifestHook, lease.Leased):
                 self._watched = True
                 lease.reaper.watch(self)
             return
+        self._note_size()
         fileio.unlock(self._lock_fd)
+
+    def _note_size(self) -> None:
+        """Before letting the lock go: the log's size as we leave it, to tell at the next take whether others wrote."""
+        if self._wfd_current:  # (a hold that did not write leaves what we knew: nobody else wrote meanwhile)
+            self._expect_size = self._log_size
 
     def _stop_fast(self) -> None:
         """No more writes without ``_mutex``; wait for those under way (``_mutex`` held)."""
@@ -230,6 +245,7 @@ class ManifestFiles(ManifestHook, lease.Leased):
             self._stop_fast()
             self._leased = False
             if self._lock_fd is not None:
+                self._note_size()
                 fileio.unlock(self._lock_fd)
 
     def reap(self, now: float) -> bool:

@@ -105,7 +105,8 @@ class ManifestWrites(ManifestApply):
             salt = self._fast_salt
         try:
             one = record if prev is None else [*record, *prev[2:5]]
-            fileio.append(fd, encode_log_record(salt, encoder.encode(one)))
+            data = encode_log_record(salt, encoder.encode(one))
+            fileio.append(fd, data)
             ok = True
             # (While this write counts as under way, so that the descriptor is still open.)
             try:
@@ -120,6 +121,8 @@ class ManifestWrites(ManifestApply):
                 if ok:
                     if new:
                         self._touched.add(conv)
+                    if self._log_size is not None:
+                        self._log_size += len(data)
                 elif prev is not None:
                     cur = self._owed.get(conv)
                     if cur is None or cur[4] < prev[4]:
@@ -247,6 +250,8 @@ class ManifestWrites(ManifestApply):
                     return
             assert self._wfd is not None
             fileio.append(self._wfd, data)
+            if self._log_size is not None:
+                self._log_size += len(data)
             synced: list[str] = []
             need = False
             for q in group:
@@ -268,9 +273,16 @@ class ManifestWrites(ManifestApply):
 
     def _open_current_log(self) -> None:
         """Make ``_wfd`` the current epoch's log, opened for appending (file lock held)."""
-        if self._wfd is not None and os.fstat(self._wfd).st_nlink > 0:
+        st = os.fstat(self._wfd) if self._wfd is not None else None
+        if st is not None and st.st_nlink > 0:
             self._wfd_current = True
+            # Another process wrote the log since we last held its lock (or we cannot tell): it is
+            # shared busily, and a lease would only make the other writers knock (see _funlock).
+            self._others_wrote = self._expect_size != st.st_size
+            self._log_size = st.st_size
             return
+        self._others_wrote = True
+        self._log_size = None  # (a new descriptor: known from the next time the lock is taken)
         if self._wfd is not None:
             os.close(self._wfd)
             self._wfd = None
