@@ -5,8 +5,9 @@ reader that must not see a record half written; a lock file's descriptor is
 checked to be the file at its path once locked (:meth:`ManifestFiles._flock`),
 since a deleted lock file excludes nobody. Threads of the process share its
 hold, and the last one keeps it as a lease while the log is busy and no other
-process wants it (:meth:`ManifestFiles._funlock`, :mod:`logstore.lease`). An epoch is a snapshot and its log,
-each written durably, the snapshot first (:meth:`ManifestFiles._write_epoch`);
+process wants it (:meth:`ManifestFiles._funlock`, :mod:`logstore.lease`). An
+epoch is a snapshot and its log, each written durably, the snapshot first
+(:meth:`ManifestFiles._write_epoch`);
 the current epoch is the newest snapshot, and the files of older ones are
 removed once it is found (:meth:`ManifestFiles._current_epoch_locked`), which
 also repairs a crash between a snapshot and its log. All of the state of a
@@ -187,8 +188,7 @@ class ManifestFiles(ManifestHook, lease.Leased):
         ``lease.TERM``, the manifest not closing, and no other process wanting
         it lately (it knocked, or we had to wait for the lock, less than
         ``lease.CONTENDED`` ago); the reaper lets an idle or knocked one go
-        (:meth:`reap`). While leased, with the write
-        descriptor known current, appends' intents are written without
+        (:meth:`reap`). While leased, appends' intents are written without
         ``_mutex`` (:meth:`_write_fast`).
         """
         assert self._lock_fd is not None
