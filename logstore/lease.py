@@ -1,35 +1,39 @@
 """Locks kept between uses while busy (leases), the knock that asks a holder for one, and their reaper.
 
-A conversation's ``lock`` and a site's ``site.id`` are ``flock`` locks
-(FORMAT.md 7). Taking and releasing one per append costs two system calls,
-and a conversation's writer that takes its lock afresh must re-verify the
-tail (an ``fstat`` and a ``pread``) because another process may have written
-meanwhile. A **lease** keeps the lock after the use ends, while the object is
-busy: the next use finds it held, and for a conversation held exclusively
-the lease proves nobody else wrote, so the tail needs no look. A lease is
-let go:
+A conversation's ``lock``, a site's ``manifest.lock`` and its ``site.id`` are
+``flock`` locks (FORMAT.md 7). Taking and releasing one per append costs two
+system calls, and what a process knows of the files they guard must be
+checked again each time it takes one afresh (another process may have
+written meanwhile): a conversation's tail (an ``fstat`` and a ``pread``), the
+manifest log's link count and lock file, the path of ``site.id``. A
+**lease** keeps the lock after the use ends, while the object is busy: the
+next use finds it held, and nothing needs checking (nobody else can have
+taken it). A lease is let go:
 
 * when it was not used for :data:`IDLE` seconds (by the reaper thread here,
   which looks every :data:`TICK` seconds);
 * when another process **knocks**: a waiter for a lock that finds it taken
   holds an open-file-description (OFD) read lock on byte 0 of the same file
   while it waits (:func:`wait_lock`); the reaper tests for one every tick
-  (:func:`knocked`, one ``fcntl``) and the lease is let go then, or, when
-  the lock is in use, by the use's end.
-  OFD record locks and ``flock`` locks never interact on Linux, and a
-  knock dies with its descriptor (a killed waiter knocks no more);
+  (:func:`knocked`, one ``fcntl``), and so do the manifest's intents at most
+  every :data:`FAST_KNOCK_CHECK`; the lease is let go then, or, when the lock
+  is in use, at the end of that use. OFD record locks and ``flock`` locks
+  never interact on Linux, and a knock dies with its descriptor (a killed
+  waiter knocks no more);
 * after :data:`TERM` seconds however busy (for a waiter that does not knock);
 * at close, and when the object learns its files changed (site removed).
 
 A lock that several processes use busily is not leased: after a knock, or
 after having to wait for the lock itself, a holder keeps no lease for
 :data:`CONTENDED` seconds (a knock costs the waiter up to a tick, which a
-lock handed back and forth on every use would pay every time).
+lock handed back and forth on every use would pay every time); and
+``manifest.lock`` is leased only by a hold that found the log as this
+process left it (:mod:`logstore.manifestfiles`).
 
 So a waiter that knocks gets the lock within :data:`TICK` plus one use of
-the holder under way (an append's write and sync), and at most
-:data:`IDLE` plus :data:`TICK` when the holder is idle; one that does not
-knock within :data:`TERM` plus that. A holder that let its lease go on a knock stays away
+the holder under way (an append's write and sync), and at most :data:`IDLE`
+plus :data:`TICK` when the holder is idle; one that does not knock within
+:data:`TERM` plus that. A holder that let its lease go on a knock stays away
 while the knock is there (:func:`yield_to_knock`), so the waiter's next try
 finds the lock free.
 

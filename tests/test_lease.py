@@ -74,19 +74,33 @@ class Child:
             [sys.executable, str(script), str(root), name], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
 
-    def ask(self, *cmd: Any) -> Any:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
+    def send(self, *cmd: Any) -> None:
+        assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps(list(cmd)) + "\n")
         self.proc.stdin.flush()
+
+    def answer(self) -> Any:
+        assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         assert line, f"child exited ({self.proc.poll()})"
         return json.loads(line)
+
+    def ask(self, *cmd: Any) -> Any:
+        self.send(*cmd)
+        return self.answer()
 
     def close(self) -> None:
         if self.proc.poll() is None:
             assert self.proc.stdin is not None
             self.proc.stdin.close()
             assert self.proc.wait(timeout=60) == 0
+
+
+def _start(tmp_path: Path, *names: str) -> tuple[Path, list[Child]]:
+    """A data directory, and a child process holding a store of it open for each name."""
+    root = tmp_path / "d"
+    FileStore(root).close()
+    return root, [Child(tmp_path, root, name) for name in names]
 
 
 def _read_all(store: FileStore) -> list[int]:
@@ -125,9 +139,7 @@ def test_an_append_keeps_the_lock_while_busy_and_the_reaper_lets_it_go(tmp_path:
 
 
 def test_two_processes_writing_one_conversation_in_turn_see_each_others_appends(tmp_path: Path) -> None:
-    root = tmp_path / "d"
-    FileStore(root).close()
-    a, b = Child(tmp_path, root, "a"), Child(tmp_path, root, "b")
+    root, (a, b) = _start(tmp_path, "a", "b")
     try:
         acked: list[list[int]] = []
         for turn in range(12):
@@ -139,18 +151,13 @@ def test_two_processes_writing_one_conversation_in_turn_see_each_others_appends(
             assert [s for s, _ in who.ask("read", CONV)] == _seqs(acked)
         assert _seqs(acked) == list(range(len(_seqs(acked))))
         # Both at once, without a pause: every batch gets its own seqs, none is lost.
-        both = a.proc, b.proc
-        for who in (a, b):
-            assert who.proc.stdin is not None
-            who.proc.stdin.write(json.dumps(["busy", CONV, 1.5]) + "\n")
-            who.proc.stdin.flush()
-        got_a = json.loads(a.proc.stdout.readline())  # type: ignore[union-attr]
-        got_b = json.loads(b.proc.stdout.readline())  # type: ignore[union-attr]
+        a.send("busy", CONV, 1.5)
+        b.send("busy", CONV, 1.5)
+        got_a, got_b = a.answer(), b.answer()
         assert got_a and got_b, "one process never got the conversation while the other kept appending"
         allseqs = sorted(_seqs(acked) + _seqs(got_a) + _seqs(got_b))
         assert allseqs == list(range(len(allseqs)))
         assert [s for s, _ in a.ask("read", CONV)] == allseqs
-        assert all(p.poll() is None for p in both)
     finally:
         a.close()
         b.close()
@@ -159,30 +166,24 @@ def test_two_processes_writing_one_conversation_in_turn_see_each_others_appends(
 
 
 def test_a_listing_in_another_process_gets_a_busy_conversation(tmp_path: Path) -> None:
-    root = tmp_path / "d"
-    FileStore(root).close()
-    writer = Child(tmp_path, root, "w")
+    root, (writer,) = _start(tmp_path, "w")
     try:
         first = writer.ask("append", CONV, 1)
-        assert writer.proc.stdin is not None and writer.proc.stdout is not None
-        writer.proc.stdin.write(json.dumps(["busy", CONV, 2.0]) + "\n")
-        writer.proc.stdin.flush()
+        writer.send("busy", CONV, 2.0)
         with FileStore(root, lock_timeout=30) as lister:
             # The writer owes its commits (it never closed): each listing probes the conversation,
             # which needs its lock, held by the busy writer as a lease.
             for _ in range(5):
                 listed = lister.list_conversations(SITE, ListSelector(None, 10)).summaries
                 assert [s.conversation_id for s in listed] == [CONV]
-        got = first + json.loads(writer.proc.stdout.readline())
+        got = first + writer.answer()
         assert _seqs(got) == list(range(len(_seqs(got))))
     finally:
         writer.close()
 
 
 def test_forget_while_another_process_holds_the_lease(tmp_path: Path) -> None:
-    root = tmp_path / "d"
-    FileStore(root).close()
-    writer = Child(tmp_path, root, "w")
+    root, (writer,) = _start(tmp_path, "w")
     try:
         assert len(writer.ask("append", CONV, 5)) == 5  # the lease is held now (for a while)
         gone = forget_conversation(root, SITE, CONV, lock_timeout=30)
@@ -197,18 +198,15 @@ def test_forget_while_another_process_holds_the_lease(tmp_path: Path) -> None:
 
 
 def test_a_killed_lease_holder_leaves_nothing_locked(tmp_path: Path) -> None:
-    root = tmp_path / "d"
-    FileStore(root).close()
-    child = Child(tmp_path, root, "k")
-    assert child.proc.stdin is not None and child.proc.stdout is not None
-    child.proc.stdin.write(json.dumps(["busy-forever", CONV]) + "\n")
-    child.proc.stdin.flush()
-    assert json.loads(child.proc.stdout.readline()) == "started"
+    root, (child,) = _start(tmp_path, "k")
+    child.send("busy-forever", CONV)
+    assert child.answer() == "started"
     acked: list[list[int]] = []
     while len(acked) < 50:
-        acked.append(json.loads(child.proc.stdout.readline()))
+        acked.append(child.answer())
     child.proc.send_signal(signal.SIGKILL)  # mid-append, its leases held
     child.proc.wait(timeout=30)
+    assert child.proc.stdout is not None
     for line in child.proc.stdout:
         acked.append(json.loads(line))  # acknowledged before the kill, read after it
     # lock_timeout 2: a lock surviving its holder would time out here instead of being taken.
@@ -221,9 +219,7 @@ def test_a_killed_lease_holder_leaves_nothing_locked(tmp_path: Path) -> None:
 
 
 def test_removing_the_site_while_another_process_holds_its_leases(tmp_path: Path) -> None:
-    root = tmp_path / "d"
-    FileStore(root).close()
-    writer = Child(tmp_path, root, "w")
+    root, (writer,) = _start(tmp_path, "w")
     try:
         assert len(writer.ask("append", CONV, 3)) == 3  # site, manifest and conversation leases held
         with FileStore(root, lock_timeout=5) as remover:
