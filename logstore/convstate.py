@@ -214,9 +214,9 @@ class ConversationState(lease.Leased):
         Kept (exclusive takes only) unless the conversation is closed, the
         lease is past its term, or another process uses the lock too (the
         reaper saw it knock, :meth:`reap`, or we had to wait for it, less than
-        ``lease.CONTENDED`` ago). The reaper also lets an idle one go. Invariant: ``_leased``
-        implies ``_lock_holds == 0`` and the lock held exclusively through
-        ``_lock_fd``.
+        ``lease.CONTENDED`` ago). The reaper also lets an idle one go.
+        Invariant: ``_leased`` implies ``_lock_holds == 0`` and the lock held
+        exclusively through ``_lock_fd``.
         """
         self._lock_holds -= 1
         if self._lock_holds == 0 and self._lock_fd is not None:
