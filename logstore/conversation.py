@@ -36,6 +36,8 @@ class Conversation(Writer, Reader):
         """Release every descriptor, writing our pending index entries if still in order. Caller holds ``mutex``."""
         while self.busy():
             self._cond.wait()  # a group commit is writing, batches wait for one, or an extension runs
+        self.closed = True  # (first: an unlock from here on keeps no lease)
+        self._release_lease()
         if self._idx_unwritten and self._fd is not None and self._lock_fd is not None:
             try:
                 if fileio.try_lock(self._lock_fd, True):

@@ -9,7 +9,9 @@ changed them. The writer (:mod:`logstore.writer`) and the reader
 Locking: ``mutex`` serializes threads of this process; the ``lock`` file in
 the directory serializes processes (exclusive for writers, shared for a
 reader that must re-read the tail). Lock order is always conversation, then
-site manifest.
+site manifest. A writer's exclusive lock is kept between appends while the
+conversation is busy (a lease, :mod:`logstore.lease`): the next append finds
+it held and, nobody else having been able to write, the tail needs no look.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import fileio, index, layout, observe
-from .errors import Corrupted, Timeout
+from . import fileio, index, layout, lease, observe
+from .errors import Corrupted
 
 if TYPE_CHECKING:
     from .convpool import Claim, SitePool
@@ -63,21 +65,14 @@ class ManifestHook:
         """The conversation's log was found to end before seqs this process had appended (forgotten since)."""
 
 
-def _lock_wait(acquire: Callable[[], bool], deadline: float, started: float) -> None:
+def _lock_wait(acquire: Callable[[], bool], fd: int, deadline: float, started: float) -> None:
     if acquire():
         return
     with observe.timed("lock_wait"):
-        delay = 0.0005
-        while not acquire():
-            now = time.monotonic()
-            if now >= deadline:
-                raise Timeout(now - started)
-            time.sleep(min(delay, max(deadline - now, 0.0)))
-            delay = min(delay * 2, 0.02)
+        lease.wait_lock(acquire, fd, deadline, started)
 
 
-
-class ConversationState:
+class ConversationState(lease.Leased):
     """Paths, descriptors, locks and the cached tail of one conversation."""
 
     def __init__(self, path: str, conversation_id: str, options: Options, manifest: ManifestHook,
@@ -106,6 +101,17 @@ class ConversationState:
         self._lock_fd: int | None = None
         # Threads of this process holding the lock file's lock (see _lock).
         self._lock_holds = 0
+        # The lock file's lock is held exclusively with no holder: a lease (see _unlock).
+        self._leased = False
+        self._lock_excl = False  # the lock file's lock was taken exclusively
+        self._lease_since = 0.0  # when it was taken (a lease ends TERM after it)
+        self._lease_used = 0.0  # when its last holder let it go (an idle lease ends IDLE after it)
+        self._knock_seen = False  # the reaper saw another process knock (see reap)
+        self._contended_until = 0.0  # until then no lease is kept (lease.CONTENDED)
+        self._watched = False  # the lease reaper looks at this object
+        # Until then, an exclusive take of the lock first waits while another process knocks (we let
+        # a lease go on its knock, see lease.yield_to_knock).
+        self._yield_until = 0.0
         self._loaded = False
         self._fd: int | None = None  # active segment, read-write
         self._idx_fd: int | None = None
@@ -169,30 +175,109 @@ class ConversationState:
     def _idx_path(self, base: int) -> str:
         return os.path.join(self.path, layout.index_name(base))
 
-    def _lock(self, exclusive: bool, deadline: float, started: float) -> None:
+    def _lock(self, exclusive: bool, deadline: float, started: float) -> bool:
         """Take the lock file's lock (``mutex`` held), or share this process's hold of it.
 
         The lock belongs to the open file description, which all threads share:
         it is taken by the first holder and released by the last
-        (``_lock_holds``). Only an exclusive holder ever releases ``mutex``
-        while holding it (a group being written, an extension), so a thread
-        that finds it held shares an exclusive hold: nobody else can write, and
-        the state is what that holder refreshed plus this process's own writes.
+        (``_lock_holds``), or kept as a lease (:meth:`_unlock`). Only an
+        exclusive holder ever releases ``mutex`` while holding it (a group
+        being written, an extension), so a thread that finds it held shares
+        an exclusive hold: nobody else can write, and the state is what that
+        holder refreshed plus this process's own writes. A lease is an
+        exclusive hold too. True when the lock was held already (shared or
+        leased): the state is current unless it was dropped meanwhile.
         """
         if self._lock_holds:
             self._lock_holds += 1
-            return
+            return True
+        if self._leased:
+            self._leased = False
+            self._lock_holds = 1
+            return True
         if self._lock_fd is None:
             self._lock_fd = fileio.open_create(os.path.join(self.path, layout.LOCK_FILE))
         fd = self._lock_fd
+        if exclusive and self._yield_until and time.monotonic() < self._yield_until:
+            lease.yield_to_knock(fd, deadline)  # we let a lease go on a knock: let the knocker in first
         if not fileio.try_lock(fd, exclusive):  # the common case first, without a closure
-            _lock_wait(lambda: fileio.try_lock(fd, exclusive), deadline, started)
+            self._contended_until = time.monotonic() + lease.CONTENDED  # another process uses it too
+            _lock_wait(lambda: fileio.try_lock(fd, exclusive), fd, deadline, started)
         self._lock_holds = 1
+        self._lock_excl = exclusive
+        self._lease_since = time.monotonic()
+        return False
 
     def _unlock(self) -> None:
+        """Let one hold of the lock file's lock go; the last one releases it, or keeps it as a lease.
+
+        Kept (exclusive takes only) unless the conversation is closed, the
+        lease is past its term, or another process uses the lock too (the
+        reaper saw it knock, :meth:`reap`, or we had to wait for it, less than
+        ``lease.CONTENDED`` ago). The reaper also lets an idle one go.
+        Invariant: ``_leased`` implies ``_lock_holds == 0`` and the lock held
+        exclusively through ``_lock_fd``.
+        """
         self._lock_holds -= 1
         if self._lock_holds == 0 and self._lock_fd is not None:
+            if self._lock_excl and lease.SUPPORTED and not self.closed:
+                now = time.monotonic()
+                if self._knock_seen:
+                    self._knocked(now)
+                elif now >= self._contended_until and now - self._lease_since < lease.TERM:
+                    self._leased = True
+                    self._lease_used = now
+                    if not self._watched:
+                        self._watched = True  # (under ``mutex``, as in reap: one watch at a time)
+                        lease.reaper.watch(self)
+                    return
             fileio.unlock(self._lock_fd)
+
+    def _knocked(self, now: float) -> None:
+        """Another process knocked: let it in before taking the lock again, and keep no lease for a while."""
+        self._knock_seen = False
+        self._yield_until = now + 1.0
+        self._contended_until = now + lease.CONTENDED
+
+    def _release_lease(self) -> None:
+        """Let a lease go now (``mutex`` held)."""
+        if self._leased:
+            self._leased = False
+            if self._lock_fd is not None:
+                fileio.unlock(self._lock_fd)
+
+    def reap(self, now: float) -> bool:
+        """The reaper's look (:class:`logstore.lease.Leased`), every ``lease.TICK`` while the lock is held.
+
+        A knock is looked for without ``mutex`` (a busy conversation's is
+        rarely free), and noted for the last holder's :meth:`_unlock`. An idle,
+        knocked or expired lease is let go when ``mutex`` is free. (The
+        descriptor may be closed meanwhile: the test is harmless on any
+        descriptor, and a wrong answer costs a lease or one tick.)
+        """
+        fd = self._lock_fd
+        if fd is not None and (self._leased or self._lock_holds):
+            try:
+                if lease.knocked(fd):
+                    self._knock_seen = True
+            except OSError:
+                pass
+        if not self.mutex.acquire(blocking=False):
+            return False  # in use: looked at again next tick
+        try:
+            if self._leased:
+                if now - self._lease_used < lease.IDLE and now - self._lease_since < lease.TERM:
+                    if not self._knock_seen:
+                        return False
+                if self._knock_seen:
+                    self._knocked(now)
+                self._release_lease()
+            elif self._lock_holds:
+                return False  # held for an append: the knock is noted for its end
+            self._watched = False
+            return True
+        finally:
+            self.mutex.release()
 
     def _close_active(self) -> None:
         self._settle()

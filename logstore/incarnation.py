@@ -27,8 +27,25 @@ before anything else is written there, and:
 
 Threads of one process share one descriptor per site and therefore one
 ``flock`` (a second ``LOCK_SH`` on the same open file is a no-op and one
-``LOCK_UN`` would release it for all): the holders are counted and the lock
-is released when the last one leaves. These are plain ``fcntl.flock`` calls
+``LOCK_UN`` would release it for all): the holders are counted, and when the
+last one leaves the lock is kept as a lease (:mod:`logstore.lease`) until
+the site has been unused for ``lease.IDLE`` seconds.
+
+While the lock is held without a break (calls in flight or a lease), a call
+needs no ``stat``: a removal renames ``site.id`` and then waits for every
+shared holder, so it cannot finish while this process holds the lock, and
+what the call writes lands in the incarnation checked when the hold began.
+The remover knocks while it waits (an OFD lock, :func:`logstore.lease.knock`);
+the reaper sees it within ``lease.TICK`` and from then on every call
+``stat`` s the path again, so the first call after the rename closes the
+descriptor (letting the lock go) and refuses, and an idle lease is let go at
+once. The ``stat`` is also made when the last one is older than
+``lease.TERM`` (a directory replaced by hand, outside the protocol, is
+noticed within that), and is made before taking the guard's mutex, which is
+never held across a system call on the common path. So the next call after
+a removal finished (it can only finish once this process let the lock go)
+always looks at the path, as does every call of a process that held no lock.
+These are plain ``fcntl.flock`` calls
 through :mod:`logstore.fileio` (``try_lock``), as every lock of the engine:
 portalocker takes the same lock on POSIX but cannot tell us the inode of the
 file it locked, which the check needs.
@@ -37,13 +54,14 @@ file it locked, which the check needs.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 import time
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from . import fileio
+from . import fileio, lease
 from .errors import Timeout, Unavailable
 
 #: The site's incarnation id (32 hex digits and a newline); also the site lock (see the module doc).
@@ -63,13 +81,27 @@ class Incarnation(NamedTuple):
 class _Held:
     """This process's open descriptor on one incarnation's ``site.id``, and how many threads hold its lock."""
 
-    __slots__ = ("fd", "holders", "incarnation", "superseded")
+    __slots__ = ("checked", "fd", "holders", "incarnation", "knocked", "leased", "superseded", "used")
 
     def __init__(self, fd: int, incarnation: Incarnation) -> None:
         self.fd = fd
         self.incarnation = incarnation
         self.holders = 0
         self.superseded = False
+        #: The lock is held with no holder (a lease, see the module doc), since ``used``.
+        self.leased = False
+        self.used = 0.0
+        #: When a ``stat`` last showed the path names this file, and whether the reaper saw a
+        #: removal knock since (see SiteGuard._enter).
+        self.checked = 0.0
+        self.knocked = False
+
+
+def _stat(path: str) -> os.stat_result | None:
+    try:
+        return os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
 
 
 def _same(st: os.stat_result, inc: Incarnation) -> bool:
@@ -119,7 +151,7 @@ def publish_id(site_path: str) -> None:
     fileio.fsync_dir(site_path)
 
 
-class SiteGuard:
+class SiteGuard(lease.Leased):
     """Which incarnation each site of a data directory is, for the objects one store keeps (thread-safe)."""
 
     def __init__(self, sites_dir: str, lock_timeout: float) -> None:
@@ -129,6 +161,7 @@ class SiteGuard:
         self._held: dict[str, _Held] = {}
         #: Set by :meth:`close`: from then on a descriptor is closed as soon as its use ends.
         self._closed = False
+        self._watched = False  # the lease reaper looks at this guard
 
     def _paths(self, site_path: str) -> tuple[str, str]:
         return os.path.join(site_path, SITE_ID_FILE), os.path.join(site_path, RETIRED_ID_FILE)
@@ -151,6 +184,8 @@ class SiteGuard:
         held = self._held.get(site_path)
         if held is not None and st is not None and _same(st, held.incarnation):
             return held
+        if held is not None and held.incarnation.id:
+            self._supersede_locked(site_path)  # not the file at the path any more: let its lock go now
         if st is None:
             if os.path.lexists(retired):
                 raise _Going()
@@ -214,7 +249,11 @@ class SiteGuard:
 
         A site being removed reads as absent.
         """
+        st = _stat(os.path.join(site_path, SITE_ID_FILE))  # outside the mutex (see the module doc)
         with self._mutex:
+            held = self._held.get(site_path)
+            if held is not None and st is not None and _same(st, held.incarnation) and not self._closed:
+                return held.incarnation
             try:
                 held = self._open_locked(site_path, write=False)
             except _Going:
@@ -244,8 +283,30 @@ class SiteGuard:
     def _enter(self, site_path: str, create: bool) -> _Held | None:
         started = time.monotonic()
         delay = 0.0005
+        id_path = os.path.join(site_path, SITE_ID_FILE)
         while True:
             with self._mutex:
+                # Held without a break since a stat proved it the file at the path (less than
+                # lease.TERM ago) and no removal knocks: a removal cannot have finished, so the
+                # path still names this incarnation for all a writer does (see the module doc).
+                held = self._held.get(site_path)
+                if (held is not None and (held.holders > 0 or held.leased) and not held.knocked
+                        and time.monotonic() - held.checked < lease.TERM):
+                    held.holders += 1
+                    held.leased = False
+                    return held
+            # Held and still the file at the path: a counter changes. The stat is made first,
+            # outside the mutex (see the module doc).
+            st = _stat(id_path)
+            with self._mutex:
+                held = self._held.get(site_path)
+                if held is not None and st is not None and (held.holders > 0 or held.leased):
+                    if _same(st, held.incarnation):
+                        held.holders += 1
+                        held.leased = False
+                        held.checked = time.monotonic()
+                        held.knocked = False  # (seen again next tick if a removal still knocks)
+                        return held
                 try:
                     held = self._open_locked(site_path, write=True, create=create)
                     if held is None:
@@ -254,14 +315,13 @@ class SiteGuard:
                         if held.holders == 0:
                             # Locked now: check it is still the file at the path (a remover renames it
                             # away before taking it exclusively, so no new holder may keep it).
-                            try:
-                                st: os.stat_result | None = os.stat(os.path.join(site_path, SITE_ID_FILE))
-                            except FileNotFoundError:
-                                st = None
+                            st = _stat(id_path)
                             if st is None or not _same(st, held.incarnation):
                                 fileio.unlock(held.fd)
                                 self._supersede_locked(site_path)
                                 continue
+                            held.checked = time.monotonic()
+                            held.knocked = False
                         held.holders += 1
                         return held
                 except _Going:
@@ -282,11 +342,55 @@ class SiteGuard:
         with self._mutex:
             held.holders -= 1
             if held.holders == 0:
+                if not held.superseded and not self._closed and lease.SUPPORTED:
+                    held.leased = True  # kept until idle (reap) or superseded
+                    held.used = time.monotonic()
+                    if not self._watched:
+                        self._watched = True
+                        lease.reaper.watch(self)
+                    return
                 fileio.unlock(held.fd)
                 if held.superseded:
                     os.close(held.fd)
                 elif self._closed and self._held.get(site_path) is held:
                     self._supersede_locked(site_path)  # closes it: a late use of a closed store keeps nothing open
+
+    def reap(self, now: float) -> bool:
+        """The reaper's look (:class:`logstore.lease.Leased`), every ``lease.TICK`` while a site lock is held.
+
+        Notes a removal's knock on a held lock (the next call then looks at the
+        path) and lets the leases unused for ``lease.IDLE``, or knocked, go.
+        Never blocks (the mutex taken means: look again next tick).
+        """
+        if not self._mutex.acquire(blocking=False):
+            return False
+        try:
+            looked = [h for h in self._held.values() if h.holders > 0 or h.leased]
+        finally:
+            self._mutex.release()
+        for held in looked:  # outside the mutex: a closed descriptor only gives a wrong answer once
+            try:
+                if lease.knocked(held.fd):
+                    held.knocked = True  # a removal waits: the next call looks at the path
+            except OSError:
+                pass
+        if not self._mutex.acquire(blocking=False):
+            return False
+        try:
+            left = False
+            for held in self._held.values():
+                if held.holders > 0:
+                    left = True  # in use: looked at again for a knock next tick
+                elif held.leased:
+                    if now - held.used >= lease.IDLE or held.knocked:
+                        held.leased = False
+                        fileio.unlock(held.fd)
+                    else:
+                        left = True
+            self._watched = left
+            return not left
+        finally:
+            self._mutex.release()
 
     @contextlib.contextmanager
     def removing(self, site_path: str) -> Iterator[None]:
@@ -315,16 +419,19 @@ class SiteGuard:
             fd = os.open(retired, os.O_RDONLY | os.O_NOFOLLOW)
             put_back = False
         try:
+            with self._mutex:
+                self._supersede_locked(site_path)  # our own lease, if any, first
             started = time.monotonic()
-            while not fileio.try_lock(fd, True):
-                waited = time.monotonic() - started
-                if waited > self._lock_timeout:
-                    if put_back:
-                        with contextlib.suppress(OSError):
-                            fileio.link(retired, id_path)
-                            fileio.unlink(retired)
-                    raise Timeout(waited)
-                time.sleep(0.002)
+            try:
+                # Knocking while it waits: a process keeping the lock as a lease lets it go.
+                lease.wait_lock(functools.partial(fileio.try_lock, fd, True), fd,
+                                started + self._lock_timeout, started)
+            except Timeout:
+                if put_back:
+                    with contextlib.suppress(OSError):
+                        fileio.link(retired, id_path)
+                        fileio.unlink(retired)
+                raise
             with self._mutex:
                 self._supersede_locked(site_path)
             yield

@@ -81,7 +81,9 @@ class SiteManifest(ListingRecovery):
                 self._tail()
             # The commits this process still owes are applied to the listing in memory (a
             # listing writes nothing): its own batches are listed from them, never probed.
-            for owed in self._owed.values():
+            with self._qlock:
+                owed_now = list(self._owed.values())
+            for owed in owed_now:
                 self._apply(owed)
             rebuild = not self._complete
             # An intent without its commit: its writer still owes the commit (idle, or

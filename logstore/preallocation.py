@@ -254,7 +254,7 @@ class Preallocated(Recovery):
         if not self.mutex.acquire(blocking=False):
             return False
         try:
-            if self.closed or self._inflight or self._queue or self._growing or self._extend_queued:
+            if self.closed or self._inflight or self._queue or self._growing or self._extend_queued or self._leased:
                 return False
             self._give_back_zeros()
             if self._pace is not None:
@@ -273,9 +273,13 @@ class Preallocated(Recovery):
         """
         if self.closed or self._growing or self._fd is None or self._lock_fd is None:
             return None
-        fresh = self._lock_holds == 0
-        if fresh and not fileio.try_lock(self._lock_fd, True):
-            return None
+        fresh = self._lock_holds == 0 and not self._leased
+        if fresh:
+            if not fileio.try_lock(self._lock_fd, True):
+                return None
+            self._lock_excl = True
+            self._lease_since = time.monotonic()
+        self._leased = False  # (a lease is an exclusive hold: now the job's)
         self._lock_holds += 1
         fd = -1
         try:

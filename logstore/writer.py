@@ -165,20 +165,27 @@ class Writer(GroupCommit, ConversationCreation):
 
     def _take_exclusive(self, deadline: float, started: float) -> None:
         """Take the file lock (exclusive) and verify the tail, as :meth:`_exclusive`; the caller unlocks."""
+        if self._fd is None:
+            # No segment open: a lease proves nothing about a state that must be loaded anyway, and a
+            # claim would replace its descriptor (closing it would let the lock go behind our back).
+            self._release_lease()
         if self._fd is None and not self._claim_from_pool():
             # No segment open: the directory may not exist yet. Made here, unsynced (its lock
             # file lives in it); the first segment's creation makes it durable before any
             # batch in it is acknowledged (_create_first_segment).
             fileio.make_dirs(self.path)
         fileio.resync_failed_dirs(self.path)
-        # Held by an extend-ahead job of ours (see ConversationState._lock): the state is current.
-        shared = self._lock_holds > 0
-        self._lock(True, deadline, started)
+        # Held already (an extend-ahead job of ours, or our lease: see ConversationState._lock):
+        # nobody else can have written, so the state is current, unless it was dropped since or
+        # loaded by a read (read-only descriptors).
+        held = self._lock(True, deadline, started)
         try:
             try:
-                if not shared and self._claim is None:
-                    # shared: an extend-ahead job of ours holds the lock, the state is current;
-                    # a claimed pool entry: its state was set at the claim (nobody else can write it).
+                current = held and self._loaded and self._fd is not None and self._damage is None and (
+                    self._idx_fd is not None or self._idx_lazy
+                )
+                if not current and self._claim is None:
+                    # A claimed pool entry: its state was set at the claim (nobody else can write it).
                     self._refresh(True)
             except OSError as exc:
                 self._close_files()

@@ -17,7 +17,7 @@ import msgspec
 import pytest
 from logstore_helpers import segment_files
 
-from convmem.logstore import Corrupted, FileStore, Range, Tail, background, frame, reader
+from convmem.logstore import Corrupted, FileStore, Range, Tail, background, frame, lease, reader
 from convmem.logstore.frame import SEGMENT_HEADER_SIZE
 from convmem.logstore.segment import BadRecord, iter_records
 
@@ -84,9 +84,11 @@ def test_try_read_raw_answers_only_without_waiting(tmp_path: Path) -> None:
                 t.join()
             # Another process's append makes the cached tail stale; once refreshed it is served again.
             store.append(SITE, "conv-reads-2", [{"n": 60}])
-            # (That store's extend-ahead job may hold the file lock for a moment: try_read_raw then answers
-            # None, as it must. Once the job is done the fast path is open again.)
+            # (That store's extend-ahead job, and its lease of the lock while the conversation is busy, hold
+            # the file lock for a moment: try_read_raw then answers None, as it must. Once both are over the
+            # fast path is open again.)
             assert background.wait(10)
+            assert lease.reaper.wait_let_go(10)
             got = fresh.try_read_raw(SITE, "conv-reads-2", Tail(1), 1 << 20)
             assert got is not None and [i.seq for i in got] == [60]
         finally:

@@ -18,8 +18,8 @@ Options that take the run apart:
   background job's) and what it synced (segment, site manifest, directory),
   and the appends whose write grew the segment file (a size change: metadata
   for the append's ``fdatasync``). Costs some CPU per operation.
-* ``--timers``: wall time per batch in the manifest intent (its mutex, file
-  lock and write), in segment ``fdatasync`` on the appends' threads, and
+* ``--timers``: wall time per batch in the manifest intent (its write, and its mutex and
+  file lock when it is not leased), in segment ``fdatasync`` on the appends' threads, and
   what remains (CPU, the interpreter lock, other waits).
 
 Repeat ``--rounds`` times (fresh conversations each round) and print each.

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import msgspec
 
-from .. import fileio, layout, manifestfiles, poolclaims
-from ..errors import StoreError, Timeout
+from .. import fileio, layout, lease, manifestfiles, poolclaims
+from ..errors import StoreError
 from ..frame import SEGMENT_HEADER_SIZE
 from ..ids import CONVERSATION_ID_RULE, SITE_NAME_RULE, ConversationId, SiteName
 from ..incarnation import RETIRED_ID_FILE, SITE_ID_FILE
@@ -56,13 +56,8 @@ def _flocked(path: str, exclusive: bool, timeout: float, create: bool) -> Iterat
         return
     try:
         started = time.monotonic()
-        delay = 0.0005
-        while not fileio.try_lock(fd, exclusive):
-            waited = time.monotonic() - started
-            if waited > timeout:
-                raise Timeout(waited)
-            time.sleep(delay)
-            delay = min(delay * 2, 0.02)
+        # Knocking while it waits: an engine keeping the lock as a lease lets it go (logstore.lease).
+        lease.wait_lock(lambda: fileio.try_lock(fd, exclusive), fd, started + timeout, started)
         try:
             yield
         finally:
