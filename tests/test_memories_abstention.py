@@ -47,7 +47,7 @@ def test_surface_abstains_on_near_and_far_hints_and_finds_paraphrases(tmp_path: 
 def test_labelled_set_abstention_and_surface_recall_hold_their_floors() -> None:
     figs = abstention_figures()
     test, every = figs["test"], figs["all"]
-    assert test["abstention"] >= 0.62 and every["abstention"] >= 0.65, figs
-    assert test["abstention_far"] >= 0.9 and test["abstention_near"] >= 0.3, figs
-    assert test["surface_recall2"] >= 0.78 and every["surface_recall2"] >= 0.83, figs
+    assert test["abstention"] >= 0.75 and every["abstention"] >= 0.8, figs
+    assert test["abstention_far"] >= 0.95 and test["abstention_near"] >= 0.5, figs
+    assert test["surface_recall2"] >= 0.76 and every["surface_recall2"] >= 0.81, figs
     assert every["surface_para_recall2"] >= 0.6, figs
