@@ -44,7 +44,8 @@ from ._semantic import Embedder, SemanticIndex, Vectors
 #: How many recent answers a retriever keeps (see ``Retriever._answers``).
 ANSWERS_KEPT = 64
 
-#: How many query vectors a retriever keeps, by query text (1.5 KiB each).
+#: How many query vectors a retriever keeps, by query text (1.5 KiB each, and 1.5 KiB per content word of the query
+#: for its word vectors: about 10 KiB for a task hint of six content words).
 QUERY_VECTORS_KEPT = 256
 
 #: The constant of reciprocal rank fusion: a hit at rank r (from 1) scores w / (RRF_K + r).
