@@ -3,22 +3,17 @@
 ``Encoder.embed_query`` gives, from one run of the model, the query's vector
 and one vector per content word read in its context; the retriever judges
 whether a memory speaks of what a hint asks by how close those are to the
-memory's vector. Properties run on generated texts (hypothesis prints the
-failing example and its seed); the store-level test uses memories of the
-labelled set.
+memory's vector (``test_memories_abstention.py`` checks what the rule then
+surfaces). Properties run on generated texts (hypothesis prints the failing
+example and its seed).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from memories_support import SITE, create
 
-from bench.ltm_eval import memories
-from convmem.logstore.memories import LongTermMemory
 from convmem.logstore.memories._lexical import query_terms
 from convmem.logstore.memories.encoder import default_encoder
 
@@ -47,25 +42,3 @@ def test_a_word_read_in_context_is_closer_to_a_memory_that_speaks_of_it() -> Non
     _, vecs = enc.embed_query(text, ["tuning", "guitar"])
     about_guitar = enc.embed_one("Guitar. Sam is learning fingerstyle guitar and practises twenty minutes a day")
     assert float(vecs[1] @ about_guitar) > float(vecs[0] @ about_guitar) + 0.1
-
-
-KEPT = ("b04", "b09", "v09", "p18", "p01")
-
-
-def test_surface_refuses_memories_that_name_the_hint_but_not_what_it_asks(tmp_path: Path) -> None:
-    with LongTermMemory(tmp_path) as store:
-        ids = {}
-        for d in memories():
-            if d.memory_id in KEPT:
-                m = create(store, {"category": d.category, "subject": d.subject, "summary": d.summary,
-                                   "details": d.details, "tags": list(d.tags)})
-                ids[m.memory_id] = d.memory_id
-        for hint in ("what tuning does Sam use on the guitar", "which seat did Sam have on the last Eurostar"):
-            assert store.surface(SITE, hint) == [], hint
-        for hint, want in (("Sam's guitar practice", "b04"), ("on the plane to Berlin, where do they want to be "
-                                                                "placed", "p18"),
-                           ("should distances be given in miles or the other system", "p01")):
-            assert [ids[m.memory_id] for m in store.surface(SITE, hint)][:1] == [want], hint
-        # memory_search still ranks what the auto-surface refuses, each hit with its score
-        hits = store.search(SITE, "what tuning does Sam use on the guitar", limit=2)
-        assert [ids[m.memory_id] for m, _ in hits][:1] == ["b04"] and all(-1.0 <= s <= 1.0 for _, s in hits)
