@@ -132,17 +132,23 @@ class Encoder:
         enc, hidden = self._states(text)
         sentence = self._unit(np.asarray(hidden.mean(axis=0), dtype=np.float32))
         where = {w: i for i, w in enumerate(words)}
-        # starts[j]: where token j begins in ``text`` (special tokens, which span nothing, never match)
-        starts = np.asarray([a if b > a else -1 for a, b in enc.offsets], dtype=np.int64)
-        pick = np.zeros((len(words), len(starts)), dtype=np.float32)  # pick[i, j]: token j is of word i
+        of_word: list[list[int]] = [[] for _ in words]  # the tokens of each word's occurrences
+        offsets = enc.offsets
+        j = 0
         for m in WORD_PATTERN.finditer(text):
             folded = words_of(m.group())
             i = where.get(folded[0]) if len(folded) == 1 else None
-            if i is not None:
-                pick[i, (starts >= m.start()) & (starts < m.end())] = 1.0
-        out: Vectors = pick @ hidden
-        norms = np.sqrt(np.einsum("ij,ij->i", out, out))
-        out /= np.maximum(norms, 1e-12)[:, None]  # a word with no token stays a row of zeros
+            start, end = m.span()
+            while j < len(offsets) and (offsets[j][1] <= offsets[j][0] or offsets[j][0] < start):
+                j += 1  # special tokens span nothing; tokens before the word are another's
+            while j < len(offsets) and offsets[j][0] < end:
+                if i is not None and offsets[j][1] > offsets[j][0]:
+                    of_word[i].append(j)
+                j += 1
+        out: Vectors = np.zeros((len(words), self.dim), dtype=np.float32)
+        for i, toks in enumerate(of_word):
+            if toks:  # a word with no token stays a row of zeros
+                out[i] = self._unit(np.asarray(hidden[toks].sum(axis=0), dtype=np.float32))
         return sentence, out
 
     def embed(self, texts: Sequence[str]) -> Vectors:

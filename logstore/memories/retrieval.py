@@ -233,7 +233,7 @@ def _coverage(view: _View, t: Tuning, keys: Sequence[int], words: Vectors, weigh
     total = sum(weights)
     if not total or len(words) != len(weights):
         return {}
-    close = words @ view.semantic.vectors(keys).T  # (query words, keys)
+    close = np.einsum("ij,kj->ik", words, view.semantic.vectors(keys))  # (query words, keys); no BLAS threads
     part = np.clip((close - t.coverage_low) / max(t.coverage_high - t.coverage_low, 1e-6), 0.0, 1.0)
     w = np.asarray(weights, dtype=np.float32)
     out = {}
