@@ -16,11 +16,13 @@ from bench.ltm_eval import memories
 from bench.ltm_eval.evaluate import abstention_figures
 from convmem.logstore.memories import LongTermMemory
 
-KEPT = ("h01", "p17", "b02", "v05", "c03", "c15", "p01", "p09", "h02", "f08", "k18", "k04")
+KEPT = ("h01", "p17", "b02", "v05", "c03", "c15", "p01", "p09", "h02", "f08", "k18", "k04", "b04", "p18")
 
-#: Hints that name what the memories name (Sam, Atlas, Greenleaf) and ask what none of them holds.
+#: Hints that name what the memories name (Sam, Atlas, Greenleaf, the guitar, flights) and ask what none of them
+#: holds; the last two share the memory's words and topic, and only the word asked about is missing.
 NEAR = ("which laptop model does Sam use", "what is Sam's blood type", "what is the maximum upload size on Atlas",
-        "how many push-ups can Sam do", "how many employees does Greenleaf have")
+        "how many push-ups can Sam do", "how many employees does Greenleaf have",
+        "what tuning does Sam use on the guitar", "which seat did Sam have on the last Eurostar")
 
 
 def test_surface_abstains_on_near_and_far_hints_and_finds_paraphrases(tmp_path: Path) -> None:
@@ -39,6 +41,9 @@ def test_surface_abstains_on_near_and_far_hints_and_finds_paraphrases(tmp_path: 
         assert shown["should distances be given in miles or the other system"][:1] == ["p01"], shown
         assert "p09" in shown["when can I book a call with them next week"], shown
         assert [ids[m.memory_id] for m in store.surface(SITE, "Fujifilm X-T4")] == ["b02"]  # every word held
+        assert [ids[m.memory_id] for m in store.surface(SITE, "Sam's guitar practice")][:1] == ["b04"]
+        assert [ids[m.memory_id] for m in store.surface(SITE, "on the plane to Berlin, where do they want to be "
+                                                              "placed")][:1] == ["p18"]
         # Search still ranks, each hit with its readable score (the cosine similarity).
         hits = store.search(SITE, NEAR[0], limit=3)
         assert hits and all(-1.0 <= score <= 1.0 for _, score in hits)
@@ -47,7 +52,7 @@ def test_surface_abstains_on_near_and_far_hints_and_finds_paraphrases(tmp_path: 
 def test_labelled_set_abstention_and_surface_recall_hold_their_floors() -> None:
     figs = abstention_figures()
     test, every = figs["test"], figs["all"]
-    assert test["abstention"] >= 0.62 and every["abstention"] >= 0.65, figs
-    assert test["abstention_far"] >= 0.9 and test["abstention_near"] >= 0.3, figs
-    assert test["surface_recall2"] >= 0.78 and every["surface_recall2"] >= 0.83, figs
+    assert test["abstention"] >= 0.75 and every["abstention"] >= 0.8, figs
+    assert test["abstention_far"] >= 0.95 and test["abstention_near"] >= 0.5, figs
+    assert test["surface_recall2"] >= 0.76 and every["surface_recall2"] >= 0.81, figs
     assert every["surface_para_recall2"] >= 0.6, figs

@@ -13,7 +13,8 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import replace
 
-from convmem.logstore.memories._semantic import Embedder, Vectors
+from convmem.logstore.memories._semantic import Vectors
+from convmem.logstore.memories.encoder import Encoder
 from convmem.logstore.memories.retrieval import MemoryDoc, Retriever, Tuning
 
 from . import Query, memories, no_answer, queries
@@ -35,11 +36,12 @@ def mode_tuning(mode: str, base: Tuning | None = None) -> Tuning:
 class Memo:
     """An embedder that remembers every text's vector: tuning runs encode each text once."""
 
-    def __init__(self, inner: Embedder) -> None:
+    def __init__(self, inner: Encoder) -> None:
         self.inner = inner
         self.dim = inner.dim
         self.model_id = inner.model_id
         self._seen: dict[str, Vectors] = {}
+        self._queries: dict[tuple[str, tuple[str, ...]], tuple[Vectors, Vectors]] = {}
 
     def _get(self, text: str) -> Vectors:
         v = self._seen.get(text)
@@ -49,6 +51,13 @@ class Memo:
 
     def embed_one(self, text: str) -> Vectors:
         return self._get(text)
+
+    def embed_query(self, text: str, words: Sequence[str]) -> tuple[Vectors, Vectors]:
+        key = (text, tuple(words))
+        got = self._queries.get(key)
+        if got is None:
+            got = self._queries[key] = self.inner.embed_query(text, words)
+        return got
 
     def embed(self, texts: Sequence[str]) -> Vectors:
         import numpy as np
@@ -61,6 +70,9 @@ class DocsOnly(Memo):
 
     def embed_one(self, text: str) -> Vectors:
         return self.inner.embed_one(text)
+
+    def embed_query(self, text: str, words: Sequence[str]) -> tuple[Vectors, Vectors]:
+        return self.inner.embed_query(text, words)
 
 
 _memo: list[Memo] = []

@@ -4,10 +4,12 @@
 
 1. fusion: ``lexical_gate`` x ``semantic`` weight x ``min_similarity``, best fused recall@2 (ties: recall@5,
    then the smaller change from the shipped values); ``--relevance-only`` skips it and keeps the shipped fusion;
-2. the relevance rule under the chosen fusion (``relevance`` x ``overlap_weight`` x ``overlap_relevance``, see
-   :class:`Tuning`): the highest abstention on the dev no-answer hints whose auto-surface recall@2 on the dev
-   queries stays within ``--slack`` (default 0.03) of the recall@2 of the ranking itself (ties: the higher
-   recall, then the higher paraphrase recall).
+2. the relevance rule under the chosen fusion (its knobs, ``RELEVANCE_KNOBS``: the coverage band
+   ``coverage_low`` x ``coverage_high``, ``overlap_weight`` x ``coverage_weight`` x ``overlap_relevance`` for a
+   memory sharing some of the hint's words, ``paraphrase_coverage_weight`` x ``paraphrase_relevance`` for one
+   sharing none; see :class:`Tuning`): the highest abstention on the dev no-answer hints whose auto-surface
+   recall@2 on the dev queries stays within ``--slack`` (default 0.03) of the recall@2 of the ranking itself
+   (ties: the higher recall, then the higher paraphrase recall, then the first in grid order).
 
 Every line prints the test half beside the dev half; nothing of the test half steers a choice.
 """
@@ -20,7 +22,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import replace
 
-from convmem.logstore.memories.retrieval import Retriever, Tuning
+from convmem.logstore.memories.retrieval import RELEVANCE_KNOBS, Retriever, Tuning
 
 from . import memories, no_answer, queries
 from .evaluate import abstention, recall, shared_embedder, surface_recall
@@ -28,15 +30,22 @@ from .evaluate import abstention, recall, shared_embedder, surface_recall
 GATES = (0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5)
 SEMANTIC = (1.0, 1.5, 2.0, 3.0)
 MIN_SIM = (0.1, 0.2, 0.3)
-RELEVANCE = tuple(round(0.25 + 0.025 * i, 3) for i in range(7))  # 0.25 .. 0.4
-OVERLAP_WEIGHT = tuple(round(0.2 * i, 1) for i in range(6))  # 0 .. 1
-OVERLAP_RELEVANCE = tuple(round(0.4 + 0.05 * i, 2) for i in range(19))  # 0.4 .. 1.3
+COVERAGE_BAND = ((0.15, 0.6), (0.15, 0.7), (0.2, 0.6), (0.2, 0.7))  # (coverage_low, coverage_high)
+OVERLAP_WEIGHT = (0.6, 0.8)
+COVERAGE_WEIGHT = (0.2, 0.4)
+OVERLAP_RELEVANCE = (0.85, 0.9, 0.95, 1.0, 1.05)
+PARAPHRASE_COVERAGE_WEIGHT = (0.2, 0.3, 0.4)
+PARAPHRASE_RELEVANCE = (0.3, 0.35, 0.4)
 
 
 def _retriever(tmp: str, t: Tuning) -> Retriever:
     r = Retriever(tmp, tuning=t, embedder=shared_embedder())
     r.load(memories())
     return r
+
+
+def _rule(t: Tuning) -> str:
+    return ", ".join(f"{k} {getattr(t, k)}" for k in RELEVANCE_KNOBS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -73,8 +82,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         r.load(memories())
         floor = recall(r, dev, 2) - args.slack
         pick: tuple[tuple[float, float, float], Tuning] | None = None
-        for rel, w, over in itertools.product(RELEVANCE, OVERLAP_WEIGHT, OVERLAP_RELEVANCE):
-            t = replace(chosen, relevance=rel, overlap_weight=w, overlap_relevance=over)
+        grid = itertools.product(COVERAGE_BAND, OVERLAP_WEIGHT, COVERAGE_WEIGHT, OVERLAP_RELEVANCE,
+                                 PARAPHRASE_COVERAGE_WEIGHT, PARAPHRASE_RELEVANCE)
+        for (lo, hi), w, cw, over, pcw, prel in grid:
+            t = replace(chosen, coverage_low=lo, coverage_high=hi, overlap_weight=w, coverage_weight=cw,
+                        overlap_relevance=over, paraphrase_coverage_weight=pcw, paraphrase_relevance=prel)
             r.set_relevance(t)
             a_dev, s_dev = abstention(r, hdev), surface_recall(r, dev)
             if s_dev < floor:
@@ -82,15 +94,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             score = (a_dev, s_dev, surface_recall(r, pdev))
             if pick is None or score > pick[0]:
                 pick = (score, t)
-                print(f"relevance {rel:<6} overlap_weight {w:<4} overlap_relevance {over:<5} "
-                      f"abstention dev {a_dev:.3f} surface R@2 dev {s_dev:.3f}")
+                print(f"{_rule(t)}: abstention dev {a_dev:.3f} surface R@2 dev {s_dev:.3f}")
         if pick is None:
             print("no rule holds the recall")
             return 1
         t = pick[1]
         r.set_relevance(t)
-        print(f"chosen rule: relevance {t.relevance}, overlap_weight {t.overlap_weight}, "
-              f"overlap_relevance {t.overlap_relevance}")
+        print(f"chosen rule: {_rule(t)}")
         for name, qs_, hs in (("dev", dev, hdev), ("test", test, htest)):
             print(f"{name:<5} abstention {abstention(r, hs):.3f} surface R@2 {surface_recall(r, qs_):.3f} "
                   f"paraphrase {surface_recall(r, [q for q in qs_ if q.kind == 'para']):.3f}")

@@ -55,17 +55,18 @@ STOP_WORDS: frozenset[str] = frozenset(
     """.split()
 )
 
-_WORD = re.compile(r"[^\W_]+", re.UNICODE)
+#: A word of :func:`words_of`, before folding (letters and digits).
+WORD_PATTERN = re.compile(r"[^\W_]+", re.UNICODE)
 
 
 def words_of(text: str) -> list[str]:
     """The words of ``text`` as ``unicode61`` splits them (letters and digits), case folded, diacritics removed."""
     if text.isascii():  # nothing to decompose or fold beyond ASCII case: the common case, ten times cheaper
-        return _WORD.findall(text.lower())
+        return WORD_PATTERN.findall(text.lower())
     folded = unicodedata.normalize("NFKD", text.casefold())
     # Only non-ASCII characters can be combining marks: look at those alone.
     folded = _NON_ASCII.sub(_drop_combining, folded)
-    return _WORD.findall(folded)
+    return WORD_PATTERN.findall(folded)
 
 
 _NON_ASCII = re.compile(r"[^\x00-\x7f]")
@@ -159,7 +160,7 @@ class LexicalIndex:
         """A read connection for one ranking (from the pool, or a new one), back to the pool after.
 
         Pass it as ``db`` to :meth:`rank`, :meth:`matching_all` and
-        :meth:`held_share`. It fails with ``sqlite3.OperationalError`` while a
+        :meth:`held_terms`. It fails with ``sqlite3.OperationalError`` while a
         write is under way, rather than wait. A connection in use when the
         index closes is closed when it comes back.
         """
@@ -300,9 +301,10 @@ class LexicalIndex:
         found = {int(k) for (k,) in cur}
         return found if among is None else found & set(among)
 
-    def held_share(self, terms: Sequence[str], among: Sequence[int],
-                   db: sqlite3.Connection | None = None) -> dict[int, float]:
-        """For each key of ``among``, the share of ``terms``' weight its row holds (after stemming).
+    def held_terms(self, terms: Sequence[str], among: Sequence[int],
+                   db: sqlite3.Connection | None = None) -> tuple[list[float], dict[int, set[int]]]:
+        """The weight of each of ``terms`` and, for each key of ``among``, the positions of the terms its row
+        holds (after stemming).
 
         A term weighs its BM25 inverse document frequency, from the counts of
         words as written (see ``COMMON_SHARE``): a rare word, a name, weighs far
@@ -310,18 +312,17 @@ class LexicalIndex:
         limited to the rows of ``among`` (a handful), so the cost does not grow
         with the index.
         """
+        held: dict[int, set[int]] = {k: set() for k in among}
         if not terms or not among:
-            return {k: 0.0 for k in among}
+            return [], held
         n = self._rows
         idf = [math.log((n - min(c, n) + 0.5) / (min(c, n) + 0.5) + 1.0) for c in self._counts(terms)]
-        total = sum(idf)
-        held = dict.fromkeys(among, 0.0)
         sql = f"SELECT rowid FROM fts WHERE fts MATCH ? AND rowid IN ({','.join('?' * len(held))})"
         conn = db or self._db
-        for term, w in zip(terms, idf, strict=True):
+        for i, term in enumerate(terms):
             for (k,) in conn.execute(sql, (_quote(term), *held)):
-                held[int(k)] += w
-        return {k: v / total for k, v in held.items()}
+                held[int(k)].add(i)
+        return idf, held
 
     def close(self) -> None:
         """Close the writer and the idle readers (a reader in use is closed when it comes back)."""

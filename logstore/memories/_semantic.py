@@ -22,6 +22,12 @@ class Embedder(Protocol):
 
     ``model_id`` names the model in stored vectors: two embedders with the
     same id must give the same vector for the same text.
+
+    An embedder may also have ``embed_query(text, words)``, giving
+    ``embed_one(text)`` and a unit vector per word of ``words`` read in
+    ``text`` (see ``Encoder.embed_query``); the retriever then uses the word
+    vectors in its relevance rule (``Tuning``'s coverage), and judges by the
+    words held alone without it.
     """
 
     dim: int
@@ -135,6 +141,15 @@ class SemanticIndex:
         present = [r for r in rows if r >= 0]
         picked = iter(np.round(sims[present], 6).tolist() if present else [])
         return [next(picked) if r >= 0 else float("-inf") for r in rows]
+
+    def vectors(self, keys: Sequence[int]) -> Vectors:
+        """The vector of each of ``keys``, one row each (zeros for a key that has no row)."""
+        out: Vectors = np.zeros((len(keys), self._dim), dtype=np.float32)
+        for i, k in enumerate(keys):
+            row = self._key_row.get(k)
+            if row is not None:
+                out[i] = self._m[row]
+        return out
 
     def _grow(self) -> int:
         if self._n == len(self._m):

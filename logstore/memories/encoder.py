@@ -98,18 +98,58 @@ class Encoder:
         tokenizer.no_padding()
         self._tokenizer: Any = tokenizer
 
-    def embed_one(self, text: str) -> Vectors:
-        """The unit vector of one text (what ``embed([text])[0]`` gives)."""
-        ids = np.asarray([self._tokenizer.encode(text).ids], dtype=np.int64)
+    def _states(self, text: str) -> tuple[Any, Vectors]:
+        """The tokenizer's encoding of ``text`` and the transformer's state of each of its tokens."""
+        enc = self._tokenizer.encode(text)
+        ids = np.asarray([enc.ids], dtype=np.int64)
         mask = np.ones_like(ids)
         feed = {"input_ids": ids, "attention_mask": mask}
         if self._needs_types:
             feed["token_type_ids"] = np.zeros_like(ids)
-        hidden = self._session.run(None, feed)[0][0]
-        vec: Vectors = np.asarray(hidden.mean(axis=0), dtype=np.float32)
+        hidden: Vectors = np.asarray(self._session.run(None, feed)[0][0], dtype=np.float32)
+        return enc, hidden
+
+    @staticmethod
+    def _unit(vec: Vectors) -> Vectors:
         norm = float(np.sqrt(vec @ vec))
         out: Vectors = vec / max(norm, 1e-12)
         return out
+
+    def embed_one(self, text: str) -> Vectors:
+        """The unit vector of one text (what ``embed([text])[0]`` gives)."""
+        return self._unit(np.asarray(self._states(text)[1].mean(axis=0), dtype=np.float32))
+
+    def embed_query(self, text: str, words: Sequence[str]) -> tuple[Vectors, Vectors]:
+        """``embed_one(text)`` and, from the same run, one unit vector per word of ``words``: the mean state of
+        the tokens of that word's occurrences in ``text`` (a row of zeros for a word ``text`` does not hold).
+
+        ``words`` are words as the lexical index splits them (:func:`._lexical.words_of`: letters and
+        digits, case folded, diacritics removed). A word's state is read in its context ("tuning" of a
+        guitar), so it can be compared with a memory's vector to tell whether the memory speaks of it.
+        """
+        from ._lexical import WORD_PATTERN, words_of
+
+        enc, hidden = self._states(text)
+        sentence = self._unit(np.asarray(hidden.mean(axis=0), dtype=np.float32))
+        where = {w: i for i, w in enumerate(words)}
+        of_word: list[list[int]] = [[] for _ in words]  # the tokens of each word's occurrences
+        offsets = enc.offsets
+        j = 0
+        for m in WORD_PATTERN.finditer(text):
+            folded = words_of(m.group())
+            i = where.get(folded[0]) if len(folded) == 1 else None
+            start, end = m.span()
+            while j < len(offsets) and (offsets[j][1] <= offsets[j][0] or offsets[j][0] < start):
+                j += 1  # special tokens span nothing; tokens before the word are another's
+            while j < len(offsets) and offsets[j][0] < end:
+                if i is not None and offsets[j][1] > offsets[j][0]:
+                    of_word[i].append(j)
+                j += 1
+        out: Vectors = np.zeros((len(words), self.dim), dtype=np.float32)
+        for i, toks in enumerate(of_word):
+            if toks:  # a word with no token stays a row of zeros
+                out[i] = self._unit(np.asarray(hidden[toks].sum(axis=0), dtype=np.float32))
+        return sentence, out
 
     def embed(self, texts: Sequence[str]) -> Vectors:
         """``(len(texts), dim)`` unit vectors, one text at a time (no padding, so a text's vector never

@@ -21,9 +21,8 @@ category, tags) are applied before fusion. Every hit carries its cosine
 similarity to the query (:attr:`Hit.similarity`), the readable score. A
 hit is :attr:`Hit.relevant` (the auto-surface shows nothing else) when the
 memory holds every word of the query, or its similarity reaches
-:attr:`Tuning.relevance` and the two rankings' evidence agrees: a memory
-that shares some of the query's words must also hold most of their weight
-or be clearly more similar (see :class:`Tuning`).
+:attr:`Tuning.relevance` and it covers enough of the query's words, by
+holding them or by meaning (see :class:`Tuning`).
 """
 
 from __future__ import annotations
@@ -35,6 +34,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+import numpy as np
+
 from .. import fileio
 from . import vectors
 from ._lexical import DEFAULT_WEIGHTS, LexicalIndex, query_terms
@@ -43,7 +44,8 @@ from ._semantic import Embedder, SemanticIndex, Vectors
 #: How many recent answers a retriever keeps (see ``Retriever._answers``).
 ANSWERS_KEPT = 64
 
-#: How many query vectors a retriever keeps, by query text (1.5 KiB each).
+#: How many query vectors a retriever keeps, by query text (1.5 KiB each, and 1.5 KiB per content word of the query
+#: for its word vectors: about 10 KiB for a task hint of six content words).
 QUERY_VECTORS_KEPT = 256
 
 #: The constant of reciprocal rank fusion: a hit at rank r (from 1) scores w / (RRF_K + r).
@@ -87,6 +89,11 @@ class Hit:
     relevant: bool = True
 
 
+#: The knobs of :class:`Tuning` that only judge hits (the relevance rule): changing them ranks nothing anew.
+RELEVANCE_KNOBS = ("relevance", "overlap_weight", "overlap_relevance", "coverage_weight",
+                   "paraphrase_coverage_weight", "paraphrase_relevance", "coverage_low", "coverage_high")
+
+
 @dataclass(frozen=True)
 class Tuning:
     """The knobs of the ranking; the defaults were chosen on the dev half of bench/ltm_eval (see the README).
@@ -107,20 +114,27 @@ class Tuning:
 
     The relevance rule (:attr:`Hit.relevant`; the auto-surface shows nothing
     else): a hit holding every query word is relevant; any other needs a
-    similarity of at least ``relevance``, and, if it shares some of the
-    query's words, also ``similarity + overlap_weight * share >=
-    overlap_relevance``, where ``share`` is the part of the query's word
-    weight (BM25 IDF: rare words, names, weigh most) the memory holds. The
-    second test is for a hint about something the store does not hold that
-    names something it does (the name of a client's CEO, asked of a store
-    holding only that client's NDA): the shared name makes the encoder call them
-    similar, so a memory that matches the names but not what is asked about
-    must be clearly more similar to count. A memory sharing no word is judged
-    by similarity alone (a paraphrase). ``python -m bench.ltm_eval.tune``
-    chose the gate, weights and rule for the shipped encoder on the dev half:
-    the rule with the highest abstention on the dev no-answer hints whose
-    auto-surface recall@2 on the dev queries stays within 0.03 of the
-    ranking's recall@2.
+    similarity of at least ``relevance`` and enough evidence that it speaks of
+    what the query asks. Two shares of the query's word weight (BM25 IDF: rare
+    words, names, weigh most) measure that: ``share``, the part the memory
+    holds (after stemming), and ``coverage``, the part it holds or comes
+    close to: a query word it does not hold counts by the cosine between that
+    word's vector, read in the query's context (the encoder's states of its
+    tokens, averaged: ``Encoder.embed_query``), and the memory's vector, from
+    nothing at ``coverage_low`` to whole at ``coverage_high``. A memory sharing
+    some of the query's words needs ``similarity + overlap_weight * share +
+    coverage_weight * coverage >= overlap_relevance``; one sharing none (a
+    paraphrase) ``similarity + paraphrase_coverage_weight * coverage >=
+    paraphrase_relevance``. Coverage is what tells a hint about something the
+    store does not hold, naming something it does ("what tuning does Sam use
+    on the guitar" against "Sam is learning fingerstyle guitar"), from one the
+    memory answers: the shared name lifts similarity and share alike, but the
+    word asked about ("tuning") finds nothing close in the memory. Without
+    word vectors (an embedder lacking ``embed_query``) coverage is the share.
+    ``python -m bench.ltm_eval.tune`` chose the gate, weights and rule for the
+    shipped encoder on the dev half: the rule with the highest abstention on
+    the dev no-answer hints whose auto-surface recall@2 on the dev queries
+    stays within 0.03 of the ranking's recall@2.
     """
 
     lexical: float = 1.0
@@ -130,8 +144,13 @@ class Tuning:
     lexical_gate: float = 0.4
     depth: int = 30
     relevance: float = 0.3
-    overlap_weight: float = 0.6
-    overlap_relevance: float = 0.7
+    overlap_weight: float = 0.8
+    coverage_weight: float = 0.2
+    overlap_relevance: float = 0.95
+    paraphrase_coverage_weight: float = 0.2
+    paraphrase_relevance: float = 0.35
+    coverage_low: float = 0.15
+    coverage_high: float = 0.6
 
 
 def embedding_text(doc: MemoryDoc) -> str:
@@ -159,6 +178,9 @@ class EncodedQuery:
     text: str
     model_id: str | None
     vector: Vectors | None
+    #: One unit vector per content word of the query (see ``Retriever._query_vector``), None when the
+    #: embedder cannot give them; the relevance rule's coverage needs them.
+    words: Vectors | None = None
 
 
 @dataclass(slots=True)
@@ -184,6 +206,9 @@ class _View:
 #: What a ranking that raced a change may raise, reading structures the change was rewriting.
 _TORN = (KeyError, IndexError, ValueError, RuntimeError, sqlite3.Error)
 
+#: A query's vector and its content words' vectors (None when the embedder gives none).
+_QueryVectors = tuple[Vectors, Vectors | None]
+
 class _HoldingAll:
     """Which rows hold every term of a query: one FTS statement per search, however often it is asked."""
 
@@ -197,6 +222,27 @@ class _HoldingAll:
         if self._rows is None:
             self._rows = self._lexical.matching_all(self._terms, None, self._db)
         return self._rows & set(keys)
+
+
+def _coverage(view: _View, t: Tuning, keys: Sequence[int], words: Vectors, weights: Sequence[float],
+              held: Mapping[int, set[int]]) -> dict[int, float]:
+    """For each of ``keys``, the share of the query's word weight (``weights``, one per query word, the
+    rows of ``words``) that the memory covers: a word it holds counts whole, any other by how close that
+    word's vector (read in the query's context) is to the memory's vector, from nothing at
+    ``coverage_low`` to whole at ``coverage_high``."""
+    total = sum(weights)
+    if not total or len(words) != len(weights):
+        return {}
+    close = np.einsum("ij,kj->ik", words, view.semantic.vectors(keys))  # (query words, keys); no BLAS threads
+    part = np.clip((close - t.coverage_low) / max(t.coverage_high - t.coverage_low, 1e-6), 0.0, 1.0)
+    w = np.asarray(weights, dtype=np.float32)
+    out = {}
+    for j, k in enumerate(keys):
+        col = part[:, j]
+        for i in held.get(k, ()):
+            col[i] = 1.0
+        out[k] = float(w @ col) / total
+    return out
 
 
 _Keep = Callable[[_Entry], bool]
@@ -270,7 +316,7 @@ class Retriever:
         #: Query vectors by query text: they do not depend on the memories, so only an erasure (whose memory's
         #: text a verify query may have held) empties the table.
         self._qvecs_kept = query_vectors_kept
-        self._qvecs: OrderedDict[str, Vectors] = OrderedDict()
+        self._qvecs: OrderedDict[str, _QueryVectors] = OrderedDict()
 
     # -- vectors -----------------------------------------------------------
 
@@ -370,8 +416,8 @@ class Retriever:
             self._semantic.remove(entry.key)
 
     def set_relevance(self, tuning: Tuning) -> None:
-        """Judge hits by ``tuning``'s relevance rule from now on (``relevance``, ``overlap_weight``,
-        ``overlap_relevance``; its other knobs are ignored): the rule ranks nothing, so nothing is rebuilt.
+        """Judge hits by ``tuning``'s relevance rule from now on (its :data:`RELEVANCE_KNOBS`; its other knobs
+        are ignored): the rule ranks nothing, so nothing is rebuilt.
 
         For the tuning kit, which tries many rules on one index. Drops the kept answers.
         """
@@ -379,8 +425,7 @@ class Retriever:
             self._check_open()
             self._version += 1
             self._answers.clear()
-            self._tuning = replace(self._tuning, relevance=tuning.relevance, overlap_weight=tuning.overlap_weight,
-                                   overlap_relevance=tuning.overlap_relevance)
+            self._tuning = replace(self._tuning, **{f: getattr(tuning, f) for f in RELEVANCE_KNOBS})
 
     def __len__(self) -> int:
         with self._lock:
@@ -462,10 +507,11 @@ class Retriever:
         """What a ranking reads, now (lock held)."""
         return _View(self._lexical, self._semantic, self._entries, self._ids, self._inactive, self._tuning)
 
-    def _ranked(self, view: _View, db: sqlite3.Connection | None, query: str, qvec: Vectors | None, limit: int,
-                category: str | None, tags: tuple[str, ...], include_deleted: bool) -> tuple[Hit, ...]:
+    def _ranked(self, view: _View, db: sqlite3.Connection | None, query: str, qv: _QueryVectors | None,
+                limit: int, category: str | None, tags: tuple[str, ...], include_deleted: bool) -> tuple[Hit, ...]:
         """The hits of a search on ``view``; BM25 on ``db`` (the writer's connection when None: lock held)."""
         t = view.tuning
+        qvec, words = qv if qv is not None else (None, None)
         terms = query_terms(query)
         holding = _HoldingAll(view.lexical, terms, db)
         lex, sem, sims = self._rankings(view, db, terms, holding, qvec, category, tags, include_deleted,
@@ -476,7 +522,7 @@ class Retriever:
                 for rank, mid in enumerate(ranking, start=1):
                     fused[mid] = fused.get(mid, 0.0) + weight / (RRF_K + rank)
         ordered = sorted(fused.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]
-        return tuple(self._judged(view, db, ordered, sims, terms, holding))
+        return tuple(self._judged(view, db, ordered, sims, terms, words, holding))
 
     def answers_at_once(self, query: str, limit: int) -> bool:
         """True when a search of ``query`` would neither encode nor rank: its answer is kept."""
@@ -495,42 +541,48 @@ class Retriever:
         site's mutex) encodes first, so that encodes of several threads run
         in parallel, and then hands the result to :meth:`search`.
         """
-        return EncodedQuery(self._query_text(query), self._model_id(), self._query_vector(query))
+        got = self._query_vector(query)
+        return EncodedQuery(self._query_text(query), self._model_id(), *(got or (None, None)))
 
     def _model_id(self) -> str | None:
         return self._embedder.model_id if self._embedder is not None else None
 
-    def _given_vector(self, query: str, encoded: EncodedQuery) -> Vectors | None:
-        """``encoded``'s vector if it was made for ``query`` by this retriever's model, else computed now."""
+    def _given_vector(self, query: str, encoded: EncodedQuery) -> _QueryVectors | None:
+        """``encoded``'s vectors if they were made for ``query`` by this retriever's model, else computed now."""
         if encoded.text == self._query_text(query) and encoded.model_id == self._model_id():
             if self._embedder is None or self._tuning.semantic <= 0 or not encoded.text:
                 return None
             if encoded.vector is not None:
-                return encoded.vector
+                return encoded.vector, encoded.words
         return self._query_vector(query)
 
-    def _query_vector(self, query: str) -> Vectors | None:
-        """The vector of ``query`` (None without a model or words): from the table, else encoded unlocked."""
+    def _query_vector(self, query: str) -> _QueryVectors | None:
+        """The vector of ``query`` and those of its content words (:func:`._lexical.query_terms`, in that
+        order; None when the embedder gives no word vectors), None without a model or words: from the
+        table, else encoded unlocked."""
         text = self._query_text(query)
-        if self._embedder is None or self._tuning.semantic <= 0 or not text:
+        emb = self._embedder
+        if emb is None or self._tuning.semantic <= 0 or not text:
             return None
         with self._lock:
-            vec = self._qvecs.get(text)
-            if vec is not None:
+            got = self._qvecs.get(text)
+            if got is not None:
                 self._qvecs.move_to_end(text)
-                return vec
-        vec = self._embedder.embed_one(text)
+                return got
+        by_word = getattr(emb, "embed_query", None)
+        got = by_word(text, query_terms(text)) if by_word is not None else (emb.embed_one(text), None)
         if self._qvecs_kept > 0:
             with self._lock:
-                self._qvecs[text] = vec
+                self._qvecs[text] = got
                 if len(self._qvecs) > self._qvecs_kept:
                     self._qvecs.popitem(last=False)
-        return vec
+        return got
 
     @staticmethod
     def _judged(view: _View, db: sqlite3.Connection | None, ordered: Sequence[tuple[str, float]],
-                sims: Vectors | None, terms: Sequence[str], holding: _HoldingAll) -> Iterable[Hit]:
-        """Hits of ``ordered`` (id, fused score) with their similarity and relevance."""
+                sims: Vectors | None, terms: Sequence[str], words: Vectors | None,
+                holding: _HoldingAll) -> Iterable[Hit]:
+        """Hits of ``ordered`` (id, fused score) with their similarity and relevance (see :class:`Tuning`)."""
         keys = [view.entries[mid].key for mid, _ in ordered]
         if sims is None:
             for mid, score in ordered:
@@ -540,11 +592,18 @@ class Retriever:
         near = view.semantic.similarity(sims, keys)
         full = holding.among(keys)
         similar = [k for k, sim in zip(keys, near, strict=True) if sim >= t.relevance and k not in full]
-        held = view.lexical.held_share(terms, similar, db) if similar else {}
+        weights, held = view.lexical.held_terms(terms, similar, db) if similar else ([], {})
+        cover = _coverage(view, t, similar, words, weights, held) if words is not None and similar else {}
+        total = sum(weights) or 1.0
         for (mid, score), k, sim in zip(ordered, keys, near, strict=True):
-            share = held.get(k, 0.0)
-            relevant = k in full or (sim >= t.relevance
-                                     and (share == 0.0 or sim + t.overlap_weight * share >= t.overlap_relevance))
+            relevant = k in full
+            if not relevant and sim >= t.relevance:
+                share = sum(weights[i] for i in held.get(k, ())) / total
+                c = cover.get(k, share)
+                if share == 0.0:
+                    relevant = sim + t.paraphrase_coverage_weight * c >= t.paraphrase_relevance
+                else:
+                    relevant = sim + t.overlap_weight * share + t.coverage_weight * c >= t.overlap_relevance
             yield Hit(mid, score, round(sim, 3), relevant)
 
     def close(self) -> None:
