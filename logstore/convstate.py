@@ -106,6 +106,10 @@ class ConversationState(lease.Leased):
         self._lock_excl = False  # the lock file's lock was taken exclusively
         self._lease_since = 0.0  # when it was taken (a lease ends TERM after it)
         self._lease_used = 0.0  # when its last holder let it go (an idle lease ends IDLE after it)
+        # Whether the exclusive hold now under way began less than lease.IDLE after the previous one
+        # ended: only then is it kept as a lease (see _unlock), and when that previous one ended.
+        self._busy = False
+        self._excl_ended = -lease.IDLE
         self._knock_seen = False  # the reaper saw another process knock (see reap)
         self._contended_until = 0.0  # until then no lease is kept (lease.CONTENDED)
         self._watched = False  # the lease reaper looks at this object
@@ -194,6 +198,7 @@ class ConversationState(lease.Leased):
         if self._leased:
             self._leased = False
             self._lock_holds = 1
+            self._busy = True
             return True
         if self._lock_fd is None:
             self._lock_fd = fileio.open_create(os.path.join(self.path, layout.LOCK_FILE))
@@ -206,25 +211,30 @@ class ConversationState(lease.Leased):
         self._lock_holds = 1
         self._lock_excl = exclusive
         self._lease_since = time.monotonic()
+        self._busy = exclusive and self._lease_since - self._excl_ended < lease.IDLE
         return False
 
     def _unlock(self) -> None:
         """Let one hold of the lock file's lock go; the last one releases it, or keeps it as a lease.
 
-        Kept (exclusive takes only) unless the conversation is closed, the
-        lease is past its term, or another process uses the lock too (the
-        reaper saw it knock, :meth:`reap`, or we had to wait for it, less than
-        ``lease.CONTENDED`` ago). The reaper also lets an idle one go.
-        Invariant: ``_leased`` implies ``_lock_holds == 0`` and the lock held
-        exclusively through ``_lock_fd``.
+        Kept (exclusive takes only) when the conversation is busy: this hold
+        began less than ``lease.IDLE`` after the previous exclusive one ended
+        (so a lone append, the usual turn of an agent, lets the lock go at
+        once, and another process reading it right after never waits for a
+        lease); and not when the conversation is closed, the lease is past its
+        term, or another process uses the lock too (the reaper saw it knock,
+        :meth:`reap`, or we had to wait for it, less than ``lease.CONTENDED``
+        ago). The reaper also lets an idle one go. Invariant: ``_leased``
+        implies ``_lock_holds == 0`` and the lock held exclusively through
+        ``_lock_fd``.
         """
         self._lock_holds -= 1
         if self._lock_holds == 0 and self._lock_fd is not None:
             if self._lock_excl and lease.SUPPORTED and not self.closed:
-                now = time.monotonic()
+                now = self._excl_ended = time.monotonic()
                 if self._knock_seen:
                     self._knocked(now)
-                elif now >= self._contended_until and now - self._lease_since < lease.TERM:
+                elif self._busy and now >= self._contended_until and now - self._lease_since < lease.TERM:
                     self._leased = True
                     self._lease_used = now
                     if not self._watched:

@@ -279,6 +279,7 @@ class Preallocated(Recovery):
                 return None
             self._lock_excl = True
             self._lease_since = time.monotonic()
+            self._busy = False  # an extension of its own never makes a lease
         self._leased = False  # (a lease is an exclusive hold: now the job's)
         self._lock_holds += 1
         fd = -1

@@ -152,9 +152,9 @@ class Pace:
         span = now - self.mark_at
         written = max(end - self.mark_end, 0)  # negative: a new segment, or the tail reloaded
         # (A span under a microsecond counts as a microsecond: back-to-back writes, as fast as can be.)
-        want = min(CHUNK_MAX, 2 * self.chunk, int(written * AHEAD_SECONDS / max(span, 1e-6)))
+        rate_wants = int(written * AHEAD_SECONDS / max(span, 1e-6))
         block = min(BLOCK, first)
-        want = min(CHUNK_MAX, 2 * self.chunk, blocks(max(want, first), block))
+        want = min(CHUNK_MAX, 2 * self.chunk, blocks(max(rate_wants, first), block))
         self.chunk = self.budget.grant(self.key, want, first, now, self.reclaim, block)
         self.mark_at = now
         self.mark_end = end

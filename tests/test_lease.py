@@ -122,8 +122,12 @@ def test_an_append_keeps_the_lock_while_busy_and_the_reaper_lets_it_go(tmp_path:
         if not lease.SUPPORTED:
             assert not conv._leased
             return
-        assert conv._leased, "the lock was let go at the end of the append"
-        assert store.append(SITE, CONV, [{"n": 1}]).first == 1
+        assert not conv._leased, "a lone append kept its lock"
+        n = 1
+        while not conv._leased and n < 50:  # back to back: busy, so the lock is kept after an append
+            assert store.append(SITE, CONV, [{"n": n}]).first == n
+            n += 1
+        assert conv._leased, "appends back to back let the lock go each time"
         deadline = time.monotonic() + 30
         while conv._watched and time.monotonic() < deadline:
             time.sleep(0.005)  # (the reaper clears it after letting the lease go)
@@ -232,3 +236,38 @@ def test_removing_the_site_while_another_process_holds_its_leases(tmp_path: Path
             assert _read_all(other) == [0]
     finally:
         writer.close()
+
+
+def _lock_is_free(path: Path) -> bool:
+    """Whether another open file description could take ``path``'s lock shared now (a reader's lock)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if fileio.try_lock(fd, False):
+            fileio.unlock(fd)
+            return True
+        return False
+    finally:
+        os.close(fd)
+
+
+def test_a_lone_append_keeps_no_lease_and_back_to_back_appends_do(tmp_path: Path) -> None:
+    """A reader in another process right after a lone append (an agent's turn) never waits for a lease."""
+    store = FileStore(str(tmp_path / "data"))
+    try:
+        store.append(SITE, CONV, [{"n": 0}])
+        assert lease.reaper.wait_let_go(5)
+        lock = next((tmp_path / "data").rglob("lock"))
+        for n in range(1, 6):
+            time.sleep(lease.IDLE * 2)  # idle between appends: each one is a lone append
+            store.append(SITE, CONV, [{"n": n}])
+            assert _lock_is_free(lock), f"lone append {n} kept its lock"
+        leased = False
+        for n in range(6, 56):  # back to back: busy, so the lock is kept between appends
+            store.append(SITE, CONV, [{"n": n}])
+            if not _lock_is_free(lock):
+                leased = True
+                break
+        assert leased, "50 appends back to back never kept a lease"
+        assert [i.payload["n"] for i in store.read(SITE, CONV, Range(0, 100))] == list(range(n + 1))
+    finally:
+        store.close()

@@ -16,6 +16,8 @@ that path; none feeds the bench's table, ratios or targets.
   PostgreSQL connection serving sites in all 16 partitions of ``memories``, and the calls' latency.
 * ``python -m bench.probes.pg_standby_feedback [--interval S]``: how long an idle standby's
   ``hot_standby_feedback`` keeps the primary from removing rows a new transaction deletes.
+* ``python -m bench.probes.xproc_read [--gap S]``: how long a read in one process waits right after
+  another process's append to the same conversation (a lone append, or a busy conversation's).
 * ``python -m bench.probes.manifest_recovery [N]``: what the power-cut safe listing costs: first
   appends per epoch, and the first listing after a reboot.
 """
