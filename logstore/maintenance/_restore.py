@@ -123,18 +123,26 @@ class Restorer:
 def remove_segments(cdir: str, names: list[str]) -> None:
     """Remove a conversation's segments ``names`` and their indexes, durably (its exclusive lock held).
 
-    Removed newest first, and the removals made durable before any file is
-    emptied: a power cut never leaves a segment name on disk whose bytes are
-    already gone. Each removed segment is then shrunk to nothing, so an engine
-    holding it open notices and reloads, and its blocks are freed.
+    The indexes go first, and their removal is made durable before any
+    segment is removed: a power cut never leaves an index without its segment
+    (the directory's entries may otherwise reach the disk in any order).
+    Segments are removed newest first, and the removals made durable before
+    any file is emptied: a power cut never leaves a segment name on disk whose
+    bytes are already gone. Each removed segment is then shrunk to nothing, so
+    an engine holding it open notices and reloads, and its blocks are freed.
     """
+    indexes = 0
+    for name in reversed(names):
+        base = layout.parse_segment_name(name)
+        assert base is not None
+        with contextlib.suppress(FileNotFoundError):
+            fileio.unlink(os.path.join(cdir, layout.index_name(base)))
+            indexes += 1
+    if indexes:
+        fileio.fsync_dir(cdir)
     with contextlib.ExitStack() as stack:
         held = []
         for name in reversed(names):
-            base = layout.parse_segment_name(name)
-            assert base is not None
-            with contextlib.suppress(FileNotFoundError):
-                fileio.unlink(os.path.join(cdir, layout.index_name(base)))
             held.append(stack.enter_context(_open_rw(os.path.join(cdir, name))))
             fileio.unlink(os.path.join(cdir, name))
         fileio.fsync_dir(cdir)
