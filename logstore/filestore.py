@@ -125,7 +125,7 @@ class FileStore(MemoryStore):
         except msgspec.DecodeError as exc:
             raise Unavailable(f"{marker} is not a logstore marker file") from exc
         version = info.get("version") if isinstance(info, dict) else None
-        if not isinstance(info, dict) or info.get("format") != FORMAT_NAME or version not in READABLE_VERSIONS:
+        if type(version) is not int or info.get("format") != FORMAT_NAME or version not in READABLE_VERSIONS:
             known = ", ".join(f"v{v}" for v in sorted(READABLE_VERSIONS))
             raise Unavailable(f"{self.root} holds an unknown format {info!r}; this engine reads {FORMAT_NAME} {known}")
         if version != FORMAT_VERSION:

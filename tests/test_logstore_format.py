@@ -169,9 +169,11 @@ def test_a_version_1_directory_is_raised_to_version_2_when_opened_and_an_unknown
     finally:
         store.close()
 
-    before = os.listdir(root)
-    marker.write_bytes(b'{"format":"convmem-logstore","version":3}\n')
-    with pytest.raises(Unavailable, match=r"unknown format .*reads convmem-logstore v1, v2"):
-        FileStore(str(root))
-    assert marker.read_bytes() == b'{"format":"convmem-logstore","version":3}\n'  # refused, nothing rewritten
-    assert os.listdir(root) == before
+    before = sorted(os.listdir(root))
+    for bad in (b'{"format":"convmem-logstore","version":3}\n', b'{"format":"convmem-logstore","version":true}\n',
+                b'{"format":"convmem-logstore","version":"2"}\n', b'{"format":"other","version":2}\n'):
+        marker.write_bytes(bad)
+        with pytest.raises(Unavailable, match=r"unknown format .*reads convmem-logstore v1, v2"):
+            FileStore(str(root))
+        assert marker.read_bytes() == bad  # refused, nothing rewritten
+        assert sorted(os.listdir(root)) == before

@@ -144,6 +144,7 @@ def _require_data_dir(root: str) -> None:
     if (
         not isinstance(info, dict)
         or info.get("format") != layout.FORMAT_NAME
+        or type(info.get("version")) is not int
         or info.get("version") not in layout.READABLE_VERSIONS
     ):
         raise MaintenanceError(f"{marker} names an unknown format: {info!r}")
