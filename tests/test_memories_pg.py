@@ -212,6 +212,68 @@ def test_site_indexes_are_released_least_recently_used_first(servers: MemoryStor
     assert [store._sites[s].indexed() for s in sites] == [2, 0, 2]
 
 
+def test_records_read_without_an_index_count_against_the_budget(servers: MemoryStores) -> None:
+    """A site only read (``get``, a listing) holds its records all the same: they count, and are released."""
+    sites = [f"read-site-{i:02d}" for i in range(3)]
+    writer = servers.open()
+    made = {s: [create(writer, fields(i), site=s).memory_id for i in range(2)] for s in sites}
+    store = servers.open(index_budget=4)
+    for s in sites:
+        assert store.get(s, made[s][0]).memory_id == made[s][0]
+    assert store._sites[sites[0]]._retriever is None  # records only, no index
+    store.get(sites[-1], made[sites[-1]][1])  # a use: the budget is checked
+    assert {s: store._sites[s].indexed() for s in sites} == {sites[0]: 0, sites[1]: 2, sites[2]: 2}
+    assert [m.memory_id for m in store.all(sites[0])] == made[sites[0]]  # read again from the rows
+    store.all(sites[0])  # the next call brings the total back under the budget
+    assert [store._sites[s].indexed() for s in sites] == [2, 0, 2]
+
+
+def test_a_server_with_many_sites_forgets_the_idle_ones(servers: MemoryStores) -> None:
+    """Past ``sites_kept`` the least recently used sites no call is using are forgotten, their access times
+    written first: the map stops growing, and every site still answers (read again from its rows)."""
+    sites = [f"many-{i:02d}" for i in range(9)]
+    store = servers.open(sites_kept=3)
+    made = {s: create(store, fields(i, summary=f"the {s} user likes zebra{i} facts"), site=s).memory_id
+            for i, s in enumerate(sites)}
+    for _ in range(2):
+        for i, s in enumerate(sites):
+            assert store.search(s, f"zebra{i} facts", limit=1)[0][0].memory_id == made[s]
+            assert len(store._sites) <= 3
+    before = store.get(sites[0], made[sites[0]]).last_accessed_us
+    for s in sites[1:5]:  # the first site is forgotten meanwhile: its access time must reach the database
+        store.all(s)
+    assert sites[0] not in store._sites
+    other = servers.open()
+    assert [m.last_accessed_us for m in other.all(sites[0])] == [before]
+
+
+def test_a_site_in_use_is_never_forgotten_for_the_others(servers: MemoryStores) -> None:
+    """A search ranking on one site while calls on more than ``sites_kept`` other sites come and go: the site
+    stays in the map under it, and the search answers from it."""
+    entered, release = threading.Event(), threading.Event()
+
+    class Gated(Retriever):
+        def search(self, *args: Any, **kwargs: Any) -> Any:
+            entered.set()
+            assert release.wait(60)
+            return super().search(*args, **kwargs)
+
+    store = servers.open(sites_kept=2, retriever_factory=lambda d: Gated(d, embedder=None))
+    mine = create(store, fields(1, summary="the user enjoys facts about otters"), site="busy-site").memory_id
+    found: list[list[str]] = []
+    t = threading.Thread(target=lambda: found.append(
+        [m.memory_id for m, _ in store.search("busy-site", "otters facts", limit=5)]))
+    t.start()
+    assert entered.wait(60)
+    for i in range(5):
+        create(store, fields(i), site=f"other-{i}")
+        assert "busy-site" in store._sites
+    release.set()
+    t.join(60)
+    assert found == [[mine]]
+    assert len(store._sites) <= 2
+
+
 def test_a_write_waiting_too_long_for_the_site_times_out_and_writes_nothing(
     servers: MemoryStores, pg_server: str
 ) -> None:

@@ -23,5 +23,9 @@ SEARCH_LIMIT_MAX = 20
 CONTEXT_MAX = 1000
 #: Memories a process holds over all its sites (records and search indexes; about 5 MiB of RSS per 1,000,
 #: measured by ``python -m bench --only memory``), by default: past it, the least recently used sites are
-#: released whole (LongTermMemory's ``index_budget``; PostgreSQL's releases indexes only).
+#: released whole (their records and index, read again when next used; ``index_budget`` of both stores).
 INDEX_BUDGET = 50_000
+#: Sites a store keeps at all, by default, beside those in use (a file store's site holds up to three
+#: descriptors; either store's, with its records released, a few KiB): past it the least recently used idle
+#: ones are forgotten, and opened or read again when next used (``sites_kept`` of both stores).
+SITES_KEPT = 256

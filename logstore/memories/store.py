@@ -18,16 +18,12 @@ from ..timefmt import now_us
 from . import tokens
 from .indexing import RetrieverFactory, default_retriever
 from .interface import LongTermStore, StoredMemory
-from .limits import DEFAULT_RETENTION_SECONDS, INDEX_BUDGET
+from .limits import DEFAULT_RETENTION_SECONDS, INDEX_BUDGET, SITES_KEPT
 from .planning import over_budget, surface_pick
 from .record import Memory, check_memory_id
 from .site import MEMORIES_DIR, Config, SiteMemories
 
 logger = logging.getLogger("convmem.memories")
-
-#: Sites a store keeps open at most, by default, beside those in use (each holds up to three descriptors and,
-#: with its index released, a few KiB): past it the least recently used idle ones are closed and forgotten.
-SITES_KEPT = 256
 
 
 class LongTermMemory(LongTermStore):

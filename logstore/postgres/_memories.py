@@ -52,7 +52,7 @@ from ..memories.errors import (
 )
 from ..memories.indexing import RetrieverFactory, default_retriever, fields_doc
 from ..memories.interface import LongTermStore, StoredMemory
-from ..memories.limits import DEFAULT_RETENTION_SECONDS, INDEX_BUDGET, MAX_MEMORIES_PER_SITE
+from ..memories.limits import DEFAULT_RETENTION_SECONDS, INDEX_BUDGET, MAX_MEMORIES_PER_SITE, SITES_KEPT
 from ..memories.planning import check_verify, over_budget, ranked, related, surface_pick
 from ..memories.record import (
     STATUS_ACTIVE,
@@ -82,8 +82,13 @@ _Conn = psycopg.Connection[Any]
 class PgLongTermMemory(LongTermStore):
     """Long-term memories in PostgreSQL, through the connections of ``store`` (not closed by :meth:`close`).
 
-    ``retention_seconds``, ``clock``, ``retriever_factory`` and ``index_budget``
-    mean what they mean for :class:`~logstore.memories.LongTermMemory`; ``listen`` starts the
+    ``retention_seconds``, ``clock``, ``retriever_factory``, ``index_budget``
+    and ``sites_kept`` mean what they mean for
+    :class:`~logstore.memories.LongTermMemory`: past ``index_budget`` memories
+    held over all sites, the least recently used sites' records and indexes
+    are released (read again from the rows when next used); past
+    ``sites_kept`` sites, the least recently used that no call is using are
+    forgotten, their pending access times written first. ``listen`` starts the
     thread that refreshes sites early when another server changed them.
     """
 
@@ -96,6 +101,7 @@ class PgLongTermMemory(LongTermStore):
         retriever_factory: RetrieverFactory | None = None,
         listen: bool = True,
         index_budget: int = INDEX_BUDGET,
+        sites_kept: int = SITES_KEPT,
     ) -> None:
         if retention_seconds < 0:
             raise ValueError("retention_seconds must not be negative")
@@ -111,6 +117,9 @@ class PgLongTermMemory(LongTermStore):
         #: Sites by last use, least recent first (whose ranking index to release past ``index_budget``).
         self._recent: OrderedDict[str, None] = OrderedDict()
         self._index_budget = index_budget
+        self._sites_kept = max(1, sites_kept)
+        #: How many calls are using each site now (under ``_lock``): a site in use is never forgotten.
+        self._users: dict[str, int] = {}
         self._lock = threading.Lock()
         self._closed = False
         self._stop = threading.Event()
@@ -140,7 +149,13 @@ class PgLongTermMemory(LongTermStore):
             self._last_at = at
             return at
 
-    def _view(self, site: str) -> SiteView:
+    @contextmanager
+    def _using(self, site: str) -> Iterator[SiteView]:
+        """The view of ``site``, held in use for the block: never forgotten meanwhile.
+
+        Each use moves the site to the recent end, releases the records and indexes of the least recently
+        used sites past ``index_budget`` and forgets those idle past ``sites_kept``.
+        """
         site = SiteName(site)
         with self._lock:
             if self._closed:
@@ -157,7 +172,48 @@ class PgLongTermMemory(LongTermStore):
             if self._listen and self._listener is None:
                 store = self._store
                 self._listener = ChangeListener(store.dsn, store.schema, store.connect_kwargs, self._heard)
-        return view
+            self._users[site] = self._users.get(site, 0) + 1
+            self._recent[site] = None
+            self._recent.move_to_end(site)
+            victims = over_budget(self._sites, self._recent, site, self._index_budget)
+            gone = self._forget_idle_locked()
+        for victim in victims:
+            victim.release()
+        for g in gone:
+            self._let_go(g)
+        try:
+            yield view
+        finally:
+            with self._lock:
+                left = self._users[site] - 1
+                if left:
+                    self._users[site] = left
+                else:
+                    del self._users[site]
+
+    def _forget_idle_locked(self) -> list[SiteView]:
+        """The least recently used sites no call is using, taken out of the map, so the rest fit ``sites_kept``."""
+        out: list[SiteView] = []
+        excess = len(self._sites) - self._sites_kept
+        for name in list(self._recent):
+            if excess <= 0:
+                break
+            if name not in self._users:
+                out.append(self._sites.pop(name))
+                del self._recent[name]
+                excess -= 1
+        return out
+
+    def _let_go(self, view: SiteView) -> None:
+        """Close a forgotten site's view, its pending access times written first (a hint: lost if that fails)."""
+        with view.mutex:
+            if view.touched:
+                try:
+                    with self._store._conn(writing=True) as conn:
+                        view.flush(conn)
+                except Exception:  # access times are a hint; forgetting a site must not fail the call for them
+                    logger.warning("writing the access times of site %s failed", view.site, exc_info=True)
+            view.close()
 
     def _statements_of(self, site: str) -> MemoryStatements:
         """The statements of ``site``, naming its partition of ``memories`` (looked up once per site).
@@ -184,24 +240,22 @@ class PgLongTermMemory(LongTermStore):
             view.refresh(conn)
 
     @contextmanager
-    def _held(self, site: str) -> Iterator[SiteView]:
-        """The site's view brought up to date, its expired soft-deleted memories erased, with its mutex held.
+    def _fresh(self, view: SiteView) -> Iterator[SiteView]:
+        """``view`` (in use) brought up to date, its expired soft-deleted memories erased, its mutex held.
 
-        The site counts as used now: the ranking indexes of the least recently used sites are released
-        when all of them together hold more than ``index_budget`` memories.
-        """
-        view = self._view(site)
-        with self._lock:
-            self._recent[view.site] = None
-            self._recent.move_to_end(view.site)
-            victims = over_budget(self._sites, self._recent, view.site, self._index_budget)
-        for victim in victims:
-            victim.drop_index()
+        Access times are recorded after the block (:meth:`_touch` may write every site's, taking each
+        site's mutex in turn: never with one held)."""
         with view.mutex:
             with self._store._conn() as conn:
                 view.refresh(conn)
             if self._due(view):
                 self._write(view, None, _nothing)
+            yield view
+
+    @contextmanager
+    def _held(self, site: str) -> Iterator[SiteView]:
+        """The site's view in use (:meth:`_using`) and fresh (:meth:`_fresh`)."""
+        with self._using(site) as view, self._fresh(view):
             yield view
 
     def _due(self, view: SiteView) -> bool:
@@ -317,7 +371,7 @@ class PgLongTermMemory(LongTermStore):
     ) -> tuple[list[tuple[Memory, float | None]], str, int]:
         if memory_id is not None:
             check_memory_id(memory_id)
-        self._view(site)
+        site = SiteName(site)  # (a bad site name is told before a bad candidate)
         fields = check_verify(intent, candidate, memory_id, force)
         with self._held(site) as view:
             found = related(view.state, view.retriever, intent, fields, memory_id, 5)
@@ -333,13 +387,13 @@ class PgLongTermMemory(LongTermStore):
         memory_id: str | None = None,
         expected_version: int | None = None,
     ) -> Memory:
-        view = self._view(site)
-        if memory_id is None:
-            if expected_version is not None:
-                raise InvalidMemory("expected_version", "only an update (with memory_id) takes expected_version")
-            return self._create(view, memory, verify_token)
-        check_memory_id(memory_id)
-        return self._update(view, memory_id, memory, verify_token, expected_version)
+        with self._using(site) as view:
+            if memory_id is None:
+                if expected_version is not None:
+                    raise InvalidMemory("expected_version", "only an update (with memory_id) takes expected_version")
+                return self._create(view, memory, verify_token)
+            check_memory_id(memory_id)
+            return self._update(view, memory_id, memory, verify_token, expected_version)
 
     def _create(self, view: SiteView, raw: Mapping[str, Any], token: object) -> Memory:
         fields = parse_fields(raw, "memory.")
@@ -395,7 +449,10 @@ class PgLongTermMemory(LongTermStore):
 
     def delete(self, site: str, memory_id: str, verify_token: object, force: bool = False) -> Memory | None:
         check_memory_id(memory_id)
-        view = self._view(site)
+        with self._using(site) as view:
+            return self._delete(view, memory_id, verify_token, force)
+
+    def _delete(self, view: SiteView, memory_id: str, verify_token: object, force: bool) -> Memory | None:
         nonce = self._book.check_delete(verify_token, view.site, memory_id, force, self._now())
 
         def change(tx: _Tx) -> Memory | None:
@@ -414,21 +471,21 @@ class PgLongTermMemory(LongTermStore):
         return self._write(view, nonce, change)
 
     def import_records(self, site: str, records: Sequence[Memory]) -> tuple[int, int]:
-        view = self._view(site)
         added = present = 0
-        for m in records:  # one transaction each: the records before a refused one stay imported
-            vec = self._vector(view, m.memory_id, m.fields)
-            vector = msgspec.json.decode(vec) if vec is not None else None
-            a, p = self._import(view, [StoredMemory(m, vector)])
-            added, present = added + a, present + p
+        with self._using(site) as view:
+            for m in records:  # one transaction each: the records before a refused one stay imported
+                vec = self._vector(view, m.memory_id, m.fields)
+                vector = msgspec.json.decode(vec) if vec is not None else None
+                a, p = self._import(view, [StoredMemory(m, vector)])
+                added, present = added + a, present + p
         return added, present
 
     def import_stored(self, site: str, records: Sequence[StoredMemory]) -> tuple[int, int]:
-        view = self._view(site)
         added = present = 0
-        for i in range(0, len(records), IMPORT_BATCH):
-            a, p = self._import(view, records[i : i + IMPORT_BATCH])
-            added, present = added + a, present + p
+        with self._using(site) as view:
+            for i in range(0, len(records), IMPORT_BATCH):
+                a, p = self._import(view, records[i : i + IMPORT_BATCH])
+                added, present = added + a, present + p
         return added, present
 
     def _import(self, view: SiteView, records: Sequence[StoredMemory]) -> tuple[int, int]:
@@ -462,8 +519,7 @@ class PgLongTermMemory(LongTermStore):
         return sorted(out, key=lambda s: (s.memory.created_us, s.memory.memory_id))
 
     def purge_expired(self, site: str) -> list[str]:
-        view = self._view(site)
-        with view.mutex:
+        with self._using(site) as view, view.mutex:
             with self._store._conn() as conn:
                 view.refresh(conn)
             if not self._due(view):
@@ -479,11 +535,12 @@ class PgLongTermMemory(LongTermStore):
 
     def get(self, site: str, memory_id: str) -> Memory:
         check_memory_id(memory_id)
-        with self._held(site) as view:
-            m = view.state.get(memory_id)
-            if m is None:
-                raise NotFound(memory_id)
-        return self._touch(view, [m])[0]
+        with self._using(site) as view:
+            with self._fresh(view):
+                m = view.state.get(memory_id)
+                if m is None:
+                    raise NotFound(memory_id)
+            return self._touch(view, [m])[0]
 
     def search(
         self,
@@ -495,21 +552,23 @@ class PgLongTermMemory(LongTermStore):
         tags: Sequence[str] = (),
         include_deleted: bool = False,
     ) -> list[tuple[Memory, float]]:
-        out = self._ranked(site, query, limit, category, tags, include_deleted, False)
-        fresh = self._touch(self._view(site), [m for m, _ in out])
+        with self._using(site) as view:
+            out = self._ranked(view, query, limit, category, tags, include_deleted, False)
+            fresh = self._touch(view, [m for m, _ in out])
         by_id = {m.memory_id: m for m in fresh}
         return [(by_id.get(m.memory_id, m), s) for m, s in out]
 
-    def _ranked(self, site: str, query: str, limit: int, category: str | None, tags: Sequence[str],
+    def _ranked(self, view: SiteView, query: str, limit: int, category: str | None, tags: Sequence[str],
                 include_deleted: bool, relevant_only: bool) -> list[tuple[Memory, float]]:
-        with self._held(site) as view:
+        with self._fresh(view):
             if not view.state:
                 return []
             return ranked(view.state, view.retriever(), query, limit, category, tags, include_deleted, relevant_only)
 
     def surface(self, site: str, context: str, limit: int = 2) -> list[Memory]:
-        hits = self._ranked(site, context, limit + 2, None, (), False, True)
-        return self._touch(self._view(site), surface_pick(hits, limit))
+        with self._using(site) as view:
+            hits = self._ranked(view, context, limit + 2, None, (), False, True)
+            return self._touch(view, surface_pick(hits, limit))
 
     def try_surface(self, site: str, context: str, limit: int = 2) -> list[Memory] | None:
         """Always None: an answer without reading the site's change counter could show an erased memory."""
@@ -570,7 +629,8 @@ class PgLongTermMemory(LongTermStore):
                 for site in swept:
                     if self._stop.is_set():
                         break
-                    self._write(self._view(site), None, _nothing)  # an owed rewrite is retried just below
+                    with self._using(site) as view:
+                        self._write(view, None, _nothing)  # an owed rewrite is retried just below
                 self._retry_scrubs()
                 return swept
             finally:

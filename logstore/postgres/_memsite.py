@@ -145,17 +145,19 @@ class SiteView:
         self.touched.clear()
 
     def indexed(self) -> int:
-        """How many memories this site's ranking index holds now (0 when it is not built)."""
-        return len(self.state) if self._retriever is not None else 0
+        """How many memories this server holds for the site now: its records, and its ranking index when
+        built (0 once :meth:`release` let them go). Records read without an index (a ``get``, a listing)
+        count too: they take memory all the same."""
+        return len(self.state)
 
-    def drop_index(self) -> None:
-        """Release the ranking index; the next ranking builds it again from the rows' stored vectors."""
+    def release(self) -> None:
+        """Let go of the records and the ranking index; the next call reads every row (and its stored vector)
+        again, and the next ranking builds the index from them. Pending access times are kept."""
         with self.mutex:
             if self._retriever is not None:
                 self._retriever.close()
                 self._retriever = None
-                # The vectors went with the index: the next refresh reads every row (and vector) again.
-                self.state, self._vecs, self.seen = {}, {}, -1
+            self.state, self._vecs, self.seen = {}, {}, -1
 
     def close(self) -> None:
         if self._retriever is not None:
