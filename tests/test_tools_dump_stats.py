@@ -101,3 +101,55 @@ def test_dump_names_a_claimed_conversations_identity(tmp_path: Path, monkeypatch
     lines = [json.loads(line) for line in cli("dump", str(seg), "--json").stdout.splitlines()]
     assert (lines[0]["kind"], lines[0]["conversation_id"], lines[0]["count"]) == ("identity", "conv-0002", 0)
     assert [d["kind"] for d in lines[1:]] == ["batch"] * (len(records) - 1)
+
+
+def _claimed(root: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, list[tuple[int, int, int]], int]:
+    """A conversation claimed from the pool (identity record at 40, then two batches): its first segment,
+    records and salt."""
+    from tests.tools_support import salt_of
+
+    monkeypatch.setattr(convpool, "inline_fill", True)
+    with FileStore(root) as store:
+        store.append(SITE, "conv-0001", [{"i": 1}])
+        store.append(SITE, "conv-0002", [{"i": 2}])
+        store.append(SITE, "conv-0002", [{"i": 3}])
+    seg = segments(root, "conv-0002")[0]
+    records = record_offsets(seg)
+    assert [kind for _, _, kind in records] == [5, 1, 1], records
+    return seg, records, salt_of(seg)
+
+
+def test_fsck_agrees_with_the_reader_on_an_identity_record_out_of_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An identity record after the first (valid, checksummed with the segment's salt) is damage to the reader,
+    and so to fsck, at the same offset; one naming another conversation is reported, reads unaffected."""
+    from convmem.logstore import Corrupted, Range, frame
+    from convmem.logstore.maintenance import BAD_BATCH, IDENTITY_MISMATCH, check
+
+    root = tmp_path / "data"
+    seg, records, salt = _claimed(root, monkeypatch)
+    end = records[-1][0] + records[-1][1]
+    stamp = frame.decode_record_header(seg.read_bytes(), records[-1][0]).recorded_at_us
+    with open(seg, "r+b") as f:  # a second identity where the next batch would go, seq 2
+        f.seek(end)
+        f.write(frame.encode_record(salt, frame.KIND_IDENTITY, 2, 0, stamp, b"conv-0002"))
+    with FileStore(root) as store:
+        assert store.append(SITE, "conv-0002", [{"i": 4}]).first == 2
+        with pytest.raises(Corrupted) as read_err:
+            store.read(SITE, "conv-0002", Range(0, 10))
+    found = [p for p in check(str(root)).problems if p.conversation_id == "conv-0002"]
+    assert [(p.kind, p.offset) for p in found] == [(BAD_BATCH, end)] == [(BAD_BATCH, read_err.value.offset)]
+    assert f"@{end} len=" in (out := cli("dump", str(seg)).stdout.decode()) and "belongs only at the start" in out
+
+    other = tmp_path / "other"
+    seg, records, salt = _claimed(other, monkeypatch)
+    stamp = frame.decode_record_header(seg.read_bytes(), 40).recorded_at_us
+    with open(seg, "r+b") as f:  # the first record names another conversation (same length)
+        f.seek(40)
+        f.write(frame.encode_identity(salt, stamp, "conv-0009"))
+    found = [p for p in check(str(other)).problems if p.conversation_id == "conv-0002"]
+    assert [(p.kind, p.offset) for p in found] == [(IDENTITY_MISMATCH, 40)], found
+    assert "'conv-0009'" in found[0].detail
+    with FileStore(other) as store:
+        assert [i.payload for i in store.read(SITE, "conv-0002", Range(0, 10))] == [{"i": 2}, {"i": 3}]

@@ -140,6 +140,8 @@ def scan_segment(path: str | os.PathLike[str], *, payloads: bool = True) -> tupl
                 # The conversation a claimed pool entry's first segment names (FORMAT.md 3, "Identity").
                 ident = frame.identity_of(body)
                 verdict = "ok" if ident is not None else "identity is not a valid conversation id"
+                if header.base_seq != 0 or offset != SEGMENT_HEADER_SIZE:
+                    verdict = "an identity record belongs only at the start of the first segment (reads fail on it)"
             kind = {KIND_BATCH: "batch", KIND_KEYED: "batch", KIND_SEAL: "seal", KIND_LOSS: "loss",
                     KIND_IDENTITY: "identity"}[h.kind]
             out.append(

@@ -32,6 +32,7 @@ from ._types import (
     BAD_BATCH,
     BAD_SEGMENT_HEADER,
     CORRUPT_RECORD,
+    IDENTITY_MISMATCH,
     INDEX_INTERVAL,
     INDEX_MISMATCH,
     INDEX_MISSING,
@@ -239,7 +240,23 @@ class _ConvScanner:
                         expected = first
                         continue
                     if kind == KIND_IDENTITY:
-                        expected = first  # a claimed conversation's identity: no seqs, no items
+                        # A claimed conversation's identity: no seqs, no items; only ever the first record of
+                        # its first segment, where the reader takes it (anywhere else it fails to read it).
+                        if base != 0 or offset != SEGMENT_HEADER_SIZE:
+                            self.damaged(
+                                path, i, offset, first, BAD_BATCH,
+                                "an identity record, which belongs only at the start of the conversation's first "
+                                "segment: reads fail on it here",
+                            )
+                        elif (named := frame.identity_of(body)) != self.cid:
+                            self.problem(
+                                path, offset, IDENTITY_MISMATCH,
+                                f"the segment's identity record names conversation {named!r}, not {self.cid!r}",
+                                "none: reads of this conversation are not affected; if a power cut moved this "
+                                "directory back into the pool it would settle under the other name, so restore "
+                                "the conversation from a backup (or export it, forget it and import it again)",
+                            )
+                        expected = first
                         continue
                     if kind == KIND_LOSS:
                         # Seqs a repair recorded as lost: not a problem, they read as ItemsLost.

@@ -50,6 +50,13 @@ UNSEALED_SEGMENT = "unsealed-segment"
 MISPLACED_CONVERSATION = "misplaced-conversation"
 
 
+#: The identity record at the start of a conversation's first segment names another conversation
+#: (FORMAT.md 3, "Identity"). Reads are not affected (the engine reads the directory it was asked
+#: for), but a power cut that moved such an entry back into the pool would settle it under the other
+#: name: the conversation is best restored from a backup, or exported and imported again.
+IDENTITY_MISMATCH = "identity-mismatch"
+
+
 # Repairable without losing acknowledged data:
 TORN_TAIL = "torn-tail"
 
