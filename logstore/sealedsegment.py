@@ -17,35 +17,37 @@ import os
 
 from . import fileio, frame, index
 from .activesegment import ActiveSegment
+from .activewrites import ActiveWrites
 from .frame import KIND_SEAL, SEGMENT_HEADER_SIZE
 
 
-class SegmentRoll(ActiveSegment):
+class SegmentRoll(ActiveWrites):
     """Seals the active segment and starts the next."""
 
     def _roll(self) -> None:
         """Seal the active segment and start the next one."""
         self._settle()  # no extension may write zeros into a sealed segment
-        fd = self._fd
-        assert fd is not None
+        seg = self.active
+        assert seg is not None
+        fd = seg.fd
         synced = True
-        if not self._sealed_active:
-            seal = frame.encode_record(self._salt, KIND_SEAL, self._next_seq, 0, self._last_us, b"")
-            fileio.pwrite_all(fd, seal, self._end)
-            self._end += len(seal)
-            self._sealed_active = True
+        if not seg.sealed:
+            seal = frame.encode_record(seg.salt, KIND_SEAL, self._next_seq, 0, self._last_us, b"")
+            fileio.pwrite_all(fd, seal, seg.end)
+            seg.end += len(seal)
+            seg.sealed = True
             synced = False
-        if self._alloc > self._end:
+        if seg.alloc > seg.end:
             # A sealed segment keeps no preallocated space: cut it, durably (this sync
             # covers the seal too), before the next segment exists.
-            fileio.truncate(fd, self._end)
-            self._alloc = self._end
+            fileio.truncate(fd, seg.end)
+            seg.alloc = seg.end
         elif not synced:
             fileio.fdatasync(fd)
         fileio.crashpoint("segment-roll-sealed")
-        if self._idx_lazy:
-            self._create_index_file()  # a sealed segment has its index file, even without entries
-        self._write_index_entries()  # the sealed segment's index is complete, and nobody else writes it
+        if seg.idx_lazy:
+            seg.create_index_file()  # a sealed segment has its index file, even without entries
+        seg.write_index_entries()  # the sealed segment's index is complete, and nobody else writes it
         self._sealed_cache.clear()
         self._create_segment(self._next_seq)
         fileio.crashpoint("segment-roll-created")
@@ -68,12 +70,9 @@ class SegmentRoll(ActiveSegment):
             os.close(fd)
             raise
         self._close_active()
-        self._fd = fd
-        self._salt = salt
-        self._end = SEGMENT_HEADER_SIZE
-        self._alloc = size
-        self._sealed_active = False
+        seg = self.active = ActiveSegment(self.path, base, fd, salt)
+        seg.end = SEGMENT_HEADER_SIZE
+        seg.alloc = size
         self._segments.append(base)
-        self._idx = index.SparseIndex(base, salt)
-        self._idx_fd = index.open_for_append(self._idx_path(base), self._idx)
-        self._idx_lazy = False
+        seg.idx = index.SparseIndex(base, salt)
+        seg.idx_fd = index.open_for_append(seg.index_path(), seg.idx)
