@@ -15,15 +15,16 @@ crash loses at most a group, and opening then scans a few more records).
 After a failed write or sync the group is cut away
 (:meth:`ActiveSegment.cut_back`) and the handle never trusted again
 (:mod:`logstore.activewrites`). How the space ahead grows is
-:mod:`logstore.preallocation`'s; sealing it, :mod:`logstore.sealedsegment`'s.
+:mod:`logstore.preallocation`'s; :meth:`ActiveSegment.seal` makes it a sealed one
+(:mod:`logstore.sealedsegment`) when the conversation rolls (:mod:`logstore.segmentroll`).
 """
 
 from __future__ import annotations
 
 import os
 
-from . import fileio, index, layout
-from .frame import SEGMENT_HEADER_SIZE
+from . import fileio, frame, index, layout
+from .frame import KIND_SEAL, SEGMENT_HEADER_SIZE
 from .groupcommit import Batch
 
 _INDEX_WRITE_GROUP = 16
@@ -107,6 +108,34 @@ class ActiveSegment:
             except OSError:
                 pass  # derived data: a missing entry only costs a longer scan
         self.idx_unwritten.clear()
+
+    def seal(self, next_seq: int, last_us: int) -> None:
+        """Seal the segment: a seal record after the last record (unless it has one), no zeros after it, synced.
+
+        The seal record carries ``next_seq`` and the last batch's time
+        ``last_us``. The preallocated space is cut away, durably (that sync
+        covers the seal too); then the index file is completed (and created,
+        even without entries): nobody writes the segment or its index again.
+        """
+        fd = self.fd
+        synced = True
+        if not self.sealed:
+            seal = frame.encode_record(self.salt, KIND_SEAL, next_seq, 0, last_us, b"")
+            fileio.pwrite_all(fd, seal, self.end)
+            self.end += len(seal)
+            self.sealed = True
+            synced = False
+        if self.alloc > self.end:
+            # A sealed segment keeps no preallocated space: cut it, durably (this sync
+            # covers the seal too), before the next segment exists.
+            fileio.truncate(fd, self.end)
+            self.alloc = self.end
+        elif not synced:
+            fileio.fdatasync(fd)
+        fileio.crashpoint("segment-roll-sealed")
+        if self.idx_lazy:
+            self.create_index_file()  # a sealed segment has its index file, even without entries
+        self.write_index_entries()  # the sealed segment's index is complete, and nobody else writes it
 
     def cut_back(self) -> None:
         """After a failed write or sync: cut the failed group away, so it can never later read as acknowledged."""

@@ -20,7 +20,7 @@ from . import convpool, fileio, frame, index, layout
 from .activesegment import ActiveSegment
 from .frame import SEGMENT_HEADER_SIZE
 from .groupcommit import Batch
-from .sealedsegment import SegmentRoll
+from .segmentroll import SegmentRoll
 
 
 class ConversationCreation(SegmentRoll):

@@ -25,8 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import fileio, index, layout, lease, observe
+from . import fileio, layout, lease, observe
 from .errors import Corrupted
+from .sealedsegment import SealedCache
 
 if TYPE_CHECKING:
     from .activesegment import ActiveSegment
@@ -143,8 +144,8 @@ class ConversationState(lease.Leased):
         self._created_us: int | None = None
         self._damage: Corrupted | None = None
         self._last_group = 0  # bytes of the records of the last group written
-        # base seq -> ((inode, size), (salt, end, index)) of sealed segments read lately.
-        self._sealed_cache: dict[int, tuple[tuple[int, int], tuple[int, int, index.SparseIndex]]] = {}
+        #: Sealed segments read lately (:class:`logstore.sealedsegment.SealedCache`).
+        self.sealed_cache = SealedCache()
 
     def _settle(self) -> None:
         """Wait until no thread extends the active segment (``mutex`` held; released while waiting)."""

@@ -128,10 +128,10 @@ def _segment_records(conv: Recovery, base: int, min_seq: int) -> list[_Seen]:
         start = entry[1] if entry is not None else SEGMENT_HEADER_SIZE
         return list(_records(seg.fd, start, seg.end, seg.salt, min_seq))
     with ReadOnlyFile(conv._seg_path(base)) as fd:
-        salt, end, sidx = conv._sealed(base, fd)
-        entry = sidx.floor(min_seq)
+        sealed = conv._sealed(base, fd)
+        entry = sealed.idx.floor(min_seq)
         start = entry[1] if entry is not None else SEGMENT_HEADER_SIZE
-        return list(_records(fd, start, end, salt, min_seq))
+        return list(_records(fd, start, sealed.end, sealed.salt, min_seq))
 
 
 def build(conv: Recovery) -> KeyTable:
@@ -207,9 +207,9 @@ def stored_batch(conv: Recovery, first: int) -> tuple[bytes, list[bytes]] | None
         return _batch_at(seg.fd, start, seg.end, seg.salt, first)
     try:
         with ReadOnlyFile(conv._seg_path(base)) as fd:
-            salt, end, sidx = conv._sealed(base, fd)
-            entry = sidx.floor(first)
+            sealed = conv._sealed(base, fd)
+            entry = sealed.idx.floor(first)
             start = entry[1] if entry is not None else SEGMENT_HEADER_SIZE
-            return _batch_at(fd, start, end, salt, first)
+            return _batch_at(fd, start, sealed.end, sealed.salt, first)
     except (Corrupted, OSError):
         return None  # unreadable now: the table's digest answers, as before

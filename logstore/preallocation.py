@@ -13,7 +13,7 @@ append whose records do not fit waits for the job, or, with no job running,
 extends the file itself (zeros written after the records, in the same write
 and the same sync: :meth:`logstore.activewrites.ActiveWrites._write_records`).
 A sealed segment is cut to its records before the next one is created
-(:mod:`logstore.sealedsegment`).
+(:mod:`logstore.segmentroll`).
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ from .frame import (
 from .limits import MAX_BATCH_ITEMS
 from .model import MemoryItem, RawMemoryItem
 from .recovery import Recovery
+from .sealedsegment import SealedSegment
 from .segment import BadRecord, Gap, gap_at, iter_records
 from .timefmt import format_us
 
@@ -316,10 +317,10 @@ class Reader(Recovery):
         else:
             with ReadOnlyFile(path) as fd:
                 try:
-                    salt, end, idx = self._sealed(base, fd)
+                    sealed = self._sealed(base, fd)
                 except Corrupted as exc:
                     raise Corrupted(path, 0, exc.why, base, span[2] - 1) from None
-                self._read_records(fd, path, salt, end, idx, base, span, out, lost, False)
+                self._read_records(fd, path, sealed.salt, sealed.end, sealed.idx, base, span, out, lost, False)
 
     def _read_records(
         self,
@@ -353,7 +354,7 @@ class Reader(Recovery):
             self.active.idx_unwritten.clear()
         else:
             st = os.fstat(fd)
-            self._sealed_cache[base] = ((st.st_ino, st.st_size), (salt, end, fresh))
+            self.sealed_cache.replace(SealedSegment(base, salt, end, fresh, (st.st_ino, st.st_size)))
         try:
             self._collect(fd, path, fresh.floor(span[0]), _upto(fresh, span[1], end), base, end, salt, span, out,
                           lost, check_end)

@@ -19,6 +19,7 @@ from .activesegment import ActiveSegment
 from .convstate import ConversationState, ReadOnlyFile
 from .errors import Corrupted
 from .frame import ITEM_KINDS, KIND_IDENTITY, KIND_SEAL, SEGMENT_HEADER_SIZE, SEQ_KINDS
+from .sealedsegment import SealedSegment
 from .segment import BadRecord, Fault, Gap, classify_tail, data_end, find_next_record, iter_records, walk
 
 
@@ -235,11 +236,11 @@ class Recovery(ConversationState):
             prev = self._segments[-2]
             try:
                 with ReadOnlyFile(self._seg_path(prev)) as fd:
-                    salt, end, idx = self._sealed(prev, fd)
-                    seal = _record_ending_at(fd, end, salt)
+                    sealed = self._sealed(prev, fd)
+                    seal = _record_ending_at(fd, sealed.end, sealed.salt)
                     if seal is not None:
                         return seal.recorded_at_us
-                    for rec in walk(fd, idx.last_offset() or SEGMENT_HEADER_SIZE, end, salt):
+                    for rec in walk(fd, sealed.idx.last_offset() or SEGMENT_HEADER_SIZE, sealed.end, sealed.salt):
                         if not isinstance(rec, Gap):
                             last = rec[1].recorded_at_us
             except (Corrupted, FileNotFoundError):
@@ -265,7 +266,7 @@ class Recovery(ConversationState):
             nxt = self._list_segments()
             if nxt and nxt[-1] > seg.idx.base_seq:
                 self._segments = nxt
-                self._sealed_cache.clear()
+                self.sealed_cache.clear()
                 self._close_active()
                 try:
                     self._open_active(nxt[-1], writable, seg)
@@ -301,16 +302,16 @@ class Recovery(ConversationState):
         # any(): near the end of the file fewer than 16 bytes remain, and those are zeros too.
         return any(os.pread(seg.fd, 16, seg.end))
 
-    def _sealed(self, base: int, fd: int) -> tuple[int, int, index.SparseIndex]:
-        """``(salt, end, index)`` of the sealed segment open as ``fd``, building its index if needed.
+    def _sealed(self, base: int, fd: int) -> SealedSegment:
+        """The sealed segment ``base`` open as ``fd``, building its index if needed.
 
-        The cache is keyed by the file's identity and size, so a segment that a
-        repair replaced is read afresh.
+        The cache (:class:`logstore.sealedsegment.SealedCache`) is keyed by the
+        file's identity and size, so a segment that a repair replaced is read afresh.
         """
         st = os.fstat(fd)
-        cached = self._sealed_cache.get(base)
-        if cached is not None and cached[0] == (st.st_ino, st.st_size):
-            return cached[1]
+        cached = self.sealed_cache.get(base, st)
+        if cached is not None:
+            return cached
         path = self._seg_path(base)
         header = frame.decode_segment_header(os.pread(fd, SEGMENT_HEADER_SIZE, 0))
         if header is None or header.base_seq != base:
@@ -320,10 +321,8 @@ class Recovery(ConversationState):
             # Missing, not this segment's, or malformed entries (a power cut can zero them):
             # rebuild it from the segment and save it, so the file is whole again.
             idx = self._build_index(fd, base, header.salt, st.st_size, save=True)
-        if len(self._sealed_cache) >= 8:
-            self._sealed_cache.pop(next(iter(self._sealed_cache)))
-        result = (header.salt, st.st_size, idx)
-        self._sealed_cache[base] = ((st.st_ino, st.st_size), result)
+        result = SealedSegment(base, header.salt, st.st_size, idx, (st.st_ino, st.st_size))
+        self.sealed_cache.add(result)
         return result
 
     def _build_index(self, fd: int, base: int, salt: int, size: int, *, save: bool) -> index.SparseIndex:

@@ -11,7 +11,7 @@ group is written.
 
 The parts, each in its own module: :mod:`logstore.groupcommit` (the writer
 queue and its leader), :mod:`logstore.convcreate` (a conversation's first
-segment, or a claimed pool entry), :mod:`logstore.sealedsegment` (rolling to
+segment, or a claimed pool entry), :mod:`logstore.segmentroll` (rolling to
 the next segment), :mod:`logstore.activewrites` (a group's write and sync
 into the active segment, :class:`logstore.activesegment.ActiveSegment`) and
 :mod:`logstore.preallocation` (the zero-filled space ahead, and extend-ahead).
