@@ -17,9 +17,10 @@ from __future__ import annotations
 import os
 
 from . import convpool, fileio, frame, index, layout
+from .activesegment import ActiveSegment
 from .frame import SEGMENT_HEADER_SIZE
 from .groupcommit import Batch
-from .sealedsegment import SegmentRoll
+from .segmentroll import SegmentRoll
 
 
 class ConversationCreation(SegmentRoll):
@@ -82,12 +83,11 @@ class ConversationCreation(SegmentRoll):
         if claim is not None:
             # A claimed pool entry: its file is the pool's entry_bytes of synced zeros, so the write
             # goes into allocated space (extending it only when the batch is bigger).
-            self._alloc = claim.size
-            size = claim.size if len(data) <= claim.size else self._extended_size(len(data))
+            size = claim.size if len(data) <= claim.size else self._extended_size(claim.size, len(data))
             fd = claim.seg_fd
             self._close_active()
-            self._fd = fd
-            self._pending_end = 0  # on failure the file is emptied: an empty file is a torn creation
+            seg = self.active = ActiveSegment(self.path, 0, fd, salt)
+            seg.pending_end = 0  # on failure the file is emptied: an empty file is a torn creation
             fileio.pwrite_all(fd, data if size == claim.size else data + bytes(size - len(data)), 0)
             fileio.crashpoint("after-file-create")
             fileio.crashpoint("pool-claim-written")
@@ -95,13 +95,12 @@ class ConversationCreation(SegmentRoll):
             fileio.fdatasync(fd)  # the only sync: the rename is synced after the acknowledgement
             fileio.crashpoint("pool-claim-synced")
         else:
-            self._alloc = 0
-            size = self._extended_size(len(data))
+            size = self._extended_size(0, len(data))
             # O_TRUNC: a torn creation's file may be there (only then: there is no segment otherwise).
             fd = fileio.open_create(self._seg_path(0), os.O_RDWR | os.O_TRUNC)
             self._close_active()
-            self._fd = fd
-            self._pending_end = 0  # on failure the file is emptied: an empty file is a torn creation
+            seg = self.active = ActiveSegment(self.path, 0, fd, salt)
+            seg.pending_end = 0  # on failure the file is emptied: an empty file is a torn creation
             fileio.pwrite_all(fd, data + bytes(size - len(data)), 0)
             fileio.crashpoint("after-file-create")
             fileio.crashpoint("before-data-sync")
@@ -117,11 +116,8 @@ class ConversationCreation(SegmentRoll):
         # The pool is refilled once the append is done (_commit_group): the fill's syncs and
         # interpreter time would otherwise compete with this append's.
         self._refill_pool = self.pool is not None and self._first_chunk() == self.pool.entry_bytes
-        self._salt = salt
-        self._alloc = size
-        self._sealed_active = False
+        seg.alloc = size
         self._segments = [0]
-        self._idx = index.SparseIndex(0, salt)
-        self._idx_fd = None
-        self._idx_lazy = True
+        seg.idx = index.SparseIndex(0, salt)
+        seg.idx_lazy = True
         self._written(records, todo, stamp, SEGMENT_HEADER_SIZE + len(ident))

@@ -38,13 +38,14 @@ class Conversation(Writer, Reader):
             self._cond.wait()  # a group commit is writing, batches wait for one, or an extension runs
         self.closed = True  # (first: an unlock from here on keeps no lease)
         self._release_lease()
-        if self._idx_unwritten and self._fd is not None and self._lock_fd is not None:
+        seg = self.active
+        if seg is not None and seg.idx_unwritten and self._lock_fd is not None:
             try:
                 if fileio.try_lock(self._lock_fd, True):
                     try:
                         # Only when nobody appended after us:
-                        if os.fstat(self._fd).st_size == self._alloc and not self._moved_on():
-                            self._write_index_entries()
+                        if os.fstat(seg.fd).st_size == seg.alloc and not self._moved_on():
+                            seg.write_index_entries()
                     finally:
                         fileio.unlock(self._lock_fd)
             except OSError:

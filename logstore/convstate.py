@@ -1,7 +1,8 @@
 """The state one :class:`~logstore.conversation.Conversation` keeps in memory, its files and its locks.
 
-What is kept (active segment, committed end, next seq, last ``recorded_at``,
-the active segment's sparse index) is only ever a cache of the files: it is
+What is kept (the active segment, :class:`logstore.activesegment.ActiveSegment`,
+with its committed end and sparse index; the list of segment bases, next seq,
+last ``recorded_at``) is only ever a cache of the files: it is
 re-derived (:mod:`logstore.recovery`) whenever another process may have
 changed them. The writer (:mod:`logstore.writer`) and the reader
 (:mod:`logstore.reader`) both build on it.
@@ -24,10 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import fileio, index, layout, lease, observe
+from . import fileio, layout, lease, observe
 from .errors import Corrupted
+from .sealedsegment import SealedCache
 
 if TYPE_CHECKING:
+    from .activesegment import ActiveSegment
     from .convpool import Claim, SitePool
 
 
@@ -117,8 +120,6 @@ class ConversationState(lease.Leased):
         # a lease go on its knock, see lease.yield_to_knock).
         self._yield_until = 0.0
         self._loaded = False
-        self._fd: int | None = None  # active segment, read-write
-        self._idx_fd: int | None = None
         #: :meth:`allocated_bytes` after this object's last append under a quota (-1: none yet).
         self.quota_seen = -1
         #: The site's pool of pre-created conversation directories, and an entry claimed as this
@@ -136,26 +137,15 @@ class ConversationState(lease.Leased):
     def _reset_state(self) -> None:
         self._loaded = False
         self._segments: list[int] = []  # base seqs, ascending
-        self._salt = 0
-        self._end = 0  # committed end of the active segment
-        # Size of the active segment file as last seen or set by us: [_end, _alloc) is
-        # preallocated space, all zero (FORMAT.md, "Preallocated space").
-        self._alloc = 0
-        self._sealed_active = False  # the active segment ends with a seal record
+        #: The active (last) segment, open (:class:`logstore.activesegment.ActiveSegment`); None when none is.
+        self.active: ActiveSegment | None = None
         self._next_seq = 0
         self._last_us = 0
         self._created_us: int | None = None
-        self._idx = index.SparseIndex(0, 0)
-        #: The writer holds the active segment without an index file: it has no entry yet,
-        #: and the file is created with the first one (see ActiveSegment._write_index_entries).
-        self._idx_lazy = False
-        # Entries of our own appends not yet in the index file (see _note_index_entry).
-        self._idx_unwritten: list[bytes] = []
         self._damage: Corrupted | None = None
-        self._pending_end: int | None = None
         self._last_group = 0  # bytes of the records of the last group written
-        # base seq -> ((inode, size), (salt, end, index)) of sealed segments read lately.
-        self._sealed_cache: dict[int, tuple[tuple[int, int], tuple[int, int, index.SparseIndex]]] = {}
+        #: Sealed segments read lately (:class:`logstore.sealedsegment.SealedCache`).
+        self.sealed_cache = SealedCache()
 
     def _settle(self) -> None:
         """Wait until no thread extends the active segment (``mutex`` held; released while waiting)."""
@@ -164,13 +154,9 @@ class ConversationState(lease.Leased):
 
     def _close_files(self) -> None:
         self._settle()
-        for fd in (self._fd, self._idx_fd):
-            if fd is not None:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-        self._fd = self._idx_fd = None
+        if self.active is not None:
+            self.active.close(quiet=True)
+            self.active = None
         self._reset_state()
 
     def _seg_path(self, base: int) -> str:
@@ -291,23 +277,16 @@ class ConversationState(lease.Leased):
 
     def _close_active(self) -> None:
         self._settle()
-        for fd in (self._fd, self._idx_fd):
-            if fd is not None:
-                os.close(fd)
-        self._fd = self._idx_fd = None
+        if self.active is not None:
+            self.active.close(quiet=False)
+            self.active = None
 
     def allocated_bytes(self) -> int:
         """What the disk holds for the active segment and its index (``st_blocks``), -1 when none is open.
 
         For quota accounting (:mod:`logstore.quota`); ``mutex`` held.
         """
-        if self._fd is None:
-            return -1
-        total = 0
-        for fd in (self._fd, self._idx_fd):
-            if fd is not None:
-                total += os.fstat(fd).st_blocks * 512
-        return total
+        return -1 if self.active is None else self.active.allocated_bytes()
 
     def holds_segments(self) -> bool:
         """True when the conversation held a segment when its files were last looked at (a hint, not a check)."""

@@ -122,16 +122,16 @@ def _records(fd: int, start: int, end: int, salt: int, min_seq: int) -> Iterator
 
 def _segment_records(conv: Recovery, base: int, min_seq: int) -> list[_Seen]:
     """The records of segment ``base`` ending past ``min_seq`` (file lock held, state refreshed)."""
-    if base == conv._segments[-1] and conv._fd is not None:
-        idx, fd = conv._idx, conv._fd
-        entry = idx.floor(min_seq)
+    seg = conv.active
+    if base == conv._segments[-1] and seg is not None:
+        entry = seg.idx.floor(min_seq)
         start = entry[1] if entry is not None else SEGMENT_HEADER_SIZE
-        return list(_records(fd, start, conv._end, conv._salt, min_seq))
+        return list(_records(seg.fd, start, seg.end, seg.salt, min_seq))
     with ReadOnlyFile(conv._seg_path(base)) as fd:
-        salt, end, sidx = conv._sealed(base, fd)
-        entry = sidx.floor(min_seq)
+        sealed = conv._sealed(base, fd)
+        entry = sealed.idx.floor(min_seq)
         start = entry[1] if entry is not None else SEGMENT_HEADER_SIZE
-        return list(_records(fd, start, end, salt, min_seq))
+        return list(_records(fd, start, sealed.end, sealed.salt, min_seq))
 
 
 def build(conv: Recovery) -> KeyTable:
@@ -200,15 +200,16 @@ def stored_batch(conv: Recovery, first: int) -> tuple[bytes, list[bytes]] | None
     if not bases:
         return None
     base = bases[-1]
-    if base == conv._segments[-1] and conv._fd is not None:
-        entry = conv._idx.floor(first)
+    seg = conv.active
+    if base == conv._segments[-1] and seg is not None:
+        entry = seg.idx.floor(first)
         start = entry[1] if entry is not None else SEGMENT_HEADER_SIZE
-        return _batch_at(conv._fd, start, conv._end, conv._salt, first)
+        return _batch_at(seg.fd, start, seg.end, seg.salt, first)
     try:
         with ReadOnlyFile(conv._seg_path(base)) as fd:
-            salt, end, sidx = conv._sealed(base, fd)
-            entry = sidx.floor(first)
+            sealed = conv._sealed(base, fd)
+            entry = sealed.idx.floor(first)
             start = entry[1] if entry is not None else SEGMENT_HEADER_SIZE
-            return _batch_at(fd, start, end, salt, first)
+            return _batch_at(fd, start, sealed.end, sealed.salt, first)
     except (Corrupted, OSError):
         return None  # unreadable now: the table's digest answers, as before

@@ -11,9 +11,9 @@ out in steps and synced once, holding the conversation's file lock, while
 this process's appends go on writing into the space already there. An
 append whose records do not fit waits for the job, or, with no job running,
 extends the file itself (zeros written after the records, in the same write
-and the same sync: :meth:`logstore.activesegment.ActiveSegment._write_records`).
+and the same sync: :meth:`logstore.activewrites.ActiveWrites._write_records`).
 A sealed segment is cut to its records before the next one is created
-(:mod:`logstore.sealedsegment`).
+(:mod:`logstore.segmentroll`).
 """
 
 from __future__ import annotations
@@ -22,11 +22,15 @@ import functools
 import os
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from . import background, fileio, layout, zerofill
 from .convstate import Options
 from .frame import SEGMENT_HEADER_SIZE
 from .recovery import Recovery
+
+if TYPE_CHECKING:
+    from .activesegment import ActiveSegment
 
 #: Preallocated space (FORMAT.md, "Preallocated space"): a new segment is created
 #: this big (header and zeros), and each extension adds at least this much (the
@@ -92,15 +96,15 @@ class Preallocated(Recovery):
                                               zerofill.site_budget(self.path), self._reclaim_zeros)
         return pace.measure(end, now, first)
 
-    def _extended_size(self, rec_end: int) -> int:
-        """The new file size when a record ending at ``rec_end`` does not fit the space allocated.
+    def _extended_size(self, alloc: int, rec_end: int) -> int:
+        """The new file size when a record ending at ``rec_end`` does not fit the ``alloc`` bytes allocated.
 
         One chunk (:meth:`_chunk`) past the space allocated, or past the
         record when it is bigger; never past the segment size unless the
         record itself does; whole 4 KiB blocks (smaller for tiny test segments).
         """
         first = self._first_chunk()
-        size = zerofill.blocks(max(self._alloc + self._chunk(), rec_end), min(zerofill.BLOCK, first))
+        size = zerofill.blocks(max(alloc + self._chunk(), rec_end), min(zerofill.BLOCK, first))
         return max(rec_end, min(size, self.options.segment_bytes))
 
     def growth_bound(self, record_bytes: int) -> int:
@@ -112,20 +116,21 @@ class Preallocated(Recovery):
         this process (nothing known: the append's own estimate stands).
         ``mutex`` held.
         """
-        if self._fd is None or self._sealed_active:
+        seg = self.active
+        if seg is None or seg.sealed:
             return 0
-        rec_end = self._end + record_bytes
+        rec_end = seg.end + record_bytes
         grown = min(2 * self._chunk(), zerofill.CHUNK_MAX)
-        need = zerofill.blocks(rec_end + grown) - self._alloc if rec_end > self._alloc else 0
+        need = zerofill.blocks(rec_end + grown) - seg.alloc if rec_end > seg.alloc else 0
         return max(need, 0) + (grown if grown >= self._ahead_min() else 0)
 
     def _ahead_min(self) -> int:
         """The smallest chunk a background job writes (an eighth of the segment size, if smaller)."""
         return min(zerofill.AHEAD_MIN_CHUNK, self.options.segment_bytes // 8)
 
-    def _space_low(self) -> bool:
+    def _space_low(self, seg: ActiveSegment) -> bool:
         """Free space runs low: below half the chunk, or below room for two more groups like the last."""
-        return self._alloc - self._end < max(self._chunk() // 2, 2 * self._last_group)
+        return seg.alloc - seg.end < max(self._chunk() // 2, 2 * self._last_group)
 
     def _ahead_target(self) -> int | None:
         """The size to extend the active segment to ahead of need, or None while its free space suffices.
@@ -142,16 +147,17 @@ class Preallocated(Recovery):
         :meth:`_measure_pace`).
         """
         limit = self.options.segment_bytes
-        if self._fd is None or self._sealed_active or self._damage is not None or self._alloc >= limit:
+        seg = self.active
+        if seg is None or seg.sealed or self._damage is not None or seg.alloc >= limit:
             return None
-        if not self._space_low():
+        if not self._space_low(seg):
             return None
         chunk = self._chunk()
         if chunk < self._ahead_min():
             return None  # a small chunk costs an append little; a job would cost a sync of its own
         block = min(zerofill.BLOCK, self._first_chunk())
-        target = min(zerofill.blocks(max(self._alloc + chunk, self._end + 2 * self._last_group), block), limit)
-        return target if target > self._alloc else None
+        target = min(zerofill.blocks(max(seg.alloc + chunk, seg.end + 2 * self._last_group), block), limit)
+        return target if target > seg.alloc else None
 
     def _schedule_extension(self) -> None:
         """After a group was written (``mutex`` held): hand over an extend-ahead job when free space runs low.
@@ -160,13 +166,14 @@ class Preallocated(Recovery):
         here, once free space runs low and no job is under way, and at an
         append's own extension: once per extension.
         """
-        if self._extend_queued or self._growing or self._fd is None or not self._space_low():
+        seg = self.active
+        if self._extend_queued or self._growing or seg is None or not self._space_low(seg):
             return
-        if self._alloc >= self.options.segment_bytes:
+        if seg.alloc >= self.options.segment_bytes:
             return
         if 2 * self._chunk() < self._ahead_min():
             return  # even doubled, the next chunk is the append's to write (saves measuring every group)
-        self._measure_pace(self._end)
+        self._measure_pace(seg.end)
         if self._ahead_target() is None:
             return
         self._extend_queued = True
@@ -209,7 +216,9 @@ class Preallocated(Recovery):
             fileio.crashpoint("extend-ahead-written")
             fileio.fdatasync(fd)
             with self.mutex:
-                self._alloc = target
+                seg = self.active
+                assert seg is not None  # (``_growing``: the segment is neither closed nor replaced meanwhile)
+                seg.alloc = target
                 self._cond.notify_all()
         except OSError:
             pass  # see the docstring: the space past _alloc is left to the appends
@@ -230,13 +239,14 @@ class Preallocated(Recovery):
         """
         if self._pace is not None:
             self._pace.release()
-        if self._fd is None or self._sealed_active or self._damage is not None or not self._segments:
+        seg = self.active
+        if seg is None or seg.sealed or self._damage is not None or not self._segments:
             return
-        keep = zerofill.blocks(self._end, min(zerofill.BLOCK, self._first_chunk()))
-        if self._alloc <= keep:
+        keep = zerofill.blocks(seg.end, min(zerofill.BLOCK, self._first_chunk()))
+        if seg.alloc <= keep:
             return
         job = functools.partial(zerofill.trim, self._seg_path(self._segments[-1]),
-                                os.path.join(self.path, layout.LOCK_FILE), self._alloc, self._end, keep)
+                                os.path.join(self.path, layout.LOCK_FILE), seg.alloc, seg.end, keep)
         try:
             run_extension(job)
         except RuntimeError:
@@ -271,7 +281,7 @@ class Preallocated(Recovery):
         lock (its appends extend the file as they need), or, its tail
         re-verified, the free space suffices.
         """
-        if self.closed or self._growing or self._fd is None or self._lock_fd is None:
+        if self.closed or self._growing or self.active is None or self._lock_fd is None:
             return None
         fresh = self._lock_holds == 0 and not self._leased
         if fresh:
@@ -290,10 +300,11 @@ class Preallocated(Recovery):
             target = self._ahead_target()
             if target is not None:
                 fd = os.open(self._seg_path(self._segments[-1]), os.O_WRONLY)
-                assert self._fd is not None
-                if os.fstat(fd).st_ino == os.fstat(self._fd).st_ino:
+                seg = self.active
+                assert seg is not None
+                if os.fstat(fd).st_ino == os.fstat(seg.fd).st_ino:
                     self._growing = True
-                    return fd, self._alloc, target
+                    return fd, seg.alloc, target
         except OSError:
             if fresh:
                 self._close_files()  # a half-done refresh: the next call loads again

@@ -44,6 +44,7 @@ from .frame import (
 from .limits import MAX_BATCH_ITEMS
 from .model import MemoryItem, RawMemoryItem
 from .recovery import Recovery
+from .sealedsegment import SealedSegment
 from .segment import BadRecord, Gap, gap_at, iter_records
 from .timefmt import format_us
 
@@ -165,18 +166,18 @@ class Reader(Recovery):
         returned: the state is current unless those bytes are not all zero
         (then the caller raises :class:`_MovedOn` and refreshes).
         """
-        fd = self._fd
+        seg = self.active
         unlinked = False
-        if fd is not None:
-            st = os.fstat(fd)
+        if seg is not None:
+            st = os.fstat(seg.fd)
             if not st.st_nlink:
                 unlinked = True
             elif self._inflight:
                 # Our own writer holds the exclusive lock with a group in flight: nobody else
                 # can write, and the state describes what is acknowledged.
                 return False
-            elif self._loaded and self._damage is None and not self._sealed_active and st.st_size == self._alloc:
-                if st.st_size <= self._end:
+            elif self._loaded and self._damage is None and not seg.sealed and st.st_size == seg.alloc:
+                if st.st_size <= seg.end:
                     return False
                 if fold:
                     return True
@@ -233,14 +234,15 @@ class Reader(Recovery):
         try:
             check = self._refresh_for_read(deadline, fold=True)
             while True:
-                if self._fd is None or self._damage is not None or not self._segments:
+                seg = self.active
+                if seg is None or self._damage is not None or not self._segments:
                     return None
                 first = max(0, self._next_seq - limit) if start is None else start
                 if first < self._next_seq:
                     if first < self._segments[-1]:
                         return None
-                    entry = self._idx.floor(first)
-                    if self._end - (entry[1] if entry else SEGMENT_HEADER_SIZE) > max_bytes:
+                    entry = seg.idx.floor(first)
+                    if seg.end - (entry[1] if entry else SEGMENT_HEADER_SIZE) > max_bytes:
                         return None
                 out: list[RawMemoryItem] = []
                 try:
@@ -309,15 +311,16 @@ class Reader(Recovery):
                 _SEG_PATHS.clear()
             path = _SEG_PATHS[(self.path, base)] = self._seg_path(base)
         if base == self._segments[-1]:
-            assert self._fd is not None
-            self._read_records(self._fd, path, self._salt, self._end, self._idx, base, span, out, lost, check_end)
+            seg = self.active
+            assert seg is not None
+            self._read_records(seg.fd, path, seg.salt, seg.end, seg.idx, base, span, out, lost, check_end)
         else:
             with ReadOnlyFile(path) as fd:
                 try:
-                    salt, end, idx = self._sealed(base, fd)
+                    sealed = self._sealed(base, fd)
                 except Corrupted as exc:
                     raise Corrupted(path, 0, exc.why, base, span[2] - 1) from None
-                self._read_records(fd, path, salt, end, idx, base, span, out, lost, False)
+                self._read_records(fd, path, sealed.salt, sealed.end, sealed.idx, base, span, out, lost, False)
 
     def _read_records(
         self,
@@ -346,11 +349,12 @@ class Reader(Recovery):
         # left to its writer; a sealed one's is rewritten (derived data, nobody appends).
         fresh = self._build_index(fd, base, salt, end, save=not active)
         if active:
-            self._idx = fresh
-            self._idx_unwritten.clear()
+            assert self.active is not None
+            self.active.idx = fresh
+            self.active.idx_unwritten.clear()
         else:
             st = os.fstat(fd)
-            self._sealed_cache[base] = ((st.st_ino, st.st_size), (salt, end, fresh))
+            self.sealed_cache.replace(SealedSegment(base, salt, end, fresh, (st.st_ino, st.st_size)))
         try:
             self._collect(fd, path, fresh.floor(span[0]), _upto(fresh, span[1], end), base, end, salt, span, out,
                           lost, check_end)

@@ -15,9 +15,11 @@ from __future__ import annotations
 import os
 
 from . import fileio, frame, index
+from .activesegment import ActiveSegment
 from .convstate import ConversationState, ReadOnlyFile
 from .errors import Corrupted
 from .frame import ITEM_KINDS, KIND_IDENTITY, KIND_SEAL, SEGMENT_HEADER_SIZE, SEQ_KINDS
+from .sealedsegment import SealedSegment
 from .segment import BadRecord, Fault, Gap, classify_tail, data_end, find_next_record, iter_records, walk
 
 
@@ -62,7 +64,13 @@ class Recovery(ConversationState):
             return None
         return None
 
-    def _open_active(self, base: int, writable: bool) -> None:
+    def _open_active(self, base: int, writable: bool, prev: ActiveSegment | None = None) -> None:
+        """Open segment ``base`` as the active one and verify its tail.
+
+        ``prev``: the active segment it follows (a refresh found that one
+        sealed); a damaged header keeps its salt, allocation, seal flag and
+        index in memory, as the state was before segments were objects.
+        """
         path = self._seg_path(base)
         # Invariant: ``_last_us`` is the time of the last batch at or before the end found
         # here, never one kept from an older active segment. A refresh that finds its
@@ -71,14 +79,14 @@ class Recovery(ConversationState):
         # the new extent); zero makes the walk below, or _last_record_time, find it.
         self._last_us = 0
         fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
-        self._fd = fd
+        seg = self.active = ActiveSegment(self.path, base, fd)
         head = os.pread(fd, _SECTOR, 0)
         header = frame.decode_segment_header(head)
         if header is None and base == 0 and len(self._segments) == 1 and not any(head):
             # A torn creation (see is_torn_creation): nothing in it was ever acknowledged.
             # The conversation holds nothing; the next append rewrites the file.
             os.close(fd)
-            self._fd = None
+            self.active = None
             self._segments = []
             return
         if header is None or header.base_seq != base:
@@ -86,9 +94,11 @@ class Recovery(ConversationState):
             # readable up to the segment's base seq (its name), and appends refuse.
             self._damage = Corrupted(path, 0, "segment header is missing or invalid", base)
             self._next_seq = base
-            self._end = 0
+            if prev is not None:
+                seg.salt, seg.alloc, seg.sealed, seg.idx = prev.salt, prev.alloc, prev.sealed, prev.idx
+                seg.idx_lazy, seg.idx_unwritten = prev.idx_lazy, prev.idx_unwritten
             return
-        self._salt = header.salt
+        seg.salt = header.salt
         size = os.fstat(fd).st_size
         idx = index.load(self._idx_path(base), base, header.salt, size)
         start, seq = SEGMENT_HEADER_SIZE, base
@@ -108,22 +118,20 @@ class Recovery(ConversationState):
                 pass
             idx.drop_from(len(idx.seqs) - 1)
             index_ok = False
-        self._idx = idx
-        self._end = start
+        seg.idx = idx
+        seg.end = start
         self._next_seq = seq
-        self._sealed_active = False
-        self._alloc = size
+        seg.alloc = size
         entries = len(idx.seqs)
         self._scan_forward(writable, size)
-        self._idx_lazy = False
         if writable:
-            if index_ok and len(self._idx.seqs) == entries:
+            if index_ok and len(seg.idx.seqs) == entries:
                 # The file already says exactly this: keep it, so other writers' descriptors stay valid.
-                self._idx_fd = os.open(self._idx_path(base), os.O_WRONLY | os.O_APPEND)
-            elif idx_missing and not self._idx.seqs:
-                self._idx_lazy = True  # nothing to write yet: created with the first entry
+                seg.idx_fd = os.open(self._idx_path(base), os.O_WRONLY | os.O_APPEND)
+            elif idx_missing and not seg.idx.seqs:
+                seg.idx_lazy = True  # nothing to write yet: created with the first entry
             else:
-                self._idx_fd = index.open_for_append(self._idx_path(base), self._idx)
+                seg.idx_fd = index.open_for_append(self._idx_path(base), seg.idx)
 
     def _scan_forward(self, writable: bool, size: int | None = None) -> None:
         """Walk records from the committed end to EOF, adopting whole ones.
@@ -134,28 +142,29 @@ class Recovery(ConversationState):
         the last record (nothing valid follows) is recorded and raised as
         Corrupted by appends and by reads that reach it.
         """
-        fd = self._fd
-        assert fd is not None
+        seg = self.active
+        assert seg is not None
+        fd = seg.fd
         if size is None:
             size = os.fstat(fd).st_size
-        self._alloc = size
-        path = self._seg_path(self._idx.base_seq)
-        last_indexed = self._idx.last_offset()
+        seg.alloc = size
+        path = self._seg_path(seg.idx.base_seq)
+        last_indexed = seg.idx.last_offset()
         # Records we did not write may follow ours: our unwritten entries would now land
         # after theirs, out of order, so they stay in memory only.
-        self._idx_unwritten.clear()
-        pos = self._end
+        seg.idx_unwritten.clear()
+        pos = seg.end
         while True:
             try:
-                for off, h, _body in iter_records(fd, pos, size, self._salt):
-                    if self._sealed_active:
+                for off, h, _body in iter_records(fd, pos, size, seg.salt):
+                    if seg.sealed:
                         raise BadRecord(off, "record after the segment's seal", Fault.AFTER_SEAL)
                     if h.first_seq != self._next_seq:
                         raise BadRecord(
                             off, f"expected seq {self._next_seq}, record starts at {h.first_seq}", Fault.SEQ
                         )
                     if h.kind == KIND_SEAL:
-                        self._sealed_active = True
+                        seg.sealed = True
                     elif h.kind != KIND_IDENTITY:  # (the conversation's identity: no seqs, no time of a batch)
                         if (
                             h.kind in ITEM_KINDS
@@ -163,16 +172,16 @@ class Recovery(ConversationState):
                             and off > SEGMENT_HEADER_SIZE
                         ):
                             # In memory only: the process that wrote the record wrote its entry.
-                            self._idx.add(h.first_seq, off)
+                            seg.idx.add(h.first_seq, off)
                             last_indexed = off
                         self._last_us = h.recorded_at_us
                         self._next_seq = h.end_seq
-                    self._end = off + h.size
+                    seg.end = off + h.size
                 break
             except BadRecord as bad:
                 # A valid record out of place is damage, never a torn write or the end.
                 after_seal = bad.fault is Fault.AFTER_SEAL
-                verdict = classify_tail(fd, bad.offset, size, self._salt, self._next_seq) if bad.fault.framing else None
+                verdict = classify_tail(fd, bad.offset, size, seg.salt, self._next_seq) if bad.fault.framing else None
                 if verdict == "end":
                     # Only zeros follow: preallocated space, the clean end of the log.
                     break
@@ -181,19 +190,19 @@ class Recovery(ConversationState):
                         # Never acknowledged: cut it away (with the space after it), and the
                         # stale index entries with it. The next append extends the file again.
                         fileio.truncate(fd, bad.offset)
-                        self._alloc = bad.offset
-                        self._idx.truncate_before_offset(bad.offset)
-                        if self._idx_fd is not None:
-                            os.close(self._idx_fd)
-                            self._idx_fd = index.open_for_append(self._idx_path(self._idx.base_seq), self._idx)
+                        seg.alloc = bad.offset
+                        seg.idx.truncate_before_offset(bad.offset)
+                        if seg.idx_fd is not None:
+                            os.close(seg.idx_fd)
+                            seg.idx_fd = index.open_for_append(seg.index_path(), seg.idx)
                     break
-                nxt = None if after_seal else find_next_record(fd, bad.offset, size, self._salt, self._next_seq + 1)
+                nxt = None if after_seal else find_next_record(fd, bad.offset, size, seg.salt, self._next_seq + 1)
                 if nxt is None:
                     self._damage = self._tail_damage(fd, path, bad)
                     break
                 # Damage in the middle: the log goes on at the next valid record.
                 pos, self._next_seq = nxt[0], nxt[1].first_seq
-                self._end = pos
+                seg.end = pos
         if self._last_us == 0 and self._next_seq > 0:
             self._last_us = self._last_record_time()
 
@@ -215,10 +224,11 @@ class Recovery(ConversationState):
         previous segment's seal, which carries its last batch's time, else from
         that segment's last intact record.
         """
-        assert self._fd is not None
+        seg = self.active
+        assert seg is not None
         last = 0
-        start = self._idx.last_offset() or SEGMENT_HEADER_SIZE
-        for rec in walk(self._fd, start, self._end, self._salt):
+        start = seg.idx.last_offset() or SEGMENT_HEADER_SIZE
+        for rec in walk(seg.fd, start, seg.end, seg.salt):
             if not isinstance(rec, Gap) and rec[1].kind in SEQ_KINDS:
                 last = rec[1].recorded_at_us
         if last == 0 and len(self._segments) > 1:
@@ -226,11 +236,11 @@ class Recovery(ConversationState):
             prev = self._segments[-2]
             try:
                 with ReadOnlyFile(self._seg_path(prev)) as fd:
-                    salt, end, idx = self._sealed(prev, fd)
-                    seal = _record_ending_at(fd, end, salt)
+                    sealed = self._sealed(prev, fd)
+                    seal = _record_ending_at(fd, sealed.end, sealed.salt)
                     if seal is not None:
                         return seal.recorded_at_us
-                    for rec in walk(fd, idx.last_offset() or SEGMENT_HEADER_SIZE, end, salt):
+                    for rec in walk(fd, sealed.idx.last_offset() or SEGMENT_HEADER_SIZE, sealed.end, sealed.salt):
                         if not isinstance(rec, Gap):
                             last = rec[1].recorded_at_us
             except (Corrupted, FileNotFoundError):
@@ -239,26 +249,27 @@ class Recovery(ConversationState):
 
     def _refresh(self, writable: bool) -> None:
         """Bring the in-memory state up to date with the files (file lock held)."""
-        if not self._loaded or self._fd is None:
+        seg = self.active
+        if not self._loaded or seg is None:
             self._load(writable)
             return
-        if (writable and self._idx_fd is None and not self._idx_lazy) or self._damage is not None:
+        if (writable and seg.idx_fd is None and not seg.idx_lazy) or self._damage is not None:
             self._load(writable)
             return
-        size = os.fstat(self._fd).st_size
-        if size < self._end:
+        size = os.fstat(seg.fd).st_size
+        if size < seg.end:
             self._load(writable)
             return
-        if size != self._alloc or (size > self._end and self._moved_on()):
+        if size != seg.alloc or (size > seg.end and self._moved_on()):
             self._scan_forward(writable, size)
-        if self._sealed_active:
+        if seg.sealed:
             nxt = self._list_segments()
-            if nxt and nxt[-1] > self._idx.base_seq:
+            if nxt and nxt[-1] > seg.idx.base_seq:
                 self._segments = nxt
-                self._sealed_cache.clear()
+                self.sealed_cache.clear()
                 self._close_active()
                 try:
-                    self._open_active(nxt[-1], writable)
+                    self._open_active(nxt[-1], writable, seg)
                 except BaseException:
                     self._close_files()
                     raise
@@ -272,12 +283,13 @@ class Recovery(ConversationState):
         """
         if self._inflight or self._growing:
             return False
-        if not self._loaded or self._fd is None or self._damage is not None:
+        seg = self.active
+        if not self._loaded or seg is None or self._damage is not None:
             return True  # known damage is re-checked each time: an operator may have repaired it
-        if self._sealed_active:
+        if seg.sealed:
             return True
-        size = os.fstat(self._fd).st_size
-        return size != self._alloc or (size > self._end and self._moved_on())
+        size = os.fstat(seg.fd).st_size
+        return size != seg.alloc or (size > seg.end and self._moved_on())
 
     def _moved_on(self) -> bool:
         """True when the bytes at the committed end are no longer zero: another process wrote there.
@@ -285,20 +297,21 @@ class Recovery(ConversationState):
         Appends into preallocated space change no file size. A record header is
         never all zero (its kind field is not), so its first 16 bytes tell.
         """
-        assert self._fd is not None
+        seg = self.active
+        assert seg is not None
         # any(): near the end of the file fewer than 16 bytes remain, and those are zeros too.
-        return any(os.pread(self._fd, 16, self._end))
+        return any(os.pread(seg.fd, 16, seg.end))
 
-    def _sealed(self, base: int, fd: int) -> tuple[int, int, index.SparseIndex]:
-        """``(salt, end, index)`` of the sealed segment open as ``fd``, building its index if needed.
+    def _sealed(self, base: int, fd: int) -> SealedSegment:
+        """The sealed segment ``base`` open as ``fd``, building its index if needed.
 
-        The cache is keyed by the file's identity and size, so a segment that a
-        repair replaced is read afresh.
+        The cache (:class:`logstore.sealedsegment.SealedCache`) is keyed by the
+        file's identity and size, so a segment that a repair replaced is read afresh.
         """
         st = os.fstat(fd)
-        cached = self._sealed_cache.get(base)
-        if cached is not None and cached[0] == (st.st_ino, st.st_size):
-            return cached[1]
+        cached = self.sealed_cache.get(base, st)
+        if cached is not None:
+            return cached
         path = self._seg_path(base)
         header = frame.decode_segment_header(os.pread(fd, SEGMENT_HEADER_SIZE, 0))
         if header is None or header.base_seq != base:
@@ -308,10 +321,8 @@ class Recovery(ConversationState):
             # Missing, not this segment's, or malformed entries (a power cut can zero them):
             # rebuild it from the segment and save it, so the file is whole again.
             idx = self._build_index(fd, base, header.salt, st.st_size, save=True)
-        if len(self._sealed_cache) >= 8:
-            self._sealed_cache.pop(next(iter(self._sealed_cache)))
-        result = (header.salt, st.st_size, idx)
-        self._sealed_cache[base] = ((st.st_ino, st.st_size), result)
+        result = SealedSegment(base, header.salt, st.st_size, idx, (st.st_ino, st.st_size))
+        self.sealed_cache.add(result)
         return result
 
     def _build_index(self, fd: int, base: int, salt: int, size: int, *, save: bool) -> index.SparseIndex:

@@ -1,79 +1,59 @@
-"""Rolling: the active segment sealed and cut to its records, the next one created whole.
+"""A sealed segment: one that is never written again, as a reader holds it.
 
-When a group's first record would take the active segment past
-``Options.segment_bytes`` (or it already ends with a seal), the segment is
-sealed (:meth:`SegmentRoll._roll`): no extension is running, a seal record is
-written after the last record, the preallocated zeros are cut away and the
-file synced, and its index file completed, all before the next segment
-exists. A sealed segment is never written again. The next segment is created
-whole (:meth:`SegmentRoll._create_segment`): header and first chunk of zeros
-written and synced under a temporary name, then renamed into place and the
-directory synced.
+Every segment but a conversation's last is sealed: it ends with a seal
+record, keeps no preallocated space (its data ends with the file) and has a
+complete index file (:meth:`logstore.activesegment.ActiveSegment.seal`).
+:class:`SealedSegment` is what a read needs of one: its base seq, salt, end
+and sparse index (read-only: only a rebuild replaces it, with a new object).
+:class:`SealedCache` keeps the ones read lately; an entry stands only while
+the file still has the inode and size it was read with, so a segment that a
+repair replaced is read afresh. Reading and verifying one is
+:meth:`logstore.recovery.Recovery._sealed`'s job.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
-from . import fileio, frame, index
-from .activesegment import ActiveSegment
-from .frame import KIND_SEAL, SEGMENT_HEADER_SIZE
+from . import index
 
 
-class SegmentRoll(ActiveSegment):
-    """Seals the active segment and starts the next."""
+@dataclass(frozen=True, slots=True)
+class SealedSegment:
+    """A sealed segment as read: ``end`` is its file's size, ``ident`` that file's (inode, size)."""
 
-    def _roll(self) -> None:
-        """Seal the active segment and start the next one."""
-        self._settle()  # no extension may write zeros into a sealed segment
-        fd = self._fd
-        assert fd is not None
-        synced = True
-        if not self._sealed_active:
-            seal = frame.encode_record(self._salt, KIND_SEAL, self._next_seq, 0, self._last_us, b"")
-            fileio.pwrite_all(fd, seal, self._end)
-            self._end += len(seal)
-            self._sealed_active = True
-            synced = False
-        if self._alloc > self._end:
-            # A sealed segment keeps no preallocated space: cut it, durably (this sync
-            # covers the seal too), before the next segment exists.
-            fileio.truncate(fd, self._end)
-            self._alloc = self._end
-        elif not synced:
-            fileio.fdatasync(fd)
-        fileio.crashpoint("segment-roll-sealed")
-        if self._idx_lazy:
-            self._create_index_file()  # a sealed segment has its index file, even without entries
-        self._write_index_entries()  # the sealed segment's index is complete, and nobody else writes it
-        self._sealed_cache.clear()
-        self._create_segment(self._next_seq)
-        fileio.crashpoint("segment-roll-created")
+    base: int
+    salt: int
+    end: int
+    idx: index.SparseIndex
+    ident: tuple[int, int]
 
-    def _create_segment(self, base: int) -> None:
-        """Create, sync and publish an empty segment starting at seq ``base``."""
-        salt = frame.new_salt()
-        final = self._seg_path(base)
-        tmp = final + ".tmp"
-        fd = fileio.open_create(tmp, os.O_RDWR | os.O_TRUNC)
-        size = self._first_chunk()
-        try:
-            # The header and the first chunk of preallocated (zero) space.
-            fileio.pwrite_all(fd, frame.encode_segment_header(base, salt) + bytes(size - SEGMENT_HEADER_SIZE), 0)
-            fileio.fdatasync(fd)
-            fileio.rename(tmp, final)
-            fileio.crashpoint("after-file-create")
-            fileio.fsync_dir(self.path)
-        except BaseException:
-            os.close(fd)
-            raise
-        self._close_active()
-        self._fd = fd
-        self._salt = salt
-        self._end = SEGMENT_HEADER_SIZE
-        self._alloc = size
-        self._sealed_active = False
-        self._segments.append(base)
-        self._idx = index.SparseIndex(base, salt)
-        self._idx_fd = index.open_for_append(self._idx_path(base), self._idx)
-        self._idx_lazy = False
+
+class SealedCache:
+    """Sealed segments read lately, by base seq (at most :attr:`SIZE`; the oldest entry goes first)."""
+
+    SIZE = 8
+
+    def __init__(self) -> None:
+        self._by_base: dict[int, SealedSegment] = {}
+
+    def get(self, base: int, st: os.stat_result) -> SealedSegment | None:
+        """The segment ``base`` read lately, if its file (``st``) is still the one it was read from."""
+        cached = self._by_base.get(base)
+        if cached is not None and cached.ident == (st.st_ino, st.st_size):
+            return cached
+        return None
+
+    def add(self, seg: SealedSegment) -> None:
+        """Keep ``seg``, letting the oldest entry go when the cache is full."""
+        if len(self._by_base) >= self.SIZE:
+            self._by_base.pop(next(iter(self._by_base)))
+        self._by_base[seg.base] = seg
+
+    def replace(self, seg: SealedSegment) -> None:
+        """Keep ``seg`` in place of the entry of its base (its index rebuilt)."""
+        self._by_base[seg.base] = seg
+
+    def clear(self) -> None:
+        self._by_base.clear()

@@ -11,10 +11,10 @@ group is written.
 
 The parts, each in its own module: :mod:`logstore.groupcommit` (the writer
 queue and its leader), :mod:`logstore.convcreate` (a conversation's first
-segment, or a claimed pool entry), :mod:`logstore.sealedsegment` (rolling to
-the next segment), :mod:`logstore.activesegment` (writing and indexing
-records) and :mod:`logstore.preallocation` (the zero-filled space ahead, and
-extend-ahead).
+segment, or a claimed pool entry), :mod:`logstore.segmentroll` (rolling to
+the next segment), :mod:`logstore.activewrites` (a group's write and sync
+into the active segment, :class:`logstore.activesegment.ActiveSegment`) and
+:mod:`logstore.preallocation` (the zero-filled space ahead, and extend-ahead).
 """
 
 from __future__ import annotations
@@ -165,11 +165,11 @@ class Writer(GroupCommit, ConversationCreation):
 
     def _take_exclusive(self, deadline: float, started: float) -> None:
         """Take the file lock (exclusive) and verify the tail, as :meth:`_exclusive`; the caller unlocks."""
-        if self._fd is None:
+        if self.active is None:
             # No segment open: a lease proves nothing about a state that must be loaded anyway, and a
             # claim would replace its descriptor (closing it would let the lock go behind our back).
             self._release_lease()
-        if self._fd is None and not self._claim_from_pool():
+        if self.active is None and not self._claim_from_pool():
             # No segment open: the directory may not exist yet. Made here, unsynced (its lock
             # file lives in it); the first segment's creation makes it durable before any
             # batch in it is acknowledged (_create_first_segment).
@@ -181,8 +181,9 @@ class Writer(GroupCommit, ConversationCreation):
         held = self._lock(True, deadline, started)
         try:
             try:
-                current = held and self._loaded and self._fd is not None and self._damage is None and (
-                    self._idx_fd is not None or self._idx_lazy
+                seg = self.active
+                current = held and self._loaded and seg is not None and self._damage is None and (
+                    seg.idx_fd is not None or seg.idx_lazy
                 )
                 if not current and self._claim is None:
                     # A claimed pool entry: its state was set at the claim (nobody else can write it).
@@ -198,14 +199,16 @@ class Writer(GroupCommit, ConversationCreation):
 
     def _commit_group(self, todo: list[Batch], stamp: int) -> int:
         """Log the intent, write and sync the records, log the commit (inside :meth:`_exclusive`); batches written."""
-        self._pending_end = None
+        seg = self.active
+        if seg is not None:
+            seg.pending_end = None
         limit = self.options.segment_bytes
         first_size = len(todo[0].body) + frame.RECORD_OVERHEAD
-        roll = bool(self._segments) and (
-            self._sealed_active or (self._end > SEGMENT_HEADER_SIZE and self._end + first_size > limit)
+        roll = bool(self._segments) and seg is not None and (
+            seg.sealed or (seg.end > SEGMENT_HEADER_SIZE and seg.end + first_size > limit)
         )
         # Only the records that fit the segment (at least one): the rest wait for the next group.
-        n, end = 0, self._end if self._segments and not roll else SEGMENT_HEADER_SIZE
+        n, end = 0, seg.end if seg is not None and self._segments and not roll else SEGMENT_HEADER_SIZE
         if self._claim is not None:
             end += frame.RECORD_OVERHEAD + len(self.conversation_id)  # the identity record (_create_first_segment)
         for b in todo:
@@ -227,7 +230,8 @@ class Writer(GroupCommit, ConversationCreation):
             else:
                 if roll:
                     self._roll()
-                self._write_records(self._encode(todo, stamp, self._salt), todo, stamp)
+                assert self.active is not None
+                self._write_records(self._encode(todo, stamp, self.active.salt), todo, stamp)
         except OSError as exc:
             self._poison()
             raise Io(f"appending to the log failed: {os.strerror(exc.errno or errno.EIO)}", exc.errno) from exc

@@ -57,7 +57,7 @@ class FailNth:
         if self.calls == self.n or (self.sticky and self.calls >= self.n):
             self.fired += 1
             self.derived = any(
-                f.name == "_create_index_file" or (f.name == "fill" and f.filename.endswith("convpool.py"))
+                f.name == "create_index_file" or (f.name == "fill" and f.filename.endswith("convpool.py"))
                 for f in traceback.extract_stack()
             )
             raise OSError(errno.EIO, os.strerror(errno.EIO))

@@ -69,7 +69,9 @@ from convmem.logstore import (
     preallocation,
     zerofill,
 )
+from convmem.logstore.activesegment import ActiveSegment
 from convmem.logstore.codec import encode_batch
+from convmem.logstore.conversation import Conversation
 from convmem.logstore.groupcommit import Batch
 from convmem.logstore.maintenance import Restorer, backup, check, salvage
 from convmem.logstore.memories.backup import MEMORY_BACKUP
@@ -511,6 +513,18 @@ def _pad_for(w: Writer, size: int) -> int:
     return pad
 
 
+def _active(conv: Conversation) -> ActiveSegment:
+    """The conversation's active segment (it has one: the workload appended to it)."""
+    assert conv.active is not None, "the conversation holds no open segment"
+    return conv.active
+
+
+def _free_bytes(conv: Conversation) -> int:
+    """The preallocated space left in the conversation's active segment."""
+    seg = _active(conv)
+    return seg.alloc - seg.end
+
+
 def _wait_for(what: str, ready: Callable[[], bool]) -> None:
     deadline = time.monotonic() + 60
     while not ready():
@@ -551,7 +565,7 @@ def _extend_ahead_steps(w: Writer) -> None:
         for _ in range(60):
             w.append(c, 1, pad)
             target = live(c)
-            if _JOBS and target._alloc - target._end >= room:
+            if _JOBS and _free_bytes(target) >= room:
                 job = _JOBS.pop()
                 run_extensions()
                 return job
@@ -572,9 +586,10 @@ def _extend_ahead_steps(w: Writer) -> None:
     # 2. An append that needs more than the synced space waits for the job's step (or its end).
     paused = _PausedJob(until_job(CONVS[0], 40))
     paused.start()
-    pad = _pad_for(w, conv._alloc - conv._end + 16)
-    assert conv._end + _record_size(w, 1, pad) <= OPTS["segment_bytes"], "the batch was meant to fit the segment"
-    seg_ident = w.rec.disk._ident(conv._fd)  # type: ignore[arg-type]
+    seg = _active(conv)
+    pad = _pad_for(w, seg.alloc - seg.end + 16)
+    assert seg.end + _record_size(w, 1, pad) <= OPTS["segment_bytes"], "the batch was meant to fit the segment"
+    seg_ident = w.rec.disk._ident(seg.fd)
     started = len(ops)
     waiting = _in_thread(lambda: w.append(CONVS[0], 1, pad))
     _wait_for("the append is waiting for space", lambda: conv._inflight)
@@ -589,9 +604,10 @@ def _extend_ahead_steps(w: Writer) -> None:
     # 3. A roll waits for the job: the sealed segment is cut after the job's last zeros.
     paused = _PausedJob(until_job(CONVS[0], 20))
     paused.start()
-    seg_ident = w.rec.disk._ident(conv._fd)  # type: ignore[arg-type]
+    seg = _active(conv)
+    seg_ident = w.rec.disk._ident(seg.fd)
     base = conv._segments[-1]
-    pad = _pad_for(w, OPTS["segment_bytes"] - conv._end + 1)
+    pad = _pad_for(w, OPTS["segment_bytes"] - seg.end + 1)
     rolling = _in_thread(lambda: w.append(CONVS[0], 1, pad))
     _wait_for("the rolling append leads", lambda: bool(conv._queue) and conv._queue[0].taken)
     mark = len(ops)
@@ -640,7 +656,8 @@ def _zeros_given_back(w: Writer) -> None:
     for pad in (40, 10, 10, 60, 10):
         w.append(CONVS[0], 1, pad)  # its extend-ahead jobs run after each acknowledged batch
     conv = w.store._conversation(SITE, CONVS[0])
-    assert conv._alloc > zerofill.blocks(conv._end, 256), "no zeros ahead to give back"
+    seg = _active(conv)
+    assert seg.alloc > zerofill.blocks(seg.end, 256), "no zeros ahead to give back"
     with conv.mutex:
         conv.close()
     assert _JOBS, "closing the conversation handed over no cut"
