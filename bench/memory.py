@@ -219,7 +219,8 @@ def _inflight_row(ctx: Ctx, data_dir: str) -> Row:
                extra={"headline": "ltm_search_inflight_vs_alone", "value": res.ratio,
                       "inflight_ms": p_together, "alone_ms": p_alone, "in_flight": IN_FLIGHT,
                       "calls_per_s": len(res.together) / res.wall_together, "encodes_at_once": overlap.most,
-                      "cpu_alone_ms": res.cpu_alone, "cpu_inflight_ms": res.cpu_together})
+                      "cpu_alone_ms": res.cpu_alone, "cpu_inflight_ms": res.cpu_together,
+                      "cores_alone": res.cores[0], "cores_inflight": res.cores[1]})
 
 
 #: The many-sites figure: sites, memories each, the store's budget (memories held over all sites), rounds.

@@ -3,8 +3,8 @@
 ``python -m bench.ltm_eval.concurrency [--threads 8] [--rounds 8] [--per-thread 10]``: one site's retriever
 over the labelled memories (their vectors encoded once first), then searches, each with a hint never searched
 before (so each one runs the encoder), alone and ``--threads`` at once in alternating blocks
-(:func:`interleaved`). Prints both p50s, their ratio, the CPU time per call each way, and the 1-minute load
-average before and after: on a shared machine the ratio is only as good as the cores it got.
+(:func:`interleaved`). Prints both p50s, their ratio, the CPU time per call and the cores used each way, and the
+1-minute load average before and after: on a shared machine the ratio is only as good as the cores it got.
 """
 
 from __future__ import annotations
@@ -37,11 +37,19 @@ class Timings:
     def ratio(self) -> float:
         return statistics.median(self.together) / statistics.median(self.alone)
 
+    @property
+    def cores(self) -> tuple[float, float]:
+        """The cores the process used alone and in flight: its CPU time over the wall time of the calls."""
+        alone = self.cpu_alone * len(self.alone) / sum(self.alone)
+        return alone, self.cpu_together * len(self.together) / (self.wall_together * 1000)
+
     def summary(self, in_flight: int) -> str:
         p1, p8 = statistics.median(self.alone), statistics.median(self.together)
+        c1, c8 = self.cores
         return (f"p50 alone {p1:.2f} ms; with {in_flight} in flight {p8:.2f} ms: {p8 / p1:.2f}x; CPU per call "
                 f"{self.cpu_alone:.2f} ms alone, {self.cpu_together:.2f} ms in flight; "
-                f"{len(self.together) / self.wall_together:.0f} calls/s in flight")
+                f"{len(self.together) / self.wall_together:.0f} calls/s in flight; cores used {c1:.2f} alone, "
+                f"{c8:.2f} in flight")
 
 
 def interleaved(call: Callable[[int], object], in_flight: int, rounds: int, per_thread: int) -> Timings:
@@ -50,7 +58,10 @@ def interleaved(call: Callable[[int], object], in_flight: int, rounds: int, per_
     Each round makes ``in_flight * per_thread // 2`` calls one after another, then ``per_thread`` calls from
     each of ``in_flight`` threads started together: a shared machine's load changes over seconds, and this way
     both figures see the same load, so their ratio is what running at once costs, not when each was measured.
-    Process CPU time per call shows how much of the in-flight wall time was work and how much waiting.
+    Process CPU time per call shows how much of the in-flight wall time was work and how much waiting; the
+    cores the process used each way (:attr:`Timings.cores`) show what the machine gave it: the ratio can be no
+    better than ``in_flight`` times the CPU per call in flight over the CPU per call alone, over the cores in
+    flight over the cores alone.
     """
     alone: list[float] = []
     together: list[float] = []
