@@ -211,26 +211,10 @@ class RequestAdmission:
 
     async def _forward(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
         """Read the body (at most ``limit`` bytes, within the deadline), then hand it to the app."""
-        chunks: list[bytes] = []
-        size = 0
-        more = True
-        with Deadline(self.body_timeout) as deadline:  # perf: a timer, not a cancel scope (see .deadline)
-            while more:
-                message = await receive()
-                if message["type"] != "http.request":
-                    return  # the client went away
-                chunk = message.get("body", b"")
-                size += len(chunk)
-                if size > limit:
-                    await _plain(scope, receive, send, 413, _too_large(limit))
-                    return
-                chunks.append(chunk)
-                more = message.get("more_body", False)
-        if deadline.cancelled_caught:
-            await _plain(scope, receive, send, 408, "The request body did not arrive in time.")
+        body = await read_body(receive, limit, self.body_timeout)
+        if not isinstance(body, bytes):
+            await refuse_body(scope, receive, send, body, limit)
             return
-        body = b"".join(chunks)
-        del chunks
         replayed = False
 
         async def replay() -> Message:
@@ -241,6 +225,42 @@ class RequestAdmission:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+#: What :func:`read_body` gives instead of a body: the client went away, the body is too large, too slow.
+GONE, TOO_LARGE, TOO_SLOW = 0, 413, 408
+
+
+async def read_body(receive: Receive, limit: int, timeout: float) -> bytes | int:
+    """The whole body, read within ``timeout`` seconds; else why not: :data:`GONE`, :data:`TOO_LARGE`, :data:`TOO_SLOW`.
+
+    Invariant: never more than ``limit`` bytes are kept (the chunk that crosses it is dropped, the body refused).
+    """
+    chunks: list[bytes] = []
+    size = 0
+    more = True
+    with Deadline(timeout) as deadline:  # perf: a timer, not a cancel scope (see .deadline)
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return GONE
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                return TOO_LARGE
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+    if deadline.cancelled_caught:
+        return TOO_SLOW
+    return b"".join(chunks)
+
+
+async def refuse_body(scope: Scope, receive: Receive, send: Send, why: int, limit: int) -> None:
+    """Answer what :func:`read_body` gave instead of a body (nothing when the client went away)."""
+    if why == TOO_LARGE:
+        await _plain(scope, receive, send, 413, _too_large(limit))
+    elif why == TOO_SLOW:
+        await _plain(scope, receive, send, 408, "The request body did not arrive in time.")
 
 
 def _content_length(scope: Scope) -> int | None:
@@ -305,4 +325,8 @@ def build_app(
     app.add_middleware(RequestAdmission, authenticator=backend.authenticator, body_timeout=body_timeout)
     app.add_middleware(NoEventStream)
     app.add_middleware(RequestLog)  # ops: request ids and the request log line; keep it the outermost
+    from .endpoint import install  # here: the endpoint module reads bodies with this module's functions
+
+    # perf: the common POST /mcp served by one callable taking the layers' steps (see .endpoint)
+    install(app, direct, small_body=UNAUTHENTICATED_BODY_BYTES, body_timeout=body_timeout)
     return app

@@ -308,6 +308,69 @@ def _tag_error_response(held: list[Message], rid: str) -> tuple[Message, bytes]:
     return {**start, "headers": headers}, body
 
 
+def counting(info: RequestInfo, receive: Receive) -> Receive:
+    """``receive`` counting the request's body bytes into ``info``."""
+
+    async def counting_receive() -> Message:
+        message = await receive()
+        if message["type"] == "http.request":
+            info.request_bytes += len(message.get("body", b""))
+        return message
+
+    return counting_receive
+
+
+def tagging(info: RequestInfo, send: Send) -> Send:
+    """``send`` recording the response into ``info``, with the request id in its headers and in an error's text."""
+    held: list[Message] = []  # an error response's start and body chunks, until its body is complete
+
+    async def tagging_send(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            info.status = message["status"]
+            headers = list(message.get("headers", []))
+            headers.append((b"x-request-id", info.request_id.encode()))
+            message = {**message, "headers": headers}
+            if info.status >= 400:
+                held.append(message)
+                return
+        elif message["type"] == "http.response.body":
+            if held:
+                held.append(message)
+                if message.get("more_body", False):
+                    return
+                start, body = _tag_error_response(held, info.request_id)
+                held.clear()
+                await send(start)
+                message = {"type": "http.response.body", "body": body}
+            info.response_bytes += len(message.get("body", b""))
+        await send(message)
+
+    return tagging_send
+
+
+def begin(scope: Scope) -> tuple[RequestInfo, contextvars.Token[RequestInfo | None]]:
+    """A new request's :class:`RequestInfo`, made the current one; the token :func:`end` takes."""
+    client = scope.get("client")
+    info = RequestInfo(
+        new_request_id(), client=client[0] if client else None, method=scope["method"], path=scope["path"]
+    )
+    return info, _current.set(info)
+
+
+def end(info: RequestInfo, token: contextvars.Token[RequestInfo | None], scope: Scope) -> None:
+    """The request is over (answered, refused or failed): it is no longer current, and its line is written."""
+    _current.reset(token)
+    if info.tool is None:
+        failed = info.status is None or info.status >= 400
+        info.outcome = "error" if failed else "ok"
+        if info.status == 401:
+            info.error_code = "Unauthenticated"
+            record_auth_failure()
+    if info.error_code == "Unauthenticated":
+        info.site = info.site or _claimed_site(scope)
+    _emit(info)
+
+
 class RequestLog:
     """ASGI middleware: a request id per HTTP request, and its log line when it ends."""
 
@@ -318,54 +381,11 @@ class RequestLog:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        client = scope.get("client")
-        info = RequestInfo(
-            new_request_id(), client=client[0] if client else None, method=scope["method"], path=scope["path"]
-        )
-        token = _current.set(info)
-
-        async def counting_receive() -> Message:
-            message = await receive()
-            if message["type"] == "http.request":
-                info.request_bytes += len(message.get("body", b""))
-            return message
-
-        held: list[Message] = []  # an error response's start and body chunks, until its body is complete
-
-        async def tagging_send(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                info.status = message["status"]
-                headers = list(message.get("headers", []))
-                headers.append((b"x-request-id", info.request_id.encode()))
-                message = {**message, "headers": headers}
-                if info.status >= 400:
-                    held.append(message)
-                    return
-            elif message["type"] == "http.response.body":
-                if held:
-                    held.append(message)
-                    if message.get("more_body", False):
-                        return
-                    start, body = _tag_error_response(held, info.request_id)
-                    held.clear()
-                    await send(start)
-                    message = {"type": "http.response.body", "body": body}
-                info.response_bytes += len(message.get("body", b""))
-            await send(message)
-
+        info, token = begin(scope)
         try:
-            await self.app(scope, counting_receive, tagging_send)
+            await self.app(scope, counting(info, receive), tagging(info, send))
         finally:
-            _current.reset(token)
-            if info.tool is None:
-                failed = info.status is None or info.status >= 400
-                info.outcome = "error" if failed else "ok"
-                if info.status == 401:
-                    info.error_code = "Unauthenticated"
-                    record_auth_failure()
-            if info.error_code == "Unauthenticated":
-                info.site = info.site or _claimed_site(scope)
-            _emit(info)
+            end(info, token, scope)
 
 
 # -- log formatting -----------------------------------------------------------------
