@@ -74,7 +74,12 @@ class RequestInfo:
     response_bytes: int = 0
     started: float = field(default_factory=time.perf_counter)
 
-    def fields(self) -> dict[str, Any]:
+    def latency_ms(self) -> float:
+        """Milliseconds since the request began, as the line reports them."""
+        return round((time.perf_counter() - self.started) * 1000, 3)
+
+    def fields(self, latency_ms: float | None = None) -> dict[str, Any]:
+        """The line's fields (``latency_ms``: measured now unless given)."""
         return {
             "request_id": self.request_id,
             "client": self.client,
@@ -85,7 +90,7 @@ class RequestInfo:
             "tool": self.tool,
             "outcome": self.outcome,
             "error_code": self.error_code,
-            "latency_ms": round((time.perf_counter() - self.started) * 1000, 3),
+            "latency_ms": self.latency_ms() if latency_ms is None else latency_ms,
             "request_bytes": self.request_bytes,
             "response_bytes": self.response_bytes,
         }
@@ -150,7 +155,7 @@ def _emit(info: RequestInfo) -> None:
         return
     handler = _direct_handler(level)
     if handler is not None:
-        _write_direct(handler, level, info.fields())
+        _write_direct(handler, level, info)
         return
     logger.handle(_record(level, info.fields()))
 
@@ -213,21 +218,23 @@ def direct_line(formatter: TextFormatter, level: int, created: float, msecs: flo
     return f"{formatter.stamp(created, msecs)} {logging.getLevelName(level)} {logger.name}: request {_pairs(fields)}"
 
 
-def _write_direct(handler: logging.StreamHandler[Any], level: int, fields: dict[str, Any]) -> None:
+def _write_direct(handler: logging.StreamHandler[Any], level: int, info: RequestInfo) -> None:
     """What ``handler.handle(record)`` does with the request line's record, without the record."""
     formatter = handler.formatter
     assert isinstance(formatter, TextFormatter)
+    latency_ms = info.latency_ms()
     created, msecs = _now()
     handler.acquire()
     try:
         stream = handler.stream
-        stream.write(direct_line(formatter, level, created, msecs, fields) + handler.terminator)
+        head = f"{formatter.stamp(created, msecs)} {logging.getLevelName(level)} {logger.name}: request "
+        stream.write(head + info_pairs(info, latency_ms) + handler.terminator)
         if stream and hasattr(stream, "flush"):
             stream.flush()
     except RecursionError:  # as StreamHandler.emit
         raise
     except Exception:
-        handler.handleError(_record(level, fields))
+        handler.handleError(_record(level, info.fields(latency_ms)))
     finally:
         handler.release()
 
@@ -505,6 +512,45 @@ def _pairs(fields: dict[str, Any]) -> str:
         else:
             out.append(f"{key}={_field_value(value)}")
     return " ".join(out)
+
+
+def info_pairs(info: RequestInfo, latency_ms: float) -> str:
+    """``_pairs(info.fields(latency_ms))``, the usual line's pairs written from ``info`` without the dictionary.
+
+    The usual line: a status that is an ``int`` or None, byte counts that are
+    ``int``, every string non-empty and free of what :data:`_SPECIAL` matches
+    (one search over them all, as in :func:`_pairs`); any other goes through :func:`_pairs`.
+    """
+    status, request_bytes, response_bytes = info.status, info.request_bytes, info.response_bytes
+    texts = (info.request_id, info.client, info.method, info.path, info.site, info.tool, info.outcome, info.error_code)
+    if (status is None or type(status) is int) and type(request_bytes) is int and type(response_bytes) is int:
+        present = [text for text in texts if text is not None]
+        for text in present:
+            if type(text) is not str or not text:
+                break
+        else:
+            if _SPECIAL.search("".join(present)) is None:
+                request_id, client, method, path, site, tool, outcome, error_code = texts
+                out = [] if request_id is None else ["request_id=" + request_id]
+                if client is not None:
+                    out.append("client=" + client)
+                if method is not None:
+                    out.append("method=" + method)
+                if path is not None:
+                    out.append("path=" + path)
+                if status is not None:
+                    out.append(f"status={status}")
+                if site is not None:
+                    out.append("site=" + site)
+                if tool is not None:
+                    out.append("tool=" + tool)
+                if outcome is not None:
+                    out.append("outcome=" + outcome)
+                if error_code is not None:
+                    out.append("error_code=" + error_code)
+                out.append(f"latency_ms={latency_ms} request_bytes={request_bytes} response_bytes={response_bytes}")
+                return " ".join(out)
+    return _pairs(info.fields(latency_ms))
 
 
 class TextFormatter(logging.Formatter):
