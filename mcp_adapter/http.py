@@ -52,7 +52,7 @@ from convmem.logstore import MAX_BATCH_BYTES
 
 from . import exchange, metrics
 from .auth import Authenticator
-from .deadline import Deadline
+from .deadline import Begun, Deadline, at_once
 from .errors import ToolFailure, unauthenticated
 from .limits import BODY_TIMEOUT
 from .requestlog import RequestLog
@@ -235,13 +235,33 @@ async def read_body(receive: Receive, limit: int, timeout: float) -> bytes | int
     """The whole body, read within ``timeout`` seconds; else why not: :data:`GONE`, :data:`TOO_LARGE`, :data:`TOO_SLOW`.
 
     Invariant: never more than ``limit`` bytes are kept (the chunk that crosses it is dropped, the body refused).
+    The deadline is armed the first time ``receive`` has to wait (:func:`.deadline.at_once`): until then no
+    time passes for the body (messages the server holds already are taken without a turn of the event loop),
+    so a body that is there with its head, the usual case, is read without a timer.
     """
     chunks: list[bytes] = []
     size = 0
     more = True
+    later: Begun[Message] | None = None
+    while more:
+        message = at_once(receive)
+        if isinstance(message, Begun):
+            later = message
+            break
+        if message["type"] != "http.request":
+            return GONE
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return TOO_LARGE
+        chunks.append(chunk)
+        more = message.get("more_body", False)
+    else:
+        return b"".join(chunks)
     with Deadline(timeout) as deadline:  # perf: a timer, not a cancel scope (see .deadline)
         while more:
-            message = await receive()
+            message = await later if later is not None else await receive()
+            later = None
             if message["type"] != "http.request":
                 return GONE
             chunk = message.get("body", b"")
