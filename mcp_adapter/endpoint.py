@@ -47,7 +47,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import exchange, requestlog, wire
 from .exchange import SingleExchange
-from .http import read_body, refuse_body
+from .http import read_body, refuse_body, replaying
 from .wire import DirectRoute, Splice
 
 
@@ -136,7 +136,8 @@ class McpEndpoint:
         if reply is None:  # the exchange's own fallback, or a handler that is not the exchange
             if isinstance(handler, SingleExchange):
                 handler = handler.fallback
-            await handler(scope, _replay(body, counted), wire.splicing(splice, requestlog.tagging(info, response.send)))
+            tagged = requestlog.tagging(info, response.send)
+            await handler(scope, replaying(body, counted), wire.splicing(splice, tagged))
             return
         headers = exchange.reply_headers(reply)
         tag = (b"x-request-id", info.request_id.encode())
@@ -169,20 +170,6 @@ class _Response:
         if message["type"] == "http.response.start":
             self.started = True
         await self.raw(message)
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """``receive`` giving the whole ``body`` first, as :class:`~.http.RequestAdmission` replays it."""
-    replayed = False
-
-    async def replay() -> Message:
-        nonlocal replayed
-        if not replayed:
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
 
 
 def install(app: Any, direct: DirectRoute, *, small_body: int, body_timeout: float) -> None:

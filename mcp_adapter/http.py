@@ -215,16 +215,7 @@ class RequestAdmission:
         if not isinstance(body, bytes):
             await refuse_body(scope, receive, send, body, limit)
             return
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replaying(body, receive), send)
 
 
 #: What :func:`read_body` gives instead of a body: the client went away, the body is too large, too slow.
@@ -239,40 +230,63 @@ async def read_body(receive: Receive, limit: int, timeout: float) -> bytes | int
     time passes for the body (messages the server holds already are taken without a turn of the event loop),
     so a body that is there with its head, the usual case, is read without a timer.
     """
-    chunks: list[bytes] = []
-    size = 0
-    more = True
-    later: Begun[Message] | None = None
-    while more:
+    body = _Chunks(limit)
+    while body.more:
         message = at_once(receive)
         if isinstance(message, Begun):
-            later = message
-            break
+            refused: int | None = None
+            with Deadline(timeout) as deadline:  # perf: a timer, not a cancel scope (see .deadline)
+                refused = body.take(await message)
+                while refused is None and body.more:
+                    refused = body.take(await receive())
+            if deadline.cancelled_caught:
+                return TOO_SLOW
+            return body.joined() if refused is None else refused
+        refused = body.take(message)
+        if refused is not None:
+            return refused
+    return body.joined()
+
+
+class _Chunks:
+    """A body's chunks as they are received, at most ``limit`` bytes of them."""
+
+    __slots__ = ("chunks", "limit", "more", "size")
+
+    def __init__(self, limit: int) -> None:
+        self.chunks: list[bytes] = []
+        self.limit = limit
+        self.size = 0
+        self.more = True
+
+    def take(self, message: Message) -> int | None:
+        """Keep ``message``'s chunk; :data:`GONE` or :data:`TOO_LARGE` instead when the body cannot be had."""
         if message["type"] != "http.request":
             return GONE
         chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
+        self.size += len(chunk)
+        if self.size > self.limit:
             return TOO_LARGE
-        chunks.append(chunk)
-        more = message.get("more_body", False)
-    else:
-        return b"".join(chunks)
-    with Deadline(timeout) as deadline:  # perf: a timer, not a cancel scope (see .deadline)
-        while more:
-            message = await later if later is not None else await receive()
-            later = None
-            if message["type"] != "http.request":
-                return GONE
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                return TOO_LARGE
-            chunks.append(chunk)
-            more = message.get("more_body", False)
-    if deadline.cancelled_caught:
-        return TOO_SLOW
-    return b"".join(chunks)
+        self.chunks.append(chunk)
+        self.more = message.get("more_body", False)
+        return None
+
+    def joined(self) -> bytes:
+        return b"".join(self.chunks)
+
+
+def replaying(body: bytes, receive: Receive) -> Receive:
+    """``receive`` giving the whole ``body`` first (what was read), then what ``receive`` gives."""
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
 
 
 async def refuse_body(scope: Scope, receive: Receive, send: Send, why: int, limit: int) -> None:

@@ -531,23 +531,12 @@ def info_pairs(info: RequestInfo, latency_ms: float) -> str:
         else:
             if _SPECIAL.search("".join(present)) is None:
                 request_id, client, method, path, site, tool, outcome, error_code = texts
-                out = [] if request_id is None else ["request_id=" + request_id]
-                if client is not None:
-                    out.append("client=" + client)
-                if method is not None:
-                    out.append("method=" + method)
-                if path is not None:
-                    out.append("path=" + path)
-                if status is not None:
-                    out.append(f"status={status}")
-                if site is not None:
-                    out.append("site=" + site)
-                if tool is not None:
-                    out.append("tool=" + tool)
-                if outcome is not None:
-                    out.append("outcome=" + outcome)
-                if error_code is not None:
-                    out.append("error_code=" + error_code)
+                named = (
+                    ("request_id", request_id), ("client", client), ("method", method), ("path", path),
+                    ("status", status), ("site", site), ("tool", tool), ("outcome", outcome),
+                    ("error_code", error_code),
+                )  # fmt: skip
+                out = [f"{key}={value}" for key, value in named if value is not None]
                 out.append(f"latency_ms={latency_ms} request_bytes={request_bytes} response_bytes={response_bytes}")
                 return " ".join(out)
     return _pairs(info.fields(latency_ms))

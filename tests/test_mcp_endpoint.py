@@ -22,14 +22,11 @@ from typing import Any
 import anyio
 import pytest
 from starlette.types import ASGIApp, Message
-from test_mcp_exchange import _RID, _TIME, AUTH, CASES, HEADERS, PASSWORD, SITE, _scope, call, rpc
+from test_mcp_exchange import _RID, _TIME, AUTH, CASES, HEADERS, _scope, call, rpc
+from test_mcp_exchange import _app as exchange_app
 
-from convmem.logstore import open_store
-from convmem.logstore.site_credentials import CredentialFile
 from convmem.mcp_adapter import endpoint, exchange
-from convmem.mcp_adapter.auth import Authenticator
-from convmem.mcp_adapter.http import UNAUTHENTICATED_BODY_BYTES, build_app
-from convmem.mcp_adapter.server import Backend, build_server
+from convmem.mcp_adapter.http import UNAUTHENTICATED_BODY_BYTES
 
 #: The body deadline of both apps: short, so that the slow-body case is quick.
 BODY_TIMEOUT = 0.3
@@ -48,20 +45,13 @@ class _Lines(logging.Handler):
 
 @contextlib.asynccontextmanager
 async def _app(data: Path, fast: bool) -> AsyncIterator[ASGIApp]:
-    CredentialFile(data).add(SITE, PASSWORD)
-    store = open_store(str(data))
-    backend = Backend(store=store, data_dir=str(data), authenticator=Authenticator(CredentialFile(data)))
-    app = build_app(build_server(backend), backend, host="127.0.0.1", body_timeout=BODY_TIMEOUT)
-    stack = app.middleware_stack
-    assert isinstance(stack, endpoint.McpEndpoint)
-    if not fast:
-        app.middleware_stack = stack.layers
-    try:
-        async with app.router.lifespan_context(app):
-            yield app
-    finally:
-        backend.close_memories()
-        store.close()
+    """The app as ``build_app`` makes it (``fast``), or with the endpoint taken out (the layered stack alone)."""
+    async with exchange_app(data, True, body_timeout=BODY_TIMEOUT) as app:
+        stack = app.middleware_stack
+        assert isinstance(stack, endpoint.McpEndpoint)
+        if not fast:
+            app.middleware_stack = stack.layers
+        yield app
 
 
 Messages = list[Message]
