@@ -59,14 +59,29 @@ def _calls(c: RawClient, kind: str) -> Callable[[], object]:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (all its threads)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds of process ``pid`` so far (its threads now: one that has ended is not counted).
+
+    Nanoseconds on the CPU from each thread's ``schedstat`` where the kernel keeps them, else the clock
+    ticks of ``/proc/PID/stat`` (10 ms each: enough over thousands of calls, not over a few).
+    """
+    if not os.path.exists(f"/proc/{pid}/schedstat"):
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+    return total / 1e9
 
 
-def profile(kind: str, calls: int, profiler: str, out: str, server_args: list[str]) -> tuple[list[float], float, float]:
-    """Run ``calls`` calls of ``kind`` against a profiled server.
+def profile(
+    kind: str, calls: int, profiler: str, out: str, server_args: list[str], gap: float = 0.0
+) -> tuple[list[float], float, float]:
+    """Run ``calls`` calls of ``kind`` against a profiled server, ``gap`` seconds apart (0: back to back).
 
     Returns the client-side seconds of each call, and the server's and the client's CPU seconds per call.
     """
@@ -88,6 +103,8 @@ def profile(kind: str, calls: int, profiler: str, out: str, server_args: list[st
             t0 = time.perf_counter()
             fn()
             times.append(time.perf_counter() - t0)
+            if gap:
+                time.sleep(gap)  # the server goes idle between calls, as between the bench's interleaved calls
         server_cpu, client_cpu = cpu_seconds(server.pid) - server_cpu, time.process_time() - client_cpu
         c.close()
     finally:
@@ -111,21 +128,22 @@ STAGES: tuple[tuple[str, str], ...] = (
     ("uvicorn: the request task (the whole ASGI app)", _UVICORN + "RequestResponseCycle.run_asgi"),
     ("uvicorn: writing the response", _UVICORN + "RequestResponseCycle.send"),
     ("Starlette app (everything below)", "starlette.applications:Starlette.__call__"),
-    ("request log middleware (everything below)", "convmem.mcp_adapter.requestlog:RequestLog.__call__"),
+    ("POST /mcp endpoint (everything below)", "convmem.mcp_adapter.endpoint:McpEndpoint.__call__"),
     ("  the request log line", "convmem.mcp_adapter.requestlog:_emit"),
     ("    written straight to the text handler", "convmem.mcp_adapter.requestlog:_write_direct"),
-    ("admission: credentials, size, body read", "convmem.mcp_adapter.http:RequestAdmission.__call__"),
-    ("  authentication (a large body only)", "convmem.mcp_adapter.http:RequestAdmission._authenticate"),
-    ("  body read and replay", "convmem.mcp_adapter.http:RequestAdmission._forward"),
+    ("  body read (the deadline armed only to wait)", "convmem.mcp_adapter.http:read_body"),
     ("    the body deadline's timer", "convmem.mcp_adapter.deadline:Deadline.__enter__"),
-    ("result splice middleware, POST /mcp routed to the exchange", "convmem.mcp_adapter.wire:ResultSplice.__call__"),
+    ("request log middleware (not on the endpoint's path)", "convmem.mcp_adapter.requestlog:RequestLog.__call__"),
+    ("admission middleware (not on the endpoint's path)", "convmem.mcp_adapter.http:RequestAdmission.__call__"),
+    ("  authentication (a large body only)", "convmem.mcp_adapter.http:RequestAdmission._authenticate"),
+    ("splice middleware (not on the endpoint's path)", "convmem.mcp_adapter.wire:ResultSplice.__call__"),
     ("Starlette routing (not on POST /mcp)", "starlette.routing:Router.app"),
     ("SDK body-size limit (not on POST /mcp)", "mcp.server.transport_security:RequestBodyLimitMiddleware.__call__"),
-    ("single exchange (below: the SDK's kernel)", "convmem.mcp_adapter.exchange:SingleExchange.__call__"),
+    ("single exchange, in place (below: the SDK's kernel)", "convmem.mcp_adapter.exchange:SingleExchange.answer"),
     ("  JSON-RPC parse and header checks", "convmem.mcp_adapter.exchange:SingleExchange._request_of"),
     ("    Host/Origin/Content-Type checks", "mcp.server.transport_security:"
      "TransportSecurityMiddleware.validate_request"),
-    ("  the SDK's kernel and the response", "convmem.mcp_adapter.exchange:SingleExchange._serve"),
+    ("  the SDK's kernel and the response", "convmem.mcp_adapter.exchange:SingleExchange._reply"),
     ("    serve_one: the SDK's kernel", "mcp.server.runner:serve_one"),
     ("      context and session objects", "mcp.server.runner:ServerRunner._make_context"),
     ("      OpenTelemetry span middleware", "mcp.server._otel:OpenTelemetryMiddleware.__call__"),
@@ -174,24 +192,21 @@ def stage_table(stats: object, requests: int) -> str:
         lines.append(f"{label:<62} {entry[3] / requests * 1e6:>10.1f} {entry[1] / requests:>13.2f}")
     return "\n".join(lines)
 
-#: Layers ``--floor --without`` replaces by a pass-through, to show what each costs in the app's context.
-LAYERS = ("request-line", "request-log", "admission")
+#: What ``--floor --without`` leaves out: the request line (written nowhere), or the endpoint (the
+#: layered stack it stands in front of serves every request, as on any path but the common ``POST /mcp``).
+LAYERS = ("request-line", "endpoint")
 
 
-def _pass_through(names: Sequence[str]) -> None:
-    """Replace each named layer of :data:`LAYERS` by a pass-through, in this process (the bench's, not a server)."""
-    from convmem.mcp_adapter import http, requestlog
-
-    async def forward(self: Any, scope: Any, receive: Any, send: Any) -> None:
-        await self.app(scope, receive, send)
+def _pass_through(names: Sequence[str], app: Any) -> None:
+    """Leave out each named part of :data:`LAYERS`, in this process (the bench's, not a server)."""
+    from convmem.mcp_adapter import endpoint, requestlog
 
     for name in names:
         if name == "request-line":
             requestlog._emit = lambda info: None
-        elif name == "request-log":
-            requestlog.RequestLog.__call__ = forward  # type: ignore[method-assign]
-        elif name == "admission":
-            http.RequestAdmission.__call__ = forward  # type: ignore[method-assign]
+        elif name == "endpoint":
+            assert isinstance(app.middleware_stack, endpoint.McpEndpoint)
+            app.middleware_stack = app.middleware_stack.layers
 
 
 def floor(calls: int, without: Sequence[str] = ()) -> list[tuple[str, float]]:
@@ -209,7 +224,6 @@ def floor(calls: int, without: Sequence[str] = ()) -> list[tuple[str, float]]:
 
     The best of 5 rounds of ``calls`` each, process CPU time.
     """
-    _pass_through(without)
     import asyncio
     import base64
 
@@ -241,6 +255,7 @@ def floor(calls: int, without: Sequence[str] = ()) -> list[tuple[str, float]]:
         backend = Backend(store=store, data_dir=data, authenticator=Authenticator(CredentialFile(data)))
         server = build_server(backend)
         app = build_app(server, backend, host="127.0.0.1")
+        _pass_through(without, app)
 
         async def kernel() -> None:
             message = jsonrpc_message_adapter.validate_python(pydantic_core.from_json(body), by_name=False)
@@ -301,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated subset of {', '.join(KINDS)}")
     p.add_argument("--out", default="mcp-profile", help="directory for the profiles")
     p.add_argument("--floor", action="store_true", help="time a ping in-process: the SDK's kernel alone, the whole app")
+    p.add_argument("--gap-us", type=float, default=0.0,
+                   help="microseconds the client waits between calls (the server idle in between)")
     p.add_argument("--without", default="", help=f"with --floor: comma-separated layers left out ({', '.join(LAYERS)})")
     p.add_argument("server_args", nargs="*", help="extra `convmem serve` options (after --)")
     args = p.parse_args(argv)
@@ -319,7 +336,9 @@ def main(argv: list[str] | None = None) -> int:
         if kind not in KINDS:
             p.error(f"unknown kind {kind}")
         load = open("/proc/loadavg").read().split()[:3]
-        times, server_cpu, client_cpu = profile(kind, args.calls, args.profiler, args.out, args.server_args)
+        times, server_cpu, client_cpu = profile(
+            kind, args.calls, args.profiler, args.out, args.server_args, args.gap_us / 1e6
+        )
         p50 = statistics.median(times) * 1000
         print(
             f"{kind}: {args.calls} calls, p50 {p50:.3f} ms, server CPU {server_cpu * 1000:.3f} ms/call, "

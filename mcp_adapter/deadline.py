@@ -19,8 +19,9 @@ running then, and the timer's callback runs only between task steps).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable, Generator
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 
@@ -41,13 +42,13 @@ class Deadline:
 
     def __enter__(self) -> Deadline:
         try:
-            loop = asyncio.get_running_loop()
+            task = asyncio.current_task()  # raises without a running asyncio loop (trio)
         except RuntimeError:
-            loop = None
-        task = asyncio.current_task() if loop is not None else None
-        if loop is None or task is None:
+            task = None
+        if task is None:
             self._fallback = anyio.move_on_after(self.seconds).__enter__()
             return self
+        loop = task.get_loop()
         self._task = task
         self._cancelling = task.cancelling()
         self._handle = loop.call_later(self.seconds, self._expire)
@@ -74,3 +75,51 @@ class Deadline:
             self.cancelled_caught = True
             return True
         return False
+
+
+T = TypeVar("T")
+
+
+def at_once(receive: Callable[[], Awaitable[T]]) -> T | Begun[T]:
+    """``receive()``'s result when it comes without waiting; else the call, begun, as a :class:`Begun`.
+
+    A :class:`Begun` is awaited for the call's result (it has yielded once;
+    awaiting it hands that yield to the task and goes on as awaiting the call
+    itself would). Lets a caller arm a timer only once there is something to
+    wait for.
+    """
+    steps = receive().__await__()
+    try:
+        first = steps.send(None)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+    return Begun(steps, first)
+
+
+class Begun(Awaitable[T]):
+    """The rest of an awaitable whose iterator has yielded ``first`` (see :func:`at_once`)."""
+
+    __slots__ = ("_first", "_steps")
+
+    def __init__(self, steps: Generator[Any, Any, T], first: Any) -> None:
+        self._steps = steps
+        self._first = first
+
+    def __await__(self) -> Generator[Any, Any, T]:
+        steps, value = self._steps, self._first
+        while True:
+            try:
+                sent = yield value
+            except BaseException as exc:  # thrown in by the task (a cancellation): the call's to handle
+                try:
+                    value = steps.throw(exc)
+                except StopIteration as done:
+                    result: T = done.value
+                    return result
+            else:
+                try:
+                    value = steps.send(sent)
+                except StopIteration as done:
+                    result = done.value
+                    return result

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -140,29 +140,41 @@ class SingleExchange:
         self._passed: set[tuple[bytes | None, ...]] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["method"] != "POST" or self.manager._task_group is None:
+        if scope["method"] != "POST" or not self.running():
             await self.fallback(scope, receive, send)
             return
-        version: str | None = None
-        checked: dict[bytes, bytes] = {}
-        for key, value in scope["headers"]:
-            if key == _PROTOCOL_HEADER:
-                if version is None:
-                    version = value.decode("latin-1")
-            elif key in _CHECKED_HEADERS and key not in checked:
-                checked[key] = value  # the first of its name, as Starlette's Headers.get gives
+        version, passed = checked_headers(scope["headers"])
         if version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS:
             await self.fallback(scope, receive, send)  # the 2026 protocol's own entry
             return
         first = await receive()
         body = _body_of(first)
-        request = Request(scope, receive)
-        passed = tuple(checked.get(name) for name in _CHECKED_HEADERS)
-        message = None if body is None else await self._request_of(request, body, passed)
-        if message is None:
+        reply = None if body is None else await self.answer(scope, receive, body, version, passed)
+        if reply is None:
             await self.fallback(scope, _replaying(first, receive), send)
             return
-        await self._serve(request, message, version, send)
+        await send({"type": "http.response.start", "status": 200, "headers": reply_headers(reply)})
+        await send({"type": "http.response.body", "body": reply})
+
+    def running(self) -> bool:
+        """True while the session manager runs (otherwise its own handler says why it cannot serve)."""
+        return self.manager._task_group is not None
+
+    async def answer(
+        self, scope: Scope, receive: Receive, body: bytes, version: str | None, passed: tuple[bytes | None, ...]
+    ) -> bytes | None:
+        """The body of the 200 ``application/json`` reply to ``body``, served in place; None: the SDK's to answer.
+
+        ``version`` and ``passed`` are what :func:`checked_headers` gives for
+        the request; ``version`` is None or a handshake-era version. Nothing
+        has been sent when None is returned: the caller hands the request to
+        :attr:`fallback` with the body replayed.
+        """
+        request = Request(scope, receive)
+        message = await self._request_of(request, body, passed)
+        if message is None:
+            return None
+        return await self._reply(request, message, version)
 
     async def _request_of(
         self, request: Request, body: bytes, headers: tuple[bytes | None, ...]
@@ -188,8 +200,8 @@ class SingleExchange:
             return None
         return message if isinstance(message, JSONRPCRequest) else None
 
-    async def _serve(self, request: Request, message: JSONRPCRequest, version: str | None, send: Send) -> None:
-        """Run the SDK's kernel for ``message`` and write its response as the SDK's transport does."""
+    async def _reply(self, request: Request, message: JSONRPCRequest, version: str | None) -> bytes:
+        """Run the SDK's kernel for ``message``: its response's body, as the SDK's transport writes it."""
         metadata = ServerMessageMetadata(request_context=request, can_send_request=False)
         dctx = _DispatchContext(message.id, metadata)
         connection = _born_ready(version or DEFAULT_NEGOTIATED_VERSION)
@@ -204,10 +216,28 @@ class SingleExchange:
                 _dispatch_logger.exception("handler for %r raised", message.method)
                 error = ErrorData(code=0, message=str(exc))  # the dispatcher's catch-all, pinned for v1 compat
             reply = JSONRPCError(jsonrpc="2.0", id=message.id, error=error)
-        body = reply.model_dump_json(by_alias=True, exclude_unset=True).encode()
-        headers = [*_JSON_HEADERS, (b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        return reply.model_dump_json(by_alias=True, exclude_unset=True).encode()
+
+
+def reply_headers(body: bytes) -> list[tuple[bytes, bytes]]:
+    """The headers of a reply :meth:`SingleExchange.answer` gave: JSON and its length, as the SDK's transport sends."""
+    return [*_JSON_HEADERS, (b"content-length", str(len(body)).encode())]
+
+
+def checked_headers(headers: Iterable[tuple[bytes, bytes]]) -> tuple[str | None, tuple[bytes | None, ...]]:
+    """The request's ``MCP-Protocol-Version`` (the first) and its :data:`_CHECKED_HEADERS` values (the first of each).
+
+    The values are what the transport's checks read (Starlette's ``Headers.get`` gives the first of a name).
+    """
+    version: str | None = None
+    checked: dict[bytes, bytes] = {}
+    for key, value in headers:
+        if key == _PROTOCOL_HEADER:
+            if version is None:
+                version = value.decode("latin-1")
+        elif key in _CHECKED_HEADERS and key not in checked:
+            checked[key] = value
+    return version, tuple(checked.get(name) for name in _CHECKED_HEADERS)
 
 
 def _validates_none(model: type[BaseModel]) -> bool:

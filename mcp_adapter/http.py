@@ -52,7 +52,7 @@ from convmem.logstore import MAX_BATCH_BYTES
 
 from . import exchange, metrics
 from .auth import Authenticator
-from .deadline import Deadline
+from .deadline import Begun, Deadline, at_once
 from .errors import ToolFailure, unauthenticated
 from .limits import BODY_TIMEOUT
 from .requestlog import RequestLog
@@ -211,36 +211,90 @@ class RequestAdmission:
 
     async def _forward(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
         """Read the body (at most ``limit`` bytes, within the deadline), then hand it to the app."""
-        chunks: list[bytes] = []
-        size = 0
-        more = True
-        with Deadline(self.body_timeout) as deadline:  # perf: a timer, not a cancel scope (see .deadline)
-            while more:
-                message = await receive()
-                if message["type"] != "http.request":
-                    return  # the client went away
-                chunk = message.get("body", b"")
-                size += len(chunk)
-                if size > limit:
-                    await _plain(scope, receive, send, 413, _too_large(limit))
-                    return
-                chunks.append(chunk)
-                more = message.get("more_body", False)
-        if deadline.cancelled_caught:
-            await _plain(scope, receive, send, 408, "The request body did not arrive in time.")
+        body = await read_body(receive, limit, self.body_timeout)
+        if not isinstance(body, bytes):
+            await refuse_body(scope, receive, send, body, limit)
             return
-        body = b"".join(chunks)
-        del chunks
-        replayed = False
+        await self.app(scope, replaying(body, receive), send)
 
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
 
-        await self.app(scope, replay, send)
+#: What :func:`read_body` gives instead of a body: the client went away, the body is too large, too slow.
+GONE, TOO_LARGE, TOO_SLOW = 0, 413, 408
+
+
+async def read_body(receive: Receive, limit: int, timeout: float) -> bytes | int:
+    """The whole body, read within ``timeout`` seconds; else why not: :data:`GONE`, :data:`TOO_LARGE`, :data:`TOO_SLOW`.
+
+    Invariant: never more than ``limit`` bytes are kept (the chunk that crosses it is dropped, the body refused).
+    The deadline is armed the first time ``receive`` has to wait (:func:`.deadline.at_once`): until then no
+    time passes for the body (messages the server holds already are taken without a turn of the event loop),
+    so a body that is there with its head, the usual case, is read without a timer.
+    """
+    body = _Chunks(limit)
+    while body.more:
+        message = at_once(receive)
+        if isinstance(message, Begun):
+            refused: int | None = None
+            with Deadline(timeout) as deadline:  # perf: a timer, not a cancel scope (see .deadline)
+                refused = body.take(await message)
+                while refused is None and body.more:
+                    refused = body.take(await receive())
+            if deadline.cancelled_caught:
+                return TOO_SLOW
+            return body.joined() if refused is None else refused
+        refused = body.take(message)
+        if refused is not None:
+            return refused
+    return body.joined()
+
+
+class _Chunks:
+    """A body's chunks as they are received, at most ``limit`` bytes of them."""
+
+    __slots__ = ("chunks", "limit", "more", "size")
+
+    def __init__(self, limit: int) -> None:
+        self.chunks: list[bytes] = []
+        self.limit = limit
+        self.size = 0
+        self.more = True
+
+    def take(self, message: Message) -> int | None:
+        """Keep ``message``'s chunk; :data:`GONE` or :data:`TOO_LARGE` instead when the body cannot be had."""
+        if message["type"] != "http.request":
+            return GONE
+        chunk = message.get("body", b"")
+        self.size += len(chunk)
+        if self.size > self.limit:
+            return TOO_LARGE
+        self.chunks.append(chunk)
+        self.more = message.get("more_body", False)
+        return None
+
+    def joined(self) -> bytes:
+        return b"".join(self.chunks)
+
+
+def replaying(body: bytes, receive: Receive) -> Receive:
+    """``receive`` giving the whole ``body`` first (what was read), then what ``receive`` gives."""
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def refuse_body(scope: Scope, receive: Receive, send: Send, why: int, limit: int) -> None:
+    """Answer what :func:`read_body` gave instead of a body (nothing when the client went away)."""
+    if why == TOO_LARGE:
+        await _plain(scope, receive, send, 413, _too_large(limit))
+    elif why == TOO_SLOW:
+        await _plain(scope, receive, send, 408, "The request body did not arrive in time.")
 
 
 def _content_length(scope: Scope) -> int | None:
@@ -305,4 +359,8 @@ def build_app(
     app.add_middleware(RequestAdmission, authenticator=backend.authenticator, body_timeout=body_timeout)
     app.add_middleware(NoEventStream)
     app.add_middleware(RequestLog)  # ops: request ids and the request log line; keep it the outermost
+    from .endpoint import install  # here: the endpoint module reads bodies with this module's functions
+
+    # perf: the common POST /mcp served by one callable taking the layers' steps (see .endpoint)
+    install(app, direct, small_body=UNAUTHENTICATED_BODY_BYTES, body_timeout=body_timeout)
     return app

@@ -74,7 +74,12 @@ class RequestInfo:
     response_bytes: int = 0
     started: float = field(default_factory=time.perf_counter)
 
-    def fields(self) -> dict[str, Any]:
+    def latency_ms(self) -> float:
+        """Milliseconds since the request began, as the line reports them."""
+        return round((time.perf_counter() - self.started) * 1000, 3)
+
+    def fields(self, latency_ms: float | None = None) -> dict[str, Any]:
+        """The line's fields (``latency_ms``: measured now unless given)."""
         return {
             "request_id": self.request_id,
             "client": self.client,
@@ -85,7 +90,7 @@ class RequestInfo:
             "tool": self.tool,
             "outcome": self.outcome,
             "error_code": self.error_code,
-            "latency_ms": round((time.perf_counter() - self.started) * 1000, 3),
+            "latency_ms": self.latency_ms() if latency_ms is None else latency_ms,
             "request_bytes": self.request_bytes,
             "response_bytes": self.response_bytes,
         }
@@ -150,7 +155,7 @@ def _emit(info: RequestInfo) -> None:
         return
     handler = _direct_handler(level)
     if handler is not None:
-        _write_direct(handler, level, info.fields())
+        _write_direct(handler, level, info)
         return
     logger.handle(_record(level, info.fields()))
 
@@ -213,21 +218,23 @@ def direct_line(formatter: TextFormatter, level: int, created: float, msecs: flo
     return f"{formatter.stamp(created, msecs)} {logging.getLevelName(level)} {logger.name}: request {_pairs(fields)}"
 
 
-def _write_direct(handler: logging.StreamHandler[Any], level: int, fields: dict[str, Any]) -> None:
+def _write_direct(handler: logging.StreamHandler[Any], level: int, info: RequestInfo) -> None:
     """What ``handler.handle(record)`` does with the request line's record, without the record."""
     formatter = handler.formatter
     assert isinstance(formatter, TextFormatter)
+    latency_ms = info.latency_ms()
     created, msecs = _now()
     handler.acquire()
     try:
         stream = handler.stream
-        stream.write(direct_line(formatter, level, created, msecs, fields) + handler.terminator)
+        head = f"{formatter.stamp(created, msecs)} {logging.getLevelName(level)} {logger.name}: request "
+        stream.write(head + info_pairs(info, latency_ms) + handler.terminator)
         if stream and hasattr(stream, "flush"):
             stream.flush()
     except RecursionError:  # as StreamHandler.emit
         raise
     except Exception:
-        handler.handleError(_record(level, fields))
+        handler.handleError(_record(level, info.fields(latency_ms)))
     finally:
         handler.release()
 
@@ -308,6 +315,69 @@ def _tag_error_response(held: list[Message], rid: str) -> tuple[Message, bytes]:
     return {**start, "headers": headers}, body
 
 
+def counting(info: RequestInfo, receive: Receive) -> Receive:
+    """``receive`` counting the request's body bytes into ``info``."""
+
+    async def counting_receive() -> Message:
+        message = await receive()
+        if message["type"] == "http.request":
+            info.request_bytes += len(message.get("body", b""))
+        return message
+
+    return counting_receive
+
+
+def tagging(info: RequestInfo, send: Send) -> Send:
+    """``send`` recording the response into ``info``, with the request id in its headers and in an error's text."""
+    held: list[Message] = []  # an error response's start and body chunks, until its body is complete
+
+    async def tagging_send(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            info.status = message["status"]
+            headers = list(message.get("headers", []))
+            headers.append((b"x-request-id", info.request_id.encode()))
+            message = {**message, "headers": headers}
+            if info.status >= 400:
+                held.append(message)
+                return
+        elif message["type"] == "http.response.body":
+            if held:
+                held.append(message)
+                if message.get("more_body", False):
+                    return
+                start, body = _tag_error_response(held, info.request_id)
+                held.clear()
+                await send(start)
+                message = {"type": "http.response.body", "body": body}
+            info.response_bytes += len(message.get("body", b""))
+        await send(message)
+
+    return tagging_send
+
+
+def begin(scope: Scope) -> tuple[RequestInfo, contextvars.Token[RequestInfo | None]]:
+    """A new request's :class:`RequestInfo`, made the current one; the token :func:`end` takes."""
+    client = scope.get("client")
+    info = RequestInfo(
+        new_request_id(), client=client[0] if client else None, method=scope["method"], path=scope["path"]
+    )
+    return info, _current.set(info)
+
+
+def end(info: RequestInfo, token: contextvars.Token[RequestInfo | None], scope: Scope) -> None:
+    """The request is over (answered, refused or failed): it is no longer current, and its line is written."""
+    _current.reset(token)
+    if info.tool is None:
+        failed = info.status is None or info.status >= 400
+        info.outcome = "error" if failed else "ok"
+        if info.status == 401:
+            info.error_code = "Unauthenticated"
+            record_auth_failure()
+    if info.error_code == "Unauthenticated":
+        info.site = info.site or _claimed_site(scope)
+    _emit(info)
+
+
 class RequestLog:
     """ASGI middleware: a request id per HTTP request, and its log line when it ends."""
 
@@ -318,54 +388,11 @@ class RequestLog:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        client = scope.get("client")
-        info = RequestInfo(
-            new_request_id(), client=client[0] if client else None, method=scope["method"], path=scope["path"]
-        )
-        token = _current.set(info)
-
-        async def counting_receive() -> Message:
-            message = await receive()
-            if message["type"] == "http.request":
-                info.request_bytes += len(message.get("body", b""))
-            return message
-
-        held: list[Message] = []  # an error response's start and body chunks, until its body is complete
-
-        async def tagging_send(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                info.status = message["status"]
-                headers = list(message.get("headers", []))
-                headers.append((b"x-request-id", info.request_id.encode()))
-                message = {**message, "headers": headers}
-                if info.status >= 400:
-                    held.append(message)
-                    return
-            elif message["type"] == "http.response.body":
-                if held:
-                    held.append(message)
-                    if message.get("more_body", False):
-                        return
-                    start, body = _tag_error_response(held, info.request_id)
-                    held.clear()
-                    await send(start)
-                    message = {"type": "http.response.body", "body": body}
-                info.response_bytes += len(message.get("body", b""))
-            await send(message)
-
+        info, token = begin(scope)
         try:
-            await self.app(scope, counting_receive, tagging_send)
+            await self.app(scope, counting(info, receive), tagging(info, send))
         finally:
-            _current.reset(token)
-            if info.tool is None:
-                failed = info.status is None or info.status >= 400
-                info.outcome = "error" if failed else "ok"
-                if info.status == 401:
-                    info.error_code = "Unauthenticated"
-                    record_auth_failure()
-            if info.error_code == "Unauthenticated":
-                info.site = info.site or _claimed_site(scope)
-            _emit(info)
+            end(info, token, scope)
 
 
 # -- log formatting -----------------------------------------------------------------
@@ -485,6 +512,34 @@ def _pairs(fields: dict[str, Any]) -> str:
         else:
             out.append(f"{key}={_field_value(value)}")
     return " ".join(out)
+
+
+def info_pairs(info: RequestInfo, latency_ms: float) -> str:
+    """``_pairs(info.fields(latency_ms))``, the usual line's pairs written from ``info`` without the dictionary.
+
+    The usual line: a status that is an ``int`` or None, byte counts that are
+    ``int``, every string non-empty and free of what :data:`_SPECIAL` matches
+    (one search over them all, as in :func:`_pairs`); any other goes through :func:`_pairs`.
+    """
+    status, request_bytes, response_bytes = info.status, info.request_bytes, info.response_bytes
+    texts = (info.request_id, info.client, info.method, info.path, info.site, info.tool, info.outcome, info.error_code)
+    if (status is None or type(status) is int) and type(request_bytes) is int and type(response_bytes) is int:
+        present = [text for text in texts if text is not None]
+        for text in present:
+            if type(text) is not str or not text:
+                break
+        else:
+            if _SPECIAL.search("".join(present)) is None:
+                request_id, client, method, path, site, tool, outcome, error_code = texts
+                named = (
+                    ("request_id", request_id), ("client", client), ("method", method), ("path", path),
+                    ("status", status), ("site", site), ("tool", tool), ("outcome", outcome),
+                    ("error_code", error_code),
+                )  # fmt: skip
+                out = [f"{key}={value}" for key, value in named if value is not None]
+                out.append(f"latency_ms={latency_ms} request_bytes={request_bytes} response_bytes={response_bytes}")
+                return " ".join(out)
+    return _pairs(info.fields(latency_ms))
 
 
 class TextFormatter(logging.Formatter):

@@ -226,22 +226,36 @@ def splicing(splice: Splice, send: Send) -> Send:
         held.append(message.get("body", b""))
         if message.get("more_body", False):
             return
-        chunks = splice.chunks(b"".join(held))
+        body = b"".join(held)
         held.clear()
-        size = sum(len(c) for c in chunks)
-        headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
-        headers.append((b"content-length", str(size).encode()))
-        await send({**start, "headers": headers})
-        start = None
-        if size <= PIECE:
-            await send({"type": "http.response.body", "body": b"".join(chunks)})
-            return
-        pieces = [memoryview(c)[i : i + PIECE] for c in chunks for i in range(0, len(c), PIECE)]
-        for i, piece in enumerate(pieces):
-            # ASGI bodies are bytes: one piece is copied at a time, while the socket drains.
-            await send({"type": "http.response.body", "body": bytes(piece), "more_body": i + 1 < len(pieces)})
+        begun, start = start, None
+        await send_spliced(splice, begun, body, send)
 
     return splicing_send
+
+
+async def send_spliced(
+    splice: Splice, start: Message, body: bytes, send: Send, after: Sequence[tuple[bytes, bytes]] = ()
+) -> int:
+    """Send the response ``start`` and ``body`` with ``splice``'s placeholders replaced; the body's size as sent.
+
+    ``Content-Length`` is recomputed (the last header but ``after``'s); a body larger than :data:`PIECE` goes
+    out in pieces.
+    """
+    chunks = splice.chunks(body)
+    size = sum(len(c) for c in chunks)
+    headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+    headers.append((b"content-length", str(size).encode()))
+    headers += after
+    await send({**start, "headers": headers})
+    if size <= PIECE:
+        await send({"type": "http.response.body", "body": b"".join(chunks)})
+        return size
+    pieces = [memoryview(c)[i : i + PIECE] for c in chunks for i in range(0, len(c), PIECE)]
+    for i, piece in enumerate(pieces):
+        # ASGI bodies are bytes: one piece is copied at a time, while the socket drains.
+        await send({"type": "http.response.body", "body": bytes(piece), "more_body": i + 1 < len(pieces)})
+    return size
 
 
 def splice_of(request: Any) -> Splice | None:

@@ -7,7 +7,7 @@ import asyncio
 import anyio
 import pytest
 
-from convmem.mcp_adapter.deadline import Deadline
+from convmem.mcp_adapter.deadline import Begun, Deadline, at_once
 
 
 @pytest.mark.anyio
@@ -79,3 +79,44 @@ async def test_both_at_once_the_other_cancellation_wins() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert held[0].expired and not held[0].cancelled_caught
+
+
+@pytest.mark.anyio
+async def test_a_result_there_already_comes_at_once_and_a_wait_goes_on_when_awaited() -> None:
+    ready = asyncio.Event()
+    steps: list[str] = []
+
+    async def receive() -> dict[str, str]:
+        steps.append("called")
+        await ready.wait()
+        steps.append("woken")
+        return {"type": "http.request"}
+
+    ready.set()
+    assert at_once(receive) == {"type": "http.request"} and steps == ["called", "woken"]
+    ready.clear()
+    steps.clear()
+    begun = at_once(receive)
+    assert isinstance(begun, Begun) and steps == ["called"]
+    asyncio.get_running_loop().call_later(0.01, ready.set)
+    assert await begun == {"type": "http.request"} and steps == ["called", "woken"]
+
+
+@pytest.mark.anyio
+async def test_a_begun_wait_is_cancelled_by_the_deadline_and_cleans_up() -> None:
+    cleaned: list[bool] = []
+
+    async def receive() -> dict[str, str]:
+        try:
+            await asyncio.get_running_loop().create_future()
+        finally:
+            cleaned.append(True)
+        raise AssertionError  # pragma: no cover
+
+    begun = at_once(receive)
+    assert isinstance(begun, Begun)
+    with Deadline(0.01) as deadline:
+        await begun
+    assert deadline.cancelled_caught and cleaned == [True]
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0

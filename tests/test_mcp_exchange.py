@@ -23,6 +23,7 @@ from typing import Any
 import anyio
 import pytest
 from mcp.server.transport_security import RequestBodyLimitMiddleware
+from starlette.applications import Starlette
 from starlette.types import ASGIApp, Message
 
 from convmem.logstore import open_store
@@ -151,12 +152,13 @@ async def _request(app: ASGIApp, body: bytes, changes: dict[str, str | None]) ->
 
 
 @contextlib.asynccontextmanager
-async def _app(data: Path, single_exchange: bool) -> AsyncIterator[ASGIApp]:
+async def _app(data: Path, single_exchange: bool, **options: Any) -> AsyncIterator[Starlette]:
+    """The real app over a new data directory with the site (``options`` for ``build_app``), while it runs."""
     CredentialFile(data).add(SITE, PASSWORD)
     store = open_store(str(data))
     backend = Backend(store=store, data_dir=str(data), authenticator=Authenticator(CredentialFile(data)))
     server = build_server(backend)
-    app = build_app(server, backend, host="127.0.0.1")
+    app = build_app(server, backend, host="127.0.0.1", **options)
     if not single_exchange:  # what exchange.install replaced: the SDK's own handler
         manager = server.session_manager
         manager.asgi_app = RequestBodyLimitMiddleware(manager._handle_request, manager.max_request_body_size)

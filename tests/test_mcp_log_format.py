@@ -6,6 +6,7 @@ import io
 import logging
 import re
 import sys
+from http import HTTPStatus
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -29,6 +30,30 @@ VALUES = st.one_of(
 def test_pairs_match_the_general_escaping(fields: dict[str, object]) -> None:
     general = " ".join(f"{k}={_field_value(v)}" for k, v in fields.items() if v is not None)
     assert _pairs(fields) == general
+
+
+#: Mostly plain values (the usual line), sometimes one that needs escaping, quoting or leaving out.
+PLAIN = st.from_regex(r"[a-z0-9./:-]{1,10}", fullmatch=True)
+TEXTS = st.one_of(PLAIN, PLAIN, PLAIN, st.none(), st.text(max_size=6), st.sampled_from(["", "a b", "x=1", "é", "\x1b"]))
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])  # a shared, busy machine
+@given(
+    st.tuples(*[TEXTS] * 8),
+    st.one_of(st.none(), st.integers(100, 599), st.sampled_from([HTTPStatus.OK, HTTPStatus.NOT_FOUND, True])),
+    st.tuples(st.integers(0, 10**9), st.integers(0, 10**9)),
+    st.floats(min_value=0, max_value=10**6),
+)
+def test_the_usual_line_from_the_request_is_what_the_pairs_of_its_fields_are(
+    texts: tuple[str | None, ...], status: int | None, sizes: tuple[int, int], latency_ms: float
+) -> None:
+    request_id, client, method, path, site, tool, outcome, error_code = texts
+    info = requestlog.RequestInfo(
+        request_id,  # type: ignore[arg-type]  # None too: the line leaves out what is missing
+        client=client, method=method, path=path, status=status, site=site, tool=tool, outcome=outcome,
+        error_code=error_code, request_bytes=sizes[0], response_bytes=sizes[1],
+    )
+    assert requestlog.info_pairs(info, latency_ms) == _pairs(info.fields(latency_ms))
 
 
 @settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
