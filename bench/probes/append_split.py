@@ -15,6 +15,7 @@ their totals is what convmem adds to the floor.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import statistics
@@ -68,9 +69,9 @@ def main() -> None:
             store.append(SITE, CONV, batch)
             floor.append(SITE, CONV, batch)
             floor.reserve(SITE, CONV, (args.n + 1) * items * (1024 + 64))
-            calls: dict[str, Callable[[], None]] = {
-                "convmem": lambda: store.append(SITE, CONV, batch),
-                "floor": lambda: floor.append(SITE, CONV, batch),
+            calls: dict[str, Callable[[], object]] = {
+                "convmem": functools.partial(store.append, SITE, CONV, batch),
+                "floor": functools.partial(floor.append, SITE, CONV, batch),
             }
             total: dict[str, list[float]] = {k: [] for k in calls}
             durable: dict[str, list[float]] = {k: [] for k in calls}
