@@ -102,8 +102,8 @@ def _peers() -> dict[str, Any]:
     return {"sqlite": {"pragmas": {**sqlite_peer.PRAGMAS, "synchronous": "FULL"}, "cached_statements": 64,
                        "keys": "INTEGER PRIMARY KEY = conversation id << 32 | seq", "payload": "BLOB (compact JSON)"},
             "lmdb": {"sync": True, "metasync": True, "transaction": "one write transaction per batch"},
-            "floor": "pwrite into pre-zeroed, synced space + fdatasync per batch",
-            "floor-extending": "append (O_APPEND) + fdatasync per batch: the file grows on every sync",
+            "floor": "pwrite into pre-zeroed, synced space + fdatasync per batch (one pwritev, RWF_DSYNC, if any)",
+            "floor-extending": "append (O_APPEND) + fdatasync per batch: the file grows on every sync (RWF_DSYNC too)",
             "sqlite-text-schema": "the text-keyed WITHOUT ROWID schema with JSON text payloads (extra row)",
             "sqlite-normal": "the tuned SQLite with synchronous=NORMAL: not durable per commit (reference only)",
             "sqlite-group": "the tuned SQLite behind one writer thread committing queued batches together"}

@@ -25,6 +25,7 @@ from typing import Any
 
 import msgspec
 
+from bench.floor_peer import RWF_DSYNC
 from bench.sqlite_peer import SqliteConnections
 from convmem.logstore import ListCursor, ListSelector, Range, Tail, open_store
 
@@ -169,9 +170,12 @@ class Floor:
         data = b",".join(encoded) + b","
         fd, offsets, lock = self._file(site, conv)
         with lock:
-            os.write(fd, data)
-            if self.sync:
-                os.fdatasync(fd)
+            if self.sync and RWF_DSYNC is not None:
+                os.pwritev(fd, [data], 0, RWF_DSYNC)  # O_APPEND: at the end, whatever the offset; synced
+            else:
+                os.write(fd, data)
+                if self.sync:
+                    os.fdatasync(fd)
             pos = offsets[-1]
             for e in encoded:
                 pos += len(e) + 1

@@ -88,11 +88,9 @@ class ConversationCreation(SegmentRoll):
             self._close_active()
             seg = self.active = ActiveSegment(self.path, 0, fd, salt)
             seg.pending_end = 0  # on failure the file is emptied: an empty file is a torn creation
-            fileio.pwrite_all(fd, data if size == claim.size else data + bytes(size - len(data)), 0)
-            fileio.crashpoint("after-file-create")
-            fileio.crashpoint("pool-claim-written")
-            fileio.crashpoint("before-data-sync")
-            fileio.fdatasync(fd)  # the only sync: the rename is synced after the acknowledgement
+            # The only sync: the rename is synced after the acknowledgement.
+            fileio.pwrite_synced(fd, data if size == claim.size else data + bytes(size - len(data)), 0,
+                                 ("after-file-create", "pool-claim-written", "before-data-sync"))
             fileio.crashpoint("pool-claim-synced")
         else:
             size = self._extended_size(0, len(data))

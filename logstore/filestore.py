@@ -42,6 +42,9 @@ from .timefmt import format_us, parse_rfc3339
 
 _Item = TypeVar("_Item", MemoryItem, RawMemoryItem)
 
+#: At most this many site directories are remembered by name (:meth:`FileStore._site_dir`); past it each is computed.
+_SITE_DIRS_KEPT = 1024
+
 
 
 def _bounds(selector: ReadSelector) -> tuple[int | None, int]:
@@ -93,6 +96,8 @@ class FileStore(MemoryStore):
         self._lock = threading.Lock()
         self._convs: OrderedDict[tuple[str, str], Conversation] = OrderedDict()
         self._manifests: dict[str, SiteManifest] = {}
+        #: Site directories by site name (``layout.site_dir``, computed once per site).
+        self._site_dirs: dict[str, str] = {}
         #: Pools of pre-created conversation directories, per site (logstore.convpool).
         self._pools: dict[str, convpool.SitePool] = {}
         #: False: every new conversation is created in place (no pool, no spare directories).
@@ -249,6 +254,13 @@ class FileStore(MemoryStore):
                 )
                 self._manifests[site] = m
             return m
+
+    def _site_dir(self, site: str) -> str:
+        """The site's directory (``layout.site_dir``), remembered by name for the next appends."""
+        path = layout.site_dir(self.root, site)
+        if len(self._site_dirs) < _SITE_DIRS_KEPT:
+            self._site_dirs[site] = path
+        return path
 
     def _conversation(self, site: str, conversation_id: str) -> Conversation:
         key = (site, conversation_id)
@@ -409,9 +421,12 @@ class FileStore(MemoryStore):
         deadline = started + self.options.lock_timeout
         try:
             # The site's lock, shared, for the whole append: a removal waits for it to end, and
-            # every file it creates by path lands in the incarnation checked here.
-            with self._guard.writing(layout.site_dir(self.root, site)) as incarnation:
-                self._site_is(site, incarnation)
+            # every file it creates by path lands in the incarnation checked here. (What
+            # ``with self._guard.writing(...)`` does, without a generator on every append.)
+            site_path = self._site_dirs.get(site) or self._site_dir(site)
+            held = self._guard.enter(site_path)
+            try:
+                self._site_is(site, None if held is None else held.incarnation)
                 conv = self._acquire(site, conversation_id, deadline, started)
                 try:
                     if self._usage is None:
@@ -424,6 +439,9 @@ class FileStore(MemoryStore):
                         )
                 finally:
                     conv.mutex.release()
+            finally:
+                if held is not None:
+                    self._guard.leave(site_path, held)
         except StoreError:
             raise
         except OSError as exc:

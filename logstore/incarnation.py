@@ -92,7 +92,7 @@ class _Held:
         self.leased = False
         self.used = 0.0
         #: When a ``stat`` last showed the path names this file, and whether the reaper saw a
-        #: removal knock since (see SiteGuard._enter).
+        #: removal knock since (see SiteGuard.enter).
         self.checked = 0.0
         self.knocked = False
 
@@ -229,7 +229,7 @@ class SiteGuard(lease.Leased):
         """Close every ``site.id`` descriptor this guard holds (its store is closing).
 
         A descriptor still locked by a call in flight is closed by that call's
-        :meth:`_leave` (it is marked superseded); a later use opens the file again.
+        :meth:`leave` (it is marked superseded); a later use opens the file again.
         """
         with self._mutex:
             self._closed = True
@@ -273,22 +273,38 @@ class SiteGuard(lease.Leased):
         the call began before the removal ended, and must neither write into
         the site going away nor create its next incarnation.
         """
-        held = self._enter(site_path, create)
+        held = self.enter(site_path, create)
         try:
             yield None if held is None else held.incarnation
         finally:
             if held is not None:
-                self._leave(site_path, held)
+                self.leave(site_path, held)
 
-    def _enter(self, site_path: str, create: bool) -> _Held | None:
+    def enter(self, site_path: str, create: bool = True) -> _Held | None:
+        """What :meth:`writing` does on entry, without a generator (the append path): the hold, or None.
+
+        The caller passes a hold it got to :meth:`leave` exactly once, in a
+        ``finally``; ``hold.incarnation`` is what :meth:`writing` yields.
+        """
         started = time.monotonic()
+        with self._mutex:
+            # Held without a break since a stat proved it the file at the path (less than
+            # lease.TERM ago) and no removal knocks: a removal cannot have finished, so the
+            # path still names this incarnation for all a writer does (see the module doc).
+            held = self._held.get(site_path)
+            if (held is not None and (held.holders > 0 or held.leased) and not held.knocked
+                    and started - held.checked < lease.TERM):
+                held.holders += 1
+                held.leased = False
+                return held
+        return self._enter_checked(site_path, create, started)
+
+    def _enter_checked(self, site_path: str, create: bool, started: float) -> _Held | None:
+        """:meth:`enter` when the hold must be checked against the path (a ``stat``), or taken."""
         delay = 0.0005
         id_path = os.path.join(site_path, SITE_ID_FILE)
         while True:
             with self._mutex:
-                # Held without a break since a stat proved it the file at the path (less than
-                # lease.TERM ago) and no removal knocks: a removal cannot have finished, so the
-                # path still names this incarnation for all a writer does (see the module doc).
                 held = self._held.get(site_path)
                 if (held is not None and (held.holders > 0 or held.leased) and not held.knocked
                         and time.monotonic() - held.checked < lease.TERM):
@@ -338,7 +354,8 @@ class SiteGuard(lease.Leased):
             time.sleep(delay)
             delay = min(delay * 2, 0.02)
 
-    def _leave(self, site_path: str, held: _Held) -> None:
+    def leave(self, site_path: str, held: _Held) -> None:
+        """End a hold :meth:`enter` returned."""
         with self._mutex:
             held.holders -= 1
             if held.holders == 0:

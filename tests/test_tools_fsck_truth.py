@@ -301,12 +301,21 @@ def killing(real):
             os.kill(os.getpid(), signal.SIGKILL)  # a real SIGKILL, at this exact step
         return real(*args)
     return call
-# The batch's record is written with pwrite and synced with fdatasync; the manifest's
-# intent (logged before both) with write.
+# The batch's record is written with pwrite and synced with fdatasync, or both in one pwritev
+# with RWF_DSYNC (logstore.fileio.pwrite_synced); the manifest's intent (logged before) with write.
+def written_then_killing(real):
+    def call(fd, buffers, offset, flags=0):
+        if armed:
+            os.pwrite(fd, b"".join(buffers), offset)  # the record written, not synced
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(fd, buffers, offset, flags)
+    return call
 if mode == "write":
     os.pwrite = killing(os.pwrite)
+    os.pwritev = killing(os.pwritev)
 elif mode == "fdatasync":
     os.fdatasync = killing(os.fdatasync)
+    os.pwritev = written_then_killing(os.pwritev)
 if mode == "loop":
     print("ready", flush=True)
     i = 0
