@@ -133,22 +133,38 @@ def pwrite_synced(fd: int, data: bytes, offset: int, between: tuple[str, ...] = 
     test watches the seam (a fault hook, a recorder, a crash point) it is the
     two calls, with the crash points ``between`` them reached in order, so
     every fault suite sees the writes and syncs it always saw. A short write
-    (never seen for regular files) is finished the two-call way.
+    (never seen for regular files) is finished the two-call way. A file system
+    that refuses the flag (``EOPNOTSUPP``, ``EINVAL``: the kernel checks it
+    before writing anything) gets the two calls from then on, for every file.
     """
-    if _RWF_DSYNC is None or fault_hook is not None or recorder is not None or _crash_at is not None:
+    global _RWF_DSYNC
+    flag = _RWF_DSYNC
+    if flag is None or fault_hook is not None or recorder is not None or _crash_at is not None:
         pwrite_all(fd, data, offset)
         for name in between:
             crashpoint(name)
         fdatasync(fd)
         return
-    if observe._observer is not None:
-        with observe.timed("fdatasync"):
-            n = os.pwritev(fd, [data], offset, _RWF_DSYNC)
-    else:
-        n = os.pwritev(fd, [data], offset, _RWF_DSYNC)
+    try:
+        if observe._observer is not None:
+            with observe.timed("fdatasync"):
+                n = os.pwritev(fd, [data], offset, flag)
+        else:
+            n = os.pwritev(fd, [data], offset, flag)
+    except OSError as exc:
+        if exc.errno not in _FLAG_REFUSED:
+            raise
+        _RWF_DSYNC = None
+        pwrite_all(fd, data, offset)
+        fdatasync(fd)
+        return
     if n != len(data):  # pragma: no cover - regular files take whole writes
         pwrite_all(fd, data[n:], offset + n)
         fdatasync(fd)
+
+
+#: What ``pwritev`` answers when the file system does not take ``RWF_DSYNC`` (nothing written).
+_FLAG_REFUSED = frozenset({_errno.EOPNOTSUPP, _errno.EINVAL, _errno.ENOSYS})
 
 
 def append(fd: int, data: bytes) -> None:

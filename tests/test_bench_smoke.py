@@ -48,7 +48,10 @@ def test_smoke_run_produces_every_ratio(tmp_path: Path) -> None:
     doc = json.loads(out.read_text())
     assert list(doc["ratios"]) == list(RATIO_KEYS)
     for key, value in doc["ratios"].items():
-        assert value is not None and math.isfinite(value) and value > 0, (key, value)
+        assert value is not None and math.isfinite(value), (key, value)
+        # A difference of two p50s (``..._minus_..._ms``) may come out below zero in a run this small (the
+        # engine's own append taking longer than the one under MCP, by the disk's noise); a ratio may not.
+        assert "_minus_" in key or value > 0, (key, value)
         lo, hi = doc["ratio_intervals"][key]
         assert lo <= hi, (key, lo, hi)
     assert doc["failures"] == {} and doc["missing_ratios"] == []
