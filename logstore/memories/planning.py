@@ -8,8 +8,9 @@ they live here, once.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from . import tokens
 from .errors import DuplicateMemory, InvalidMemory, NotFound
@@ -191,3 +192,46 @@ def over_budget(sites: Mapping[str, _S], recent: Sequence[str] | Any, current: s
             total -= s.indexed()
             out.append(s)
     return out
+
+
+class SiteUses(Generic[_S]):
+    """A store's sites by last use and the calls using each: what to release and what to forget.
+
+    Both stores keep one, changed under their own lock. Invariants: ``recent``
+    names exactly the sites of ``sites``, least recently used first; a site
+    some call is using (``begin`` without its ``end`` yet) is never forgotten.
+    """
+
+    def __init__(self, sites: dict[str, _S], budget: int, kept: int) -> None:
+        self.sites = sites
+        self.budget = budget
+        self.kept = max(1, kept)
+        self.recent: OrderedDict[str, None] = OrderedDict()
+        self.users: dict[str, int] = {}
+
+    def begin(self, site: str) -> tuple[list[_S], list[_S]]:
+        """``site`` (in ``sites``) is used by one more call, from now on the most recent: the sites whose
+        records and indexes must be released to fit the budget, and those taken out of ``sites`` (idle,
+        least recently used) so that the rest fit ``kept``."""
+        self.users[site] = self.users.get(site, 0) + 1
+        self.recent[site] = None
+        self.recent.move_to_end(site)
+        victims = over_budget(self.sites, self.recent, site, self.budget)
+        gone: list[_S] = []
+        excess = len(self.sites) - self.kept
+        for name in list(self.recent):
+            if excess <= 0:
+                break
+            if name not in self.users:
+                gone.append(self.sites.pop(name))
+                del self.recent[name]
+                excess -= 1
+        return victims, gone
+
+    def end(self, site: str) -> None:
+        """One call using ``site`` is over."""
+        left = self.users[site] - 1
+        if left:
+            self.users[site] = left
+        else:
+            del self.users[site]

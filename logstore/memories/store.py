@@ -6,7 +6,6 @@ import contextlib
 import logging
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -19,7 +18,7 @@ from . import tokens
 from .indexing import RetrieverFactory, default_retriever
 from .interface import LongTermStore, StoredMemory
 from .limits import DEFAULT_RETENTION_SECONDS, INDEX_BUDGET, SITES_KEPT
-from .planning import over_budget, surface_pick
+from .planning import SiteUses, surface_pick
 from .record import Memory, check_memory_id
 from .site import MEMORIES_DIR, Config, SiteMemories
 
@@ -71,12 +70,8 @@ class LongTermMemory(LongTermStore):
             retriever_factory=retriever_factory or default_retriever,
         )
         self._sites: dict[str, SiteMemories] = {}
-        #: Sites by last use, least recent first: whose search index to release when over ``index_budget``.
-        self._recent: OrderedDict[str, None] = OrderedDict()
-        self._index_budget = index_budget
-        self._sites_kept = max(1, sites_kept)
-        #: How many calls are using each site now (under ``_lock``): a site in use is never closed.
-        self._users: dict[str, int] = {}
+        #: The sites by last use and the calls using each (under ``_lock``): what to release, what to close.
+        self._uses = SiteUses(self._sites, index_budget, sites_kept)
         #: One per store: its sites share the descriptors telling their incarnations apart.
         self._guard = SiteGuard(os.path.join(self.root, layout.SITES_DIR), lock_timeout)
         self._lock = threading.Lock()
@@ -137,11 +132,7 @@ class LongTermMemory(LongTermStore):
             if s is None:
                 s = SiteMemories(self.root, site, self._book, self._config, self._guard)
                 self._sites[site] = s
-            self._users[site] = self._users.get(site, 0) + 1
-            self._recent[site] = None
-            self._recent.move_to_end(site)
-            victims = over_budget(self._sites, self._recent, site, self._index_budget)
-            gone = self._forget_idle_locked()
+            victims, gone = self._uses.begin(site)
         for v in victims:
             v.release()
         for g in gone:
@@ -151,27 +142,7 @@ class LongTermMemory(LongTermStore):
             yield s
         finally:
             with self._lock:
-                left = self._users[site] - 1
-                if left:
-                    self._users[site] = left
-                else:
-                    del self._users[site]
-
-    def _forget_idle_locked(self) -> list[SiteMemories]:
-        """The least recently used sites no call is using, taken out of the store, so that the rest fit
-        ``sites_kept``."""
-        out: list[SiteMemories] = []
-        excess = len(self._sites) - self._sites_kept
-        if excess <= 0:
-            return out
-        for name in list(self._recent):
-            if excess <= 0:
-                break
-            if name not in self._users:
-                out.append(self._sites.pop(name))
-                del self._recent[name]
-                excess -= 1
-        return out
+                self._uses.end(site)
 
     # Convenience wrappers, one per tool.
 

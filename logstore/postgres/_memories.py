@@ -30,7 +30,6 @@ import logging
 import secrets
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -53,7 +52,7 @@ from ..memories.errors import (
 from ..memories.indexing import RetrieverFactory, default_retriever, fields_doc
 from ..memories.interface import LongTermStore, StoredMemory
 from ..memories.limits import DEFAULT_RETENTION_SECONDS, INDEX_BUDGET, MAX_MEMORIES_PER_SITE, SITES_KEPT
-from ..memories.planning import check_verify, over_budget, ranked, related, surface_pick
+from ..memories.planning import SiteUses, check_verify, ranked, related, surface_pick
 from ..memories.record import (
     STATUS_ACTIVE,
     Fields,
@@ -112,14 +111,10 @@ class PgLongTermMemory(LongTermStore):
         self._factory = retriever_factory or default_retriever
         self._book = tokens.TokenBook(f"PostgreSQL schema {store.schema}", secret=self._load_secret)
         self._sites: dict[str, SiteView] = {}
+        #: The sites by last use and the calls using each (under ``_lock``): what to release, what to forget.
+        self._uses = SiteUses(self._sites, index_budget, sites_kept)
         #: The statements of each partition of ``memories`` (see :meth:`_statements_of`).
         self._by_table: dict[str, MemoryStatements] = {}
-        #: Sites by last use, least recent first (whose ranking index to release past ``index_budget``).
-        self._recent: OrderedDict[str, None] = OrderedDict()
-        self._index_budget = index_budget
-        self._sites_kept = max(1, sites_kept)
-        #: How many calls are using each site now (under ``_lock``): a site in use is never forgotten.
-        self._users: dict[str, int] = {}
         self._lock = threading.Lock()
         self._closed = False
         self._stop = threading.Event()
@@ -172,11 +167,7 @@ class PgLongTermMemory(LongTermStore):
             if self._listen and self._listener is None:
                 store = self._store
                 self._listener = ChangeListener(store.dsn, store.schema, store.connect_kwargs, self._heard)
-            self._users[site] = self._users.get(site, 0) + 1
-            self._recent[site] = None
-            self._recent.move_to_end(site)
-            victims = over_budget(self._sites, self._recent, site, self._index_budget)
-            gone = self._forget_idle_locked()
+            victims, gone = self._uses.begin(site)
         for victim in victims:
             victim.release()
         for g in gone:
@@ -185,24 +176,7 @@ class PgLongTermMemory(LongTermStore):
             yield view
         finally:
             with self._lock:
-                left = self._users[site] - 1
-                if left:
-                    self._users[site] = left
-                else:
-                    del self._users[site]
-
-    def _forget_idle_locked(self) -> list[SiteView]:
-        """The least recently used sites no call is using, taken out of the map, so the rest fit ``sites_kept``."""
-        out: list[SiteView] = []
-        excess = len(self._sites) - self._sites_kept
-        for name in list(self._recent):
-            if excess <= 0:
-                break
-            if name not in self._users:
-                out.append(self._sites.pop(name))
-                del self._recent[name]
-                excess -= 1
-        return out
+                self._uses.end(site)
 
     def _let_go(self, view: SiteView) -> None:
         """Close a forgotten site's view, its pending access times written first (a hint: lost if that fails)."""
