@@ -177,60 +177,49 @@ def test_crash_between_write_and_sync_loses_only_the_unacknowledged(tmp_path: Pa
     assert got in ([], [0]) if seed == 1 else got in ([0], [0, 1])
 
 
-def test_a_file_system_refusing_the_flag_gets_the_two_calls(tmp_path: Path) -> None:
+def test_a_file_system_refusing_the_flag_gets_the_two_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``pwritev`` refusing ``RWF_DSYNC`` (``EOPNOTSUPP``, before writing anything): the record is written and
     synced the two-call way, and every later call goes that way at once."""
     import errno
 
     if fileio._RWF_DSYNC is None:
         pytest.skip("the platform never takes the one-call way")
-    flag = fileio._RWF_DSYNC
+    monkeypatch.setattr(fileio, "_RWF_DSYNC", fileio._RWF_DSYNC)  # put back afterwards
     calls: list[str] = []
-    real_pwritev, real_fdatasync = os.pwritev, os.fdatasync
+    real_fdatasync = os.fdatasync
 
-    def pwritev(fd: int, buffers: list[bytes], offset: int, flags: int = 0) -> int:
+    def refuse(fd: int, buffers: list[bytes], offset: int, flags: int = 0) -> int:
         calls.append("pwritev")
         raise OSError(errno.EOPNOTSUPP, "Operation not supported")
 
-    def fdatasync(fd: int) -> None:
-        calls.append("fdatasync")
-        real_fdatasync(fd)
-
+    monkeypatch.setattr(os, "pwritev", refuse)
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (calls.append("fdatasync"), real_fdatasync(fd))[1])
     fd = _open(tmp_path / "f", 4096)
-    os.pwritev, os.fdatasync = pwritev, fdatasync  # type: ignore[assignment]
     try:
         fileio.pwrite_synced(fd, b"first", 100)
         fileio.pwrite_synced(fd, b"second", 200)
     finally:
-        os.pwritev, os.fdatasync = real_pwritev, real_fdatasync  # type: ignore[assignment]
-        fileio._RWF_DSYNC = flag
         os.close(fd)
     assert calls == ["pwritev", "fdatasync", "fdatasync"]
     data = (tmp_path / "f").read_bytes()
     assert data[100:105] == b"first" and data[200:206] == b"second"
 
 
-def test_other_write_errors_are_raised(tmp_path: Path) -> None:
+def test_other_write_errors_are_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """An I/O error of the one call is the append's error (it is never retried the other way)."""
     import errno
 
     if fileio._RWF_DSYNC is None:
         pytest.skip("the platform never takes the one-call way")
-    real_pwritev = os.pwritev
 
-    def pwritev(fd: int, buffers: list[bytes], offset: int, flags: int = 0) -> int:
+    def fail(fd: int, buffers: list[bytes], offset: int, flags: int = 0) -> int:
         raise OSError(errno.EIO, "Input/output error")
 
+    monkeypatch.setattr(os, "pwritev", fail)
     fd = _open(tmp_path / "f", 4096)
-    os.pwritev = pwritev  # type: ignore[assignment]
     try:
-        try:
+        with pytest.raises(OSError) as err:
             fileio.pwrite_synced(fd, b"record", 100)
-        except OSError as exc:
-            assert exc.errno == errno.EIO
-        else:
-            raise AssertionError("the write error was not raised")
-        assert fileio._RWF_DSYNC is not None
     finally:
-        os.pwritev = real_pwritev  # type: ignore[assignment]
         os.close(fd)
+    assert err.value.errno == errno.EIO and fileio._RWF_DSYNC is not None
