@@ -1,13 +1,14 @@
-"""The cycle collector after start-up: what the server holds from then on is left out of every later collection.
+"""The cycle collector after start-up: what the server holds by then is left out of every later collection.
 
 ``convmem serve`` imports the SDK, pydantic's models and validators, Starlette
 and uvicorn, and builds its app: about 90,000 objects the cycle collector
-tracks and that live as long as the process. A ``ping`` allocates short-lived
-objects enough for about 8 youngest-generation collections per 1,000 requests
-and, every twenty thousand or so, a full collection, which walks all of them
-again (about 5 us a request averaged over those requests, each full
-collection a pause of tens of milliseconds for the request it falls on;
-measured in-process, ``/tmp``-free: see docs/performance-mcp.md).
+tracks and that live as long as the process. A ``ping`` allocates enough
+short-lived objects for about 8 youngest-generation collections per 1,000
+requests and, every fifteen thousand or so, a full collection, which walks
+all of them again: 3-3.5 us a request averaged over those requests, each
+full collection a pause of tens of milliseconds for the request it falls on
+(``python -m bench.mcp_profile --floor``, against ``--without gc-freeze``;
+docs/performance-mcp.md).
 
 :func:`freeze_start_up` collects once and moves every object alive at that
 point to the collector's permanent generation (``gc.freeze``), the usual

@@ -1,4 +1,4 @@
-"""``convmem serve`` freezes its start-up objects out of the cycle collector: garbage first collected, the rest frozen."""
+"""`convmem serve` freezes its start-up objects out of the cycle collector: garbage collected first, the rest frozen."""
 
 from __future__ import annotations
 
