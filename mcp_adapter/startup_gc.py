@@ -16,7 +16,8 @@ server set-up: they are never walked again, and are still freed as usual by
 reference counting if dropped. The thresholds are left at Python's defaults
 (raising them moved nothing measurable). Each ``--workers`` worker is a fresh
 interpreter running the same start-up (:mod:`.workers`), so each freezes its
-own objects; the supervisor serves no requests and does not.
+own objects; the supervisor serves no requests and does not, nor does ``--stdio``
+(one client, its process as short-lived as the client's session).
 """
 
 from __future__ import annotations
