@@ -80,10 +80,11 @@ def cpu_seconds(pid: int) -> float:
 
 def profile(
     kind: str, calls: int, profiler: str, out: str, server_args: list[str], gap: float = 0.0
-) -> tuple[list[float], float, float]:
+) -> tuple[list[float], float, float, int]:
     """Run ``calls`` calls of ``kind`` against a profiled server, ``gap`` seconds apart (0: back to back).
 
-    Returns the client-side seconds of each call, and the server's and the client's CPU seconds per call.
+    Returns the client-side seconds of each call, the server's and the client's CPU seconds per call, and
+    the server's resident set (KiB) after the calls.
     """
     data = tempfile.mkdtemp(prefix="convmem-mcp-profile-")
     server = mcpserver.Server(
@@ -106,6 +107,7 @@ def profile(
             if gap:
                 time.sleep(gap)  # the server goes idle between calls, as between the bench's interleaved calls
         server_cpu, client_cpu = cpu_seconds(server.pid) - server_cpu, time.process_time() - client_cpu
+        rss_kib = resident_kib(server.pid)
         c.close()
     finally:
         server.stop()
@@ -117,7 +119,19 @@ def profile(
             stats = pstats.Stats(os.path.join(out, f"{kind}.prof"), stream=f)
             f.write(stage_table(stats, calls + 55) + "\n\n")  # 5 set-up appends, 50 warm-up calls
             stats.sort_stats("tottime").print_stats(60)
-    return times, server_cpu / calls, client_cpu / calls
+    return times, server_cpu / calls, client_cpu / calls, rss_kib
+
+
+def resident_kib(pid: int) -> int:
+    """Process ``pid``'s resident set now (``VmRSS``, KiB); 0 where ``/proc`` does not say."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
 
 
 _UVICORN = "uvicorn.protocols.http.httptools_impl:"
@@ -192,9 +206,10 @@ def stage_table(stats: object, requests: int) -> str:
         lines.append(f"{label:<62} {entry[3] / requests * 1e6:>10.1f} {entry[1] / requests:>13.2f}")
     return "\n".join(lines)
 
-#: What ``--floor --without`` leaves out: the request line (written nowhere), or the endpoint (the
-#: layered stack it stands in front of serves every request, as on any path but the common ``POST /mcp``).
-LAYERS = ("request-line", "endpoint")
+#: What ``--floor --without`` leaves out: the request line (written nowhere), the endpoint (the
+#: layered stack it stands in front of serves every request, as on any path but the common ``POST /mcp``),
+#: or the start-up freeze of the cycle collector (:mod:`convmem.mcp_adapter.startup_gc`).
+LAYERS = ("request-line", "endpoint", "gc-freeze")
 
 
 def _pass_through(names: Sequence[str], app: Any) -> None:
@@ -209,7 +224,30 @@ def _pass_through(names: Sequence[str], app: Any) -> None:
             app.middleware_stack = app.middleware_stack.layers
 
 
-def floor(calls: int, without: Sequence[str] = ()) -> list[tuple[str, float]]:
+class CollectorWatch:
+    """The cycle collector's collections per generation and the seconds they took, while installed."""
+
+    def __init__(self) -> None:
+        self.collections = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        generation = info["generation"]
+        self.collections[generation] += 1
+        self.seconds[generation] += time.perf_counter() - self._started
+
+    def summary(self, calls: int) -> str:
+        """Collections per 1,000 calls and microseconds in each generation's collections per call."""
+        per_1000 = "/".join(f"{c * 1000 / calls:.2f}" for c in self.collections)
+        per_call = "/".join(f"{s * 1e6 / calls:.2f}" for s in self.seconds)
+        return f"collections per 1,000 calls (gen0/1/2) {per_1000}, us per call in them {per_call}"
+
+
+def floor(calls: int, without: Sequence[str] = (), watch: CollectorWatch | None = None) -> list[tuple[str, float]]:
     """CPU microseconds per ``ping`` in-process (no sockets, no uvicorn): the SDK's minimum, and the whole app.
 
     * ``kernel``: what no server on the SDK can skip for a ``ping``: the
@@ -222,10 +260,14 @@ def floor(calls: int, without: Sequence[str] = ()) -> list[tuple[str, float]]:
       difference is what they cost in the request's context (where code runs
       with colder caches than in a loop of its own).
 
-    The best of 5 rounds of ``calls`` each, process CPU time.
+    The start-up objects are frozen out of the cycle collector as ``convmem
+    serve`` freezes them, unless ``without`` names ``gc-freeze``; ``watch``,
+    when given, sees every collection of the timed rounds. The best of 5
+    rounds of ``calls`` each, process CPU time.
     """
     import asyncio
     import base64
+    import gc
 
     import pydantic_core
     from mcp.server.connection import Connection
@@ -235,7 +277,7 @@ def floor(calls: int, without: Sequence[str] = ()) -> list[tuple[str, float]]:
 
     from convmem.logstore import open_store
     from convmem.logstore.site_credentials import CredentialFile
-    from convmem.mcp_adapter import requestlog
+    from convmem.mcp_adapter import requestlog, startup_gc
     from convmem.mcp_adapter.auth import Authenticator
     from convmem.mcp_adapter.exchange import _DispatchContext
     from convmem.mcp_adapter.http import build_app
@@ -287,6 +329,10 @@ def floor(calls: int, without: Sequence[str] = ()) -> list[tuple[str, float]]:
             await app(scope, receive, send)
 
         async with app.router.lifespan_context(app):
+            if "gc-freeze" not in without:
+                startup_gc.freeze_start_up()
+            if watch is not None:
+                gc.callbacks.append(watch)
             for name, fn in (("kernel", kernel), ("app", whole)):
                 best = float("inf")
                 for _ in range(5):
@@ -295,6 +341,9 @@ def floor(calls: int, without: Sequence[str] = ()) -> list[tuple[str, float]]:
                         await fn()
                     best = min(best, (time.process_time() - t0) / calls)
                 results.append((name, best * 1e6))
+            if watch is not None:
+                gc.callbacks.remove(watch)
+        gc.unfreeze()
         store.close()
 
     log = open(os.path.join(data, "server.log"), "w")
@@ -327,22 +376,25 @@ def main(argv: list[str] | None = None) -> int:
         if any(w not in LAYERS for w in without):
             p.error(f"--without takes {', '.join(LAYERS)}")
         label = f" without {', '.join(without)}" if without else ""
-        for name, us in floor(args.calls, without):
+        watch = CollectorWatch()
+        for name, us in floor(args.calls, without, watch):
             print(f"ping in-process, {name}{label}: {us:.1f} us CPU per call, load average {' '.join(load)}",
                   file=sys.stderr)
+        print(f"ping in-process{label}, both: {watch.summary(args.calls * 10)}", file=sys.stderr)
         return 0
     os.makedirs(args.out, exist_ok=True)
     for kind in [k.strip() for k in args.kinds.split(",") if k.strip()]:
         if kind not in KINDS:
             p.error(f"unknown kind {kind}")
         load = open("/proc/loadavg").read().split()[:3]
-        times, server_cpu, client_cpu = profile(
+        times, server_cpu, client_cpu, rss_kib = profile(
             kind, args.calls, args.profiler, args.out, args.server_args, args.gap_us / 1e6
         )
         p50 = statistics.median(times) * 1000
         print(
             f"{kind}: {args.calls} calls, p50 {p50:.3f} ms, server CPU {server_cpu * 1000:.3f} ms/call, "
-            f"client CPU {client_cpu * 1000:.3f} ms/call, load average {' '.join(load)}"
+            f"client CPU {client_cpu * 1000:.3f} ms/call, server RSS {rss_kib / 1024:.1f} MiB, "
+            f"load average {' '.join(load)}"
             f" -> {' '.join(open('/proc/loadavg').read().split()[:3])}",
             file=sys.stderr,
         )

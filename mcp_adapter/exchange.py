@@ -138,6 +138,15 @@ class SingleExchange:
         self.security = TransportSecurityMiddleware(manager.security_settings)
         #: Combinations of :data:`_CHECKED_HEADERS` values that passed the header checks.
         self._passed: set[tuple[bytes | None, ...]] = set()
+        #: The set ``initialized`` event every born-ready connection shares (made in the loop, on first use).
+        self._ready_event: anyio.Event | None = None
+
+    def _ready(self) -> anyio.Event:
+        """The set event :func:`_born_ready` gives each connection as its ``initialized``."""
+        if self._ready_event is None:
+            self._ready_event = anyio.Event()
+            self._ready_event.set()
+        return self._ready_event
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["method"] != "POST" or not self.running():
@@ -204,8 +213,7 @@ class SingleExchange:
         """Run the SDK's kernel for ``message``: its response's body, as the SDK's transport writes it."""
         metadata = ServerMessageMetadata(request_context=request, can_send_request=False)
         dctx = _DispatchContext(message.id, metadata)
-        connection = _born_ready(version or DEFAULT_NEGOTIATED_VERSION)
-        connection.exit_stack = _WatchedExitStack()
+        connection = _born_ready(version or DEFAULT_NEGOTIATED_VERSION, self._ready())
         reply: JSONRPCResponse | JSONRPCError
         try:
             result = await _serve_one(self.manager.app, dctx, message, connection, self.manager._lifespan_state)
@@ -254,20 +262,46 @@ _NO_CHANNEL = inspect.signature(Connection.from_envelope).parameters["outbound"]
 _NONE_IS_NOT_SUPPLIED = not any(_validates_none(m) for m in (Implementation, ClientCapabilities))
 
 
-def _born_ready(version: str) -> Connection:
-    """``Connection.from_envelope(version, None, None)``, without its two validations that cannot succeed.
+#: What ``Connection.__init__`` sets, and which of it is made fresh per connection (the rest is constants).
+_CONNECTION_FIELDS = frozenset(
+    {"outbound", "protocol_version", "session_id", "client_capabilities", "_client_params", "initialized", "state",
+     "exit_stack"}
+)
+#: A born-ready connection's attributes that do not depend on the request (no session, no client info).
+_CONSTANT_FIELDS = {"outbound": _NO_CHANNEL, "session_id": None, "client_capabilities": None, "_client_params": None}
+#: The SDK's ``__init__`` sets exactly :data:`_CONNECTION_FIELDS` and nothing else (checked on a connection built now).
+_FIELDS_KNOWN = set(vars(Connection(_NO_CHANNEL, protocol_version="", client_params=None))) == _CONNECTION_FIELDS
+
+
+def _born_ready(version: str, ready: anyio.Event | None = None) -> Connection:
+    """``Connection.from_envelope(version, None, None)``, without the work in it that cannot vary.
 
     A handshake-era request carries no client info or capabilities in an
     envelope. ``from_envelope`` validates each ``None`` into its model, which
     fails (checked at import, :data:`_NONE_IS_NOT_SUPPLIED`; each failure
     builds a ``ValidationError``), then builds a connection with neither and
-    sets it initialized: what is built here.
+    sets its ``initialized`` event. Here the connection gets the same
+    attributes without ``__init__``: the constants, the version, a fresh
+    ``state`` and a :class:`_WatchedExitStack`, and ``ready`` (an event
+    already set, shared by every connection of a :class:`SingleExchange`: an
+    anyio event cannot be cleared, so a set one never changes; making and
+    setting one was about 3 us a request). Invariant: done only while the
+    SDK's ``__init__`` sets exactly :data:`_CONNECTION_FIELDS`
+    (:data:`_FIELDS_KNOWN`); else, or with no ``ready``, the SDK's
+    constructor builds it.
     """
     if not _NONE_IS_NOT_SUPPLIED:  # pragma: no cover - a future SDK giving None a meaning
-        return Connection.from_envelope(version, None, None)
-    connection = Connection(_NO_CHANNEL, protocol_version=version, client_params=None)
-    connection.client_capabilities = None
-    connection.initialized.set()
+        connection = Connection.from_envelope(version, None, None)
+    elif ready is None or not _FIELDS_KNOWN:
+        connection = Connection(_NO_CHANNEL, protocol_version=version, client_params=None)
+        connection.client_capabilities = None
+        connection.initialized.set()
+    else:
+        connection = Connection.__new__(Connection)
+        fields = vars(connection)
+        fields.update(_CONSTANT_FIELDS)
+        fields["protocol_version"], fields["initialized"], fields["state"] = version, ready, {}
+    connection.exit_stack = _WatchedExitStack()
     return connection
 
 

@@ -36,7 +36,7 @@ from convmem.logstore.site_credentials import (
 )
 from convmem.logstore.store import HealthProbe
 
-from . import __version__, handoff, metrics, requestlog, tls, workers
+from . import __version__, handoff, metrics, requestlog, startup_gc, tls, workers
 from .auth import Authenticator
 from .connguard import guarded_protocol
 from .cursors import CURSOR_SECRET_KEY, LazySeal, seal_for
@@ -429,6 +429,7 @@ def serve_http(args: argparse.Namespace) -> int:
     if worker is None:
         print(_banner(args, port, demo, site_count, choice), flush=True)
     _quiet_signals()
+    startup_gc.freeze_start_up()  # the app and its imports out of every later collection
     try:
         # The TLS gate is tested on asyncio's loop only (with uvloop a handshake hung after a SIGHUP reload).
         (asyncio.run if gated else run_event_loop)(_serve_uvicorn(server, sock, backend, on_sighup))

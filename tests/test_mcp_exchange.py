@@ -241,18 +241,28 @@ async def test_a_connection_exit_stack_with_something_on_it_is_unwound() -> None
     assert entered.used
 
 
-def test_the_born_ready_connection_is_what_from_envelope_builds() -> None:
+@pytest.mark.anyio
+async def test_the_born_ready_connection_is_what_from_envelope_builds() -> None:
+    import anyio
     from mcp.server.connection import Connection
 
+    assert exchange._NONE_IS_NOT_SUPPLIED and exchange._FIELDS_KNOWN
+    ready = anyio.Event()
+    ready.set()
     for version in ("2025-06-18", "2025-03-26"):
-        ours, theirs = exchange._born_ready(version), Connection.from_envelope(version, None, None)
-        assert exchange._NONE_IS_NOT_SUPPLIED
-        assert ours.outbound is theirs.outbound and ours.has_standalone_channel == theirs.has_standalone_channel
-        for name in ("protocol_version", "session_id", "client_params", "client_capabilities", "state"):
-            assert getattr(ours, name) == getattr(theirs, name), name
-        assert ours.initialized.is_set() and theirs.initialized.is_set()
-        assert ours.initialize_accepted == theirs.initialize_accepted
-        assert set(vars(ours)) == set(vars(theirs))
+        theirs = Connection.from_envelope(version, None, None)
+        for ours in (exchange._born_ready(version), exchange._born_ready(version, ready)):
+            assert ours.outbound is theirs.outbound and ours.has_standalone_channel == theirs.has_standalone_channel
+            for name in ("protocol_version", "session_id", "client_params", "client_capabilities", "state"):
+                assert getattr(ours, name) == getattr(theirs, name), name
+            assert ours.initialized.is_set() and theirs.initialized.is_set()
+            assert type(ours.initialized) is type(theirs.initialized)
+            assert ours.initialize_accepted == theirs.initialize_accepted
+            assert set(vars(ours)) == set(vars(theirs))
+            assert isinstance(ours.exit_stack, exchange._WatchedExitStack) and not ours.exit_stack.used
+        shared = exchange._born_ready(version, ready)
+        assert shared.initialized is ready  # the shared set event, not one made per connection
+        assert shared.state is not exchange._born_ready(version, ready).state  # per-connection state stays fresh
 
 
 @pytest.mark.anyio
