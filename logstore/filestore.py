@@ -256,7 +256,7 @@ class FileStore(MemoryStore):
             return m
 
     def _site_dir(self, site: str) -> str:
-        """The site's directory (``layout.site_dir``), remembered by name for the next appends."""
+        """The site's directory (``layout.site_dir``), remembered by name for the next appends and reads."""
         path = layout.site_dir(self.root, site)
         if len(self._site_dirs) < _SITE_DIRS_KEPT:
             self._site_dirs[site] = path
@@ -545,7 +545,11 @@ class FileStore(MemoryStore):
     ) -> list[_Item]:
         self._check_open()
         try:
-            incarnation = self._guard.current(layout.site_dir(self.root, SiteName(site)))
+            # The remembered directories are keyed by validated names: a hit proves the name well-formed.
+            site_path = self._site_dirs.get(site) if type(site) is str else None
+            if site_path is None:
+                site_path = self._site_dir(SiteName(site))
+            incarnation = self._guard.current(site_path)
             self._site_is(site, incarnation)
             if incarnation is None:
                 return []

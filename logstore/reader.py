@@ -436,6 +436,7 @@ class Reader(Recovery):
         rel = 0
         unpack = RECORD_HEADER.unpack_from
         xxh3 = xxh3_64
+        stamps = _STAMPS
         while rel + RECORD_HEADER_SIZE <= limit:
             checksum, body_len, count, kind, first, us = unpack(buf, rel)
             if kind != KIND_BATCH or not 0 < count <= MAX_BATCH_ITEMS or not 2 <= body_len <= MAX_BODY:
@@ -463,12 +464,22 @@ class Reader(Recovery):
                 lo = start - first if start > first else 0
                 hi = stop - first if stop < seq else count
                 body = view[body_at : body_at + body_len]
+                stamp = stamps.get(us) or _stamp_us(us)
                 if raw or lo or hi < count:
                     h = RecordHeader(checksum, body_len, count, kind, first, us)
                     items = self._part(path, pos + rel, h, body, lo, hi, raw, reuse)
+                    out.extend(map(make, range(first + lo, first + hi), repeat(stamp), items))
                 else:
-                    items = _decode_whole(decode, body, count, path, pos + rel, first, seq - 1)
-                _emit(out, make, us, first + lo, first + hi, items)
+                    # A whole record decoded, inline (the common case of a recall and of every
+                    # replay page): decoding the body is what checks it, as in _decode_whole,
+                    # which says what is wrong when it is not a JSON array of ``count`` objects.
+                    try:
+                        items = decode(body)
+                    except Exception:
+                        items = []
+                    if len(items) != count:
+                        _decode_whole(decode, body, count, path, pos + rel, first, seq - 1)
+                    out.extend(map(make, range(first, seq), repeat(stamp), items))
                 if seq >= stop:
                     return
             rel = rend
