@@ -338,8 +338,9 @@ class Reader(Recovery):
         active = base == self._segments[-1]
         n_out, n_lost = len(out), len(lost)
         try:
-            self._collect(fd, path, idx.floor(span[0]), _upto(idx, span[1], end), base, end, salt, span, out, lost,
-                          check_end)
+            # A read of the tail (check_end) reads to the committed end: it needs no bound from the index.
+            upto = end if check_end else _upto(idx, span[1], end)
+            self._collect(fd, path, idx.floor(span[0]), upto, base, end, salt, span, out, lost, check_end)
             return
         except _StaleEntry:
             del out[n_out:]
@@ -397,7 +398,9 @@ class Reader(Recovery):
         items: list[Any]
         pos, seq = (entry[1], entry[0]) if entry else (SEGMENT_HEADER_SIZE, base)
         check_entry = entry is not None
-        if check_entry and (cached := self._cached_split(fd, path, pos, end, seq)) is not None:
+        # A kept split is of a record larger than _SPLIT_MIN: none can start at ``pos`` when less follows it.
+        cached = self._cached_split(fd, path, pos, end, seq) if check_entry and end - pos > _SPLIT_MIN else None
+        if cached is not None:
             if check_end:
                 if self._moved_on():
                     raise _MovedOn()
