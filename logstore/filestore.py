@@ -509,18 +509,26 @@ class FileStore(MemoryStore):
         # Only a conversation already open, whose mutex is free, whose file lock is free
         # or not needed, and whose range lies in the active segment within max_bytes.
         self._check_open()
-        site = SiteName(site)
-        conversation_id = ConversationId(conversation_id)
+        # The tables' keys are validated names: a hit with plain strings proves them well-formed.
+        # A conversation id is checked only when it is not found (so that a bad one raises as before).
+        site_path = self._site_dirs.get(site) if type(site) is str is type(conversation_id) else None
+        if site_path is None:
+            site = SiteName(site)
+            conversation_id = ConversationId(conversation_id)
+            site_path = self._site_dir(site)
         start, limit = _bounds(selector)
         key = (site, conversation_id)
-        incarnation = self._guard.current(layout.site_dir(self.root, site))
+        incarnation = self._guard.current(site_path)
         if incarnation is None or self._incarnations.get(site) != incarnation:
+            ConversationId(conversation_id)
             return None  # absent, or replaced since this store looked: the slow path finds out
         if not self._lock.acquire(blocking=False):
+            ConversationId(conversation_id)
             return None
         try:
             conv = self._convs.get(key)
             if conv is None or conv.closed:
+                ConversationId(conversation_id)
                 return None
             self._convs.move_to_end(key)
         finally:
