@@ -480,8 +480,8 @@ class Reader(Recovery):
                         items = decode(body)
                     except Exception:
                         items = []
-                    if len(items) != count:
-                        _decode_whole(decode, body, count, path, pos + rel, first, seq - 1)
+                    if len(items) != count:  # decoded again, to say what is wrong (or to use it)
+                        items = _decode_whole(decode, body, count, path, pos + rel, first, seq - 1)
                     out.extend(map(make, range(first, seq), repeat(stamp), items))
                 if seq >= stop:
                     return
