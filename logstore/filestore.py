@@ -256,7 +256,7 @@ class FileStore(MemoryStore):
             return m
 
     def _site_dir(self, site: str) -> str:
-        """The site's directory (``layout.site_dir``), remembered by name for the next appends."""
+        """The site's directory (``layout.site_dir``), remembered by name for the next appends and reads."""
         path = layout.site_dir(self.root, site)
         if len(self._site_dirs) < _SITE_DIRS_KEPT:
             self._site_dirs[site] = path
@@ -509,18 +509,26 @@ class FileStore(MemoryStore):
         # Only a conversation already open, whose mutex is free, whose file lock is free
         # or not needed, and whose range lies in the active segment within max_bytes.
         self._check_open()
-        site = SiteName(site)
-        conversation_id = ConversationId(conversation_id)
+        # The tables' keys are validated names: a hit with plain strings proves them well-formed.
+        # A conversation id is checked only when it is not found (so that a bad one raises as before).
+        site_path = self._site_dirs.get(site) if type(site) is str is type(conversation_id) else None
+        if site_path is None:
+            site = SiteName(site)
+            conversation_id = ConversationId(conversation_id)
+            site_path = self._site_dir(site)
         start, limit = _bounds(selector)
         key = (site, conversation_id)
-        incarnation = self._guard.current(layout.site_dir(self.root, site))
+        incarnation = self._guard.current(site_path)
         if incarnation is None or self._incarnations.get(site) != incarnation:
+            ConversationId(conversation_id)
             return None  # absent, or replaced since this store looked: the slow path finds out
         if not self._lock.acquire(blocking=False):
+            ConversationId(conversation_id)
             return None
         try:
             conv = self._convs.get(key)
             if conv is None or conv.closed:
+                ConversationId(conversation_id)
                 return None
             self._convs.move_to_end(key)
         finally:
@@ -545,7 +553,11 @@ class FileStore(MemoryStore):
     ) -> list[_Item]:
         self._check_open()
         try:
-            incarnation = self._guard.current(layout.site_dir(self.root, SiteName(site)))
+            # The remembered directories are keyed by validated names: a hit proves the name well-formed.
+            site_path = self._site_dirs.get(site) if type(site) is str else None
+            if site_path is None:
+                site_path = self._site_dir(SiteName(site))
+            incarnation = self._guard.current(site_path)
             self._site_is(site, incarnation)
             if incarnation is None:
                 return []

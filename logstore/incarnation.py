@@ -97,6 +97,10 @@ class _Held:
         self.knocked = False
 
 
+#: What :meth:`SiteGuard.current` appends to a site's path (``os.path.join`` costs more, on every read).
+_ID_SUFFIX = os.sep + SITE_ID_FILE
+
+
 def _stat(path: str) -> os.stat_result | None:
     try:
         return os.stat(path)
@@ -249,7 +253,7 @@ class SiteGuard(lease.Leased):
 
         A site being removed reads as absent.
         """
-        st = _stat(os.path.join(site_path, SITE_ID_FILE))  # outside the mutex (see the module doc)
+        st = _stat(site_path + _ID_SUFFIX)  # outside the mutex (see the module doc)
         with self._mutex:
             held = self._held.get(site_path)
             if held is not None and st is not None and _same(st, held.incarnation) and not self._closed:

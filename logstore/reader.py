@@ -338,8 +338,9 @@ class Reader(Recovery):
         active = base == self._segments[-1]
         n_out, n_lost = len(out), len(lost)
         try:
-            self._collect(fd, path, idx.floor(span[0]), _upto(idx, span[1], end), base, end, salt, span, out, lost,
-                          check_end)
+            # A read of the tail (check_end) reads to the committed end: it needs no bound from the index.
+            upto = end if check_end else _upto(idx, span[1], end)
+            self._collect(fd, path, idx.floor(span[0]), upto, base, end, salt, span, out, lost, check_end)
             return
         except _StaleEntry:
             del out[n_out:]
@@ -397,7 +398,9 @@ class Reader(Recovery):
         items: list[Any]
         pos, seq = (entry[1], entry[0]) if entry else (SEGMENT_HEADER_SIZE, base)
         check_entry = entry is not None
-        if check_entry and (cached := self._cached_split(fd, path, pos, end, seq)) is not None:
+        # A kept split is of a record larger than _SPLIT_MIN: none can start at ``pos`` when less follows it.
+        cached = self._cached_split(fd, path, pos, end, seq) if check_entry and end - pos > _SPLIT_MIN else None
+        if cached is not None:
             if check_end:
                 if self._moved_on():
                     raise _MovedOn()
@@ -436,6 +439,7 @@ class Reader(Recovery):
         rel = 0
         unpack = RECORD_HEADER.unpack_from
         xxh3 = xxh3_64
+        stamps = _STAMPS
         while rel + RECORD_HEADER_SIZE <= limit:
             checksum, body_len, count, kind, first, us = unpack(buf, rel)
             if kind != KIND_BATCH or not 0 < count <= MAX_BATCH_ITEMS or not 2 <= body_len <= MAX_BODY:
@@ -463,12 +467,22 @@ class Reader(Recovery):
                 lo = start - first if start > first else 0
                 hi = stop - first if stop < seq else count
                 body = view[body_at : body_at + body_len]
+                stamp = stamps.get(us) or _stamp_us(us)
                 if raw or lo or hi < count:
                     h = RecordHeader(checksum, body_len, count, kind, first, us)
                     items = self._part(path, pos + rel, h, body, lo, hi, raw, reuse)
+                    out.extend(map(make, range(first + lo, first + hi), repeat(stamp), items))
                 else:
-                    items = _decode_whole(decode, body, count, path, pos + rel, first, seq - 1)
-                _emit(out, make, us, first + lo, first + hi, items)
+                    # A whole record decoded, inline (the common case of a recall and of every
+                    # replay page): decoding the body is what checks it, as in _decode_whole,
+                    # which says what is wrong when it is not a JSON array of ``count`` objects.
+                    try:
+                        items = decode(body)
+                    except Exception:
+                        items = []
+                    if len(items) != count:  # decoded again, to say what is wrong (or to use it)
+                        items = _decode_whole(decode, body, count, path, pos + rel, first, seq - 1)
+                    out.extend(map(make, range(first, seq), repeat(stamp), items))
                 if seq >= stop:
                     return
             rel = rend

@@ -17,7 +17,7 @@ import msgspec
 import pytest
 from logstore_helpers import segment_files
 
-from convmem.logstore import Corrupted, FileStore, Range, Tail, background, frame, lease, reader
+from convmem.logstore import Corrupted, FileStore, InvalidConversationId, Range, Tail, background, frame, lease, reader
 from convmem.logstore.frame import SEGMENT_HEADER_SIZE
 from convmem.logstore.segment import BadRecord, iter_records
 
@@ -178,3 +178,25 @@ def test_a_large_batch_read_in_part_is_kept_split_until_its_record_changes(tmp_p
                     getattr(again, name)(SITE, "conv-reads-4", selector)
                 assert info.value.offset == offset
         assert [i.payload for i in again.read(SITE, "conv-reads-4", Range(0, 1))] == [{"n": -1}]
+
+
+@pytest.mark.parametrize("site, conv", [("bad site", "conv-reads-4"), (SITE, "bad conv"), (SITE, "x")])
+def test_every_read_checks_the_names_whether_or_not_the_site_is_known(tmp_path: Path, site: str, conv: str) -> None:
+    # Reads find a known site's directory and open conversations by name without checking the
+    # names again (the tables hold checked names only): a malformed name must still be refused.
+    # (A read of an absent site answers nothing before it looks at the conversation id.)
+    with FileStore(str(tmp_path), **OPTS) as store:
+        for known in (False, True):
+            if known:
+                store.append(SITE, "conv-reads-4", [{"n": 0}])
+                assert store.read(SITE, "conv-reads-4", Tail(1))[0].payload == {"n": 0}
+            elif site == SITE:
+                assert store.read(site, conv, Tail(1)) == store.read_raw(site, conv, Tail(1)) == []
+                continue
+            for call in (
+                lambda: store.read(site, conv, Tail(1)),
+                lambda: store.read_raw(site, conv, Tail(1)),
+                lambda: store.try_read_raw(site, conv, Tail(1), 1 << 20),
+            ):
+                with pytest.raises(InvalidConversationId):
+                    call()

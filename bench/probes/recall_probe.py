@@ -6,7 +6,8 @@ items (default 20,000) of about 1 KiB in 10-item batches and one of the same
 length in 250-item batches, in convmem and in the bench's tuned SQLite
 (:mod:`bench.sqlite_peer`), then times single calls, every backend taking
 turns op by op: the last 50 items (``Tail(50)``, decoded and raw), the last
-50 of the 250-item-batch conversation, and a 1,000-item page of a replay.
+50 of the 250-item-batch conversation, a 1,000-item page of a replay, and
+the last 50 raw through ``try_read_raw`` (what the MCP server calls first).
 
 ``--baseline DIR`` names a directory holding another copy of the engine as
 the package ``logstore_main`` (for instance ``git archive main logstore |
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--items", type=int, default=20_000)
     ap.add_argument("--ops", type=int, default=3000)
     ap.add_argument("--baseline", help="directory holding the package logstore_main")
-    ap.add_argument("--only", default="", help="comma-separated cases: tail,raw,wide,replay")
+    ap.add_argument("--only", default="", help="comma-separated cases: tail,raw,wide,replay,try")
     ap.add_argument("--build-into", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     from convmem import logstore
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
             base = importlib.import_module("logstore_main")
             stores["main"] = base.open_store(f"{root}/convmem")
         fns: dict[str, Callable[[], object]] = {}
-        cases = {c for c in args.only.split(",") if c} or {"tail", "raw", "wide", "replay"}
+        cases = {c for c in args.only.split(",") if c} or {"tail", "raw", "wide", "replay", "try"}
         page = {"start": 0}
 
         def replay_start(i: int) -> None:
@@ -103,11 +104,13 @@ def main(argv: list[str] | None = None) -> None:
                 fns[f"tail|{name}"] = functools.partial(s.read, SITE, "probe-narrow", tail)
             if "raw" in cases:
                 fns[f"raw|{name}"] = functools.partial(s.read_raw, SITE, "probe-narrow", tail)
+            if "try" in cases:
+                fns[f"try|{name}"] = functools.partial(s.try_read_raw, SITE, "probe-narrow", tail, 1 << 20)
             if "wide" in cases:
                 fns[f"wide|{name}"] = functools.partial(s.read, SITE, "probe-wide", tail)
             if "replay" in cases:
                 fns[f"replay|{name}"] = functools.partial(_replay_page, s, rng, page)
-        if cases & {"tail", "raw"}:
+        if cases & {"tail", "raw", "try"}:
             fns["tail|sqlite"] = lambda: peer.tail(SITE, "probe-narrow", COUNT)
         if "wide" in cases:
             fns["wide|sqlite"] = lambda: peer.tail(SITE, "probe-wide", COUNT)
@@ -116,11 +119,11 @@ def main(argv: list[str] | None = None) -> None:
         for fn in fns.values():
             fn()
         out = _interleave(args.ops, fns, replay_start)
-        for case in ("tail", "raw", "wide", "replay"):
+        for case in ("tail", "raw", "try", "wide", "replay"):
             keys = [k for k in out if k.startswith(case + "|")]
             if not keys:
                 continue
-            sq = statistics.median(out.get(f"{'tail' if case == 'raw' else case}|sqlite", [float("nan")]))
+            sq = statistics.median(out.get(f"{'tail' if case in ('raw', 'try') else case}|sqlite", [float("nan")]))
             for k in keys:
                 med = statistics.median(out[k])
                 print(f"{k:16s} p50 {med * 1e6:8.1f} us   vs sqlite {sq / med:5.2f}x"
