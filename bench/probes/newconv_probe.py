@@ -16,7 +16,7 @@ time (``time.thread_time``: the interpreter's work and the system calls made
 on that thread, not the syncs run on helper threads), and the background
 time per call, and the p50 of the time inside the system calls that make a
 batch durable (``pwritev``, ``pwrite``, ``fdatasync``, ``fsync``, timed by
-wrapping them in this process, as :mod:`bench.probes.append_split` does) and
+wrapping them on the calling thread, :func:`bench.probes.append_split.timed_durable_calls`) and
 of the rest of the call. ``--profile`` then runs ``--profile-n`` pool claims under
 ``cProfile`` and prints the functions by their own time. Run it against
 another copy of the engine with ``PYTHONPATH=/that/copy`` (a store without a
@@ -33,38 +33,15 @@ import pstats
 import shutil
 import statistics
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from bench.probes.append_split import timed_durable_calls
 from bench.util import payloads
 from convmem import logstore
 from convmem.logstore import FileStore
 from convmem.logstore.preallocation import wait_for_extensions
-
-
-def _timed_durable_calls() -> list[float]:
-    """Wrap the durable system calls of ``os`` so that their time on this thread adds up in the list's one slot."""
-    spent = [0.0]
-    clock = time.perf_counter
-    main = threading.get_ident()
-
-    def wrap(real: Callable[..., Any]) -> Callable[..., Any]:
-        def call(*args: Any) -> Any:
-            if threading.get_ident() != main:
-                return real(*args)
-            t = clock()
-            try:
-                return real(*args)
-            finally:
-                spent[0] += clock() - t
-
-        return call
-
-    for name in ("pwritev", "pwrite", "fdatasync", "fsync"):
-        setattr(os, name, wrap(getattr(os, name)))
-    return spent
 
 
 def _store(root: str, pool: bool | None) -> FileStore:
@@ -82,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", action="store_true", help="then profile pool claims")
     p.add_argument("--profile-n", type=int, default=300)
     args = p.parse_args(argv)
-    spent = _timed_durable_calls()
+    spent = timed_durable_calls(("pwritev", "pwrite", "fdatasync", "fsync"), calling_thread_only=True)
     items = payloads(10, args.item_bytes)
     has_pool = "conversation_pool" in inspect.signature(FileStore.__init__).parameters
     base = tempfile.mkdtemp(prefix="newconv-probe-", dir=args.dir or os.getcwd())
