@@ -37,7 +37,7 @@ class ConversationCreation(SegmentRoll):
             return True
         missing, self._missing = self._missing, None  # (a hint for this first attempt only)
         pool = self.pool
-        if pool is None or self._first_chunk() != pool.entry_bytes or (missing is None and os.path.isdir(self.path)):
+        if pool is None or not self._pool_fits(pool) or (missing is None and os.path.isdir(self.path)):
             return False
         claim = pool.claim(self.path, missing)
         if claim is None:
@@ -50,6 +50,10 @@ class ConversationCreation(SegmentRoll):
         self._close_files()
         self._loaded = True
         return True
+
+    def _pool_fits(self, pool: convpool.SitePool) -> bool:
+        """Whether ``pool``'s entries are the size this conversation's options give a claimed first segment."""
+        return pool.entry_bytes == convpool.entry_bytes(self._first_chunk(), self.options.segment_bytes)
 
     def _create_first_segment(self, todo: list[Batch], stamp: int) -> None:
         """Create the conversation's first segment holding its first batches, durably, with the fewest syncs.
@@ -82,7 +86,8 @@ class ConversationCreation(SegmentRoll):
         data = frame.encode_segment_header(0, salt) + ident + b"".join(records)
         if claim is not None:
             # A claimed pool entry: its file is the pool's entry_bytes of synced zeros, so the write
-            # goes into allocated space (extending it only when the batch is bigger).
+            # goes into allocated space (extending it only when the batch is bigger, and its sync then
+            # commits the new size too).
             size = claim.size if len(data) <= claim.size else self._extended_size(claim.size, len(data))
             fd = claim.seg_fd
             self._close_active()
@@ -113,7 +118,7 @@ class ConversationCreation(SegmentRoll):
         fileio.crashpoint("after-data-sync")
         # The pool is refilled once the append is done (_commit_group): the fill's syncs and
         # interpreter time would otherwise compete with this append's.
-        self._refill_pool = self.pool is not None and self._first_chunk() == self.pool.entry_bytes
+        self._refill_pool = self.pool is not None and self._pool_fits(self.pool)
         seg.alloc = size
         self._segments = [0]
         seg.idx = index.SparseIndex(0, salt)

@@ -23,8 +23,8 @@ Invariants:
 * A ready entry (``e-<16 hex>``) holds an empty lock file (in entries built
   by older engines, :data:`logstore.poolclaims.LOCK_BYTES` zeros) and a segment
   ``00000000000000000000.seg`` of exactly ``entry_bytes`` zeros, both
-  synced (``entry_bytes``: the store's first chunk of preallocated space, 4 KiB
-  by default), and its name is never reused. Whoever holds the flock of its lock
+  synced (``entry_bytes``: :func:`entry_bytes`, 12 KiB by default, less for
+  stores with tiny segments), and its name is never reused. Whoever holds the flock of its lock
   file may claim or discard it; the claimer keeps that flock as the
   conversation's writer lock until its first batch is durable, so no other
   process can see the new conversation as writable before then. A builder
@@ -64,7 +64,6 @@ directories per site that had a first append.
 from __future__ import annotations
 
 import errno
-import functools
 import os
 import secrets
 import threading
@@ -75,9 +74,24 @@ from collections.abc import Callable
 from . import background, fileio, layout, poolclaims
 from .frame import SEGMENT_HEADER_SIZE
 
-#: Bytes of an entry's segment file by default: the writer's first chunk of preallocated
-#: space (smaller for stores with tiny segments, see SitePool).
-ENTRY_BYTES = 4096
+#: Bytes of an entry's segment file by default (:func:`entry_bytes`): three blocks, room for a
+#: first batch of ten items of 1 KiB with the segment's header and the identity, written into
+#: synced zeros so that its one sync commits no new size. A bigger batch extends the file in
+#: the same write, and its sync then commits the new size too, as a creation in place does
+#: (``python -m bench.probes.newconv_probe``, 10 items of 1 KiB: with one-block entries the
+#: claim's write and sync took about 0.05 ms more than an ordinary append's at p50, about the
+#: same with these). Zeros past the data end are given back at close, as for any segment.
+ENTRY_BYTES = 12 * 1024
+
+
+def entry_bytes(first_chunk: int, segment_bytes: int) -> int:
+    """Bytes of a pool entry's segment for a store whose new segments start at ``first_chunk`` bytes.
+
+    :data:`ENTRY_BYTES`, a quarter of ``segment_bytes`` when that is smaller,
+    and never less than ``first_chunk``: a claimed segment starts with at
+    least the space of one created in place.
+    """
+    return max(first_chunk, min(ENTRY_BYTES, segment_bytes // 4))
 #: Ready entries a site's pool is filled to (refilled, in one batch, once half are used).
 TARGET = 4
 #: An unfinished entry with no lock file is removed only when older than this (seconds):
@@ -134,7 +148,7 @@ class SitePool:
     def __init__(
         self,
         site_path: str,
-        request_fill: Callable[[SitePool, threading.Lock | None], None],
+        request_fill: Callable[[SitePool], None],
         entry_bytes: int = ENTRY_BYTES,
     ) -> None:
         if entry_bytes <= SEGMENT_HEADER_SIZE:
@@ -270,20 +284,20 @@ class SitePool:
         for _, linked in todo:
             fileio.mark_durable(linked)
 
-    def refill_if_due(self, after: threading.Lock | None = None) -> None:
+    def refill_if_due(self) -> None:
         """Have the pool filled (in the background unless :data:`inline_fill`) if a claim used it up to half.
 
         Also when a spare fan-out directory was used or found missing, and on
-        a site's first conversation (nothing is known of its pool yet). A
-        background fill starts once ``after`` (the appending conversation's
-        mutex, held by the caller) is released, so that it does not compete
-        with the rest of the append for the interpreter.
+        a site's first conversation (nothing is known of its pool yet). Called
+        by the appending thread once it holds no lock of the append (see
+        :meth:`logstore.convstate.ConversationState.pool_to_refill`), so that
+        the fill does not compete with the rest of the append for the interpreter.
         """
         with self._names_lock:
             due = self._fill_due or bool(self._spares_wanted)
             self._fill_due = False
         if due and not (self.closed or self.disabled):
-            self._request_fill(self, after)
+            self._request_fill(self)
 
     def _list_ready(self) -> list[str]:
         try:
@@ -631,18 +645,7 @@ def _lock_clean(fd: int) -> bool:
 inline_fill = False
 
 
-#: Seconds a background fill waits at most for the append that asked for it to let go of its
-#: conversation (see SitePool.refill_if_due).
-AFTER_WAIT_S = 0.05
-
-
-def _fill_after(fill: Callable[[], None], after: threading.Lock) -> None:
-    if after.acquire(timeout=AFTER_WAIT_S):
-        after.release()
-    fill()
-
-
-def request_fill(pool: SitePool, after: threading.Lock | None = None, fill: Callable[[], None] | None = None) -> None:
+def request_fill(pool: SitePool, fill: Callable[[], None] | None = None) -> None:
     """Have ``pool`` filled by a background job (:mod:`logstore.background`), or now with :data:`inline_fill`.
 
     At most one fill of a pool is queued at a time; a request while one is
@@ -659,7 +662,7 @@ def request_fill(pool: SitePool, after: threading.Lock | None = None, fill: Call
             return
         pool._fill_queued = True
     try:
-        background.run(fill if after is None else functools.partial(_fill_after, fill, after), "pool-refill")
+        background.run(fill, "pool-refill")
     except RuntimeError:
         with pool._names_lock:
             pool._fill_queued = False  # the interpreter is shutting down: first appends create in place

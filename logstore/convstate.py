@@ -126,7 +126,8 @@ class ConversationState(lease.Leased):
         #: conversation whose first segment is not written yet.
         self.pool = pool
         self._claim: Claim | None = None
-        #: A first segment was just made: the pool may be refilled once the append is done.
+        #: A first segment was just made: the pool may be refilled once the append is done
+        #: (:meth:`pool_to_refill`).
         self._refill_pool = False
         #: The first directory of ``path`` found missing when this object was made (the symbolic
         #: link check), if any: a hint for a first append's claim, which then does not look again
@@ -199,6 +200,19 @@ class ConversationState(lease.Leased):
         self._lease_since = time.monotonic()
         self._busy = exclusive and self._lease_since - self._excl_ended < lease.IDLE
         return False
+
+    def pool_to_refill(self) -> SitePool | None:
+        """The site's pool, once, when this conversation's last append made its first segment (``mutex`` held).
+
+        The caller asks for the refill (:meth:`logstore.convpool.SitePool.refill_if_due`)
+        once it has let go of ``mutex`` and the site's lock: a fill thread woken
+        earlier would take the interpreter lock at the append's next system
+        call (the lock file's unlock) and hold the append back.
+        """
+        if not self._refill_pool:
+            return None
+        self._refill_pool = False
+        return self.pool
 
     def _unlock(self) -> None:
         """Let one hold of the lock file's lock go; the last one releases it, or keeps it as a lease.

@@ -233,10 +233,8 @@ class FileStore(MemoryStore):
         except StoreError:
             pass  # the site is being removed: first appends create in place
 
-    def _request_fill(
-        self, site: str, incarnation: Incarnation, pool: convpool.SitePool, after: threading.Lock | None = None
-    ) -> None:
-        convpool.request_fill(pool, after, functools.partial(self._pool_fill, site, incarnation, pool))
+    def _request_fill(self, site: str, incarnation: Incarnation, pool: convpool.SitePool) -> None:
+        convpool.request_fill(pool, functools.partial(self._pool_fill, site, incarnation, pool))
 
     def _manifest(self, site: str) -> SiteManifest:
         with self._lock:
@@ -284,7 +282,7 @@ class FileStore(MemoryStore):
                     pool = convpool.SitePool(
                         layout.site_dir(self.root, site),
                         functools.partial(self._request_fill, site, incarnation),
-                        first_chunk(self.options),
+                        convpool.entry_bytes(first_chunk(self.options), self.options.segment_bytes),
                     )
                     self._pools[site] = pool
                 conv = Conversation(path, conversation_id, self.options, manifest, pool=pool, missing=missing)
@@ -425,6 +423,7 @@ class FileStore(MemoryStore):
             # ``with self._guard.writing(...)`` does, without a generator on every append.)
             site_path = self._site_dirs.get(site) or self._site_dir(site)
             held = self._guard.enter(site_path)
+            refill = None
             try:
                 self._site_is(site, None if held is None else held.incarnation)
                 conv = self._acquire(site, conversation_id, deadline, started)
@@ -438,10 +437,13 @@ class FileStore(MemoryStore):
                             self._usage, site, conv, body, count, deadline, started, idempotency_key, expected_next_seq
                         )
                 finally:
+                    refill = conv.pool_to_refill()
                     conv.mutex.release()
             finally:
                 if held is not None:
                     self._guard.leave(site_path, held)
+                if refill is not None:
+                    refill.refill_if_due()  # every lock let go first (see Conversation.pool_to_refill)
         except StoreError:
             raise
         except OSError as exc:

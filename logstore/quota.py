@@ -62,14 +62,15 @@ ACCOUNT_FILE = "usage.acct"
 MANIFEST_BYTES_PER_APPEND = 160
 #: ... and for a new conversation at most what one takes on disk: its directory, lock and
 #: first segment, the pool entry that replaces the one it claimed, and new fan-out
-#: directories and their spares (measured on ext4: 8 blocks for the first ones of a site,
-#: about 17.5 KiB and 5.3 entries on average over its first 200, when a pool entry's lock
-#: file was empty; it is one block now, in the claimed entry and in its replacement).
-NEW_CONVERSATION_BYTES = 40 * 1024
+#: directories and their spares (measured on ext4 with 4 KiB entry segments: 8 blocks for the
+#: first ones of a site, about 17.5 KiB and 5.3 entries on average over its first 200; an
+#: entry's segment is convpool.ENTRY_BYTES now, 8 KiB more in the claimed entry and in its
+#: replacement, and the claimed one's zeros past its data are given back at its close).
+NEW_CONVERSATION_BYTES = 56 * 1024
 NEW_CONVERSATION_FILES = 8
 #: A walk counts the site's pool of ready conversation directories as full (convpool.TARGET
 #: entries): a missing entry is built in the background, where no append is charged for it.
-POOL_ENTRY_BYTES = 3 * 4096  # its directory, segment and lock file (logstore.poolclaims.LOCK_BYTES)
+POOL_ENTRY_BYTES = 2 * 4096 + 12 * 1024  # its directory, lock file and segment (convpool.ENTRY_BYTES)
 POOL_ENTRY_FILES = 3
 #: A walk is taken when the charges since the last one reach this fraction of a limit ...
 RECOUNT_FRACTION = 8

@@ -241,10 +241,6 @@ class Writer(GroupCommit, ConversationCreation):
         self.manifest.commit(self.conversation_id, tip)
         fileio.crashpoint("manifest-commit")
         self._schedule_extension()
-        if self._refill_pool:
-            self._refill_pool = False
-            assert self.pool is not None
-            self.pool.refill_if_due(self.mutex)
         return n
 
     def _commit_batch(self, body: bytes, count: int, first: int, stamp: int) -> None:

@@ -265,6 +265,50 @@ def test_a_claim_makes_no_file_or_directory_on_the_appends_path(tmp_path: Path, 
     assert not check(root).problems
 
 
+def test_a_first_batch_of_ten_kib_items_fits_the_claimed_entry(tmp_path: Path, inline: None) -> None:
+    """A first batch of ten 1 KiB items goes into the entry's zeros: the claim commits no new size."""
+    root = tmp_path / "data"
+    store = FileStore(root, conversation_pool=True)
+    try:
+        store.append(SITE, "conv-size-000", [{"n": 0}])
+        items = [{"n": i, "text": "x" * 1000} for i in range(10)]
+        pooled = _entries(root)
+        assert {os.stat(_pool(root) / n / layout.segment_name(0)).st_size for n in pooled} == {convpool.ENTRY_BYTES}
+        assert store.append(SITE, "conv-size-001", items).first == 0
+        assert _seg_inode(root, "conv-size-001") in pooled.values()
+        seg = os.path.join(layout.conversation_dir(str(root), SITE, "conv-size-001"), layout.segment_name(0))
+        assert os.stat(seg).st_size == convpool.ENTRY_BYTES, "the write stayed inside the entry's synced zeros"
+        assert [it.payload for it in store.read(SITE, "conv-size-001", _all())] == items
+    finally:
+        store.close()
+    assert not check(root).problems
+
+
+def test_the_refill_is_asked_for_with_every_lock_of_the_append_let_go(tmp_path: Path) -> None:
+    """A first append asks for the pool's refill after it let go of the conversation and of the site."""
+    root = tmp_path / "data"
+    store = FileStore(root, conversation_pool=True)
+    held: list[bool] = []
+    try:
+        store.append(SITE, "conv-refill-00", [{"n": 0}])
+        background.wait()
+        pool = store._pools[SITE]
+        real = pool._request_fill
+
+        def request(p: convpool.SitePool) -> None:
+            conv = store._convs[(SITE, "conv-refill-01")]
+            held.append(conv.mutex.locked())
+            real(p)
+
+        pool._request_fill = request  # type: ignore[method-assign]
+        assert store.append(SITE, "conv-refill-01", [{"n": 1}]).first == 0
+        background.wait()
+    finally:
+        store.close()
+    assert held == [False], held
+    assert not check(root).problems
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_leaves_its_parents_entries_alone(tmp_path: Path) -> None:
     """Entries a process built stay locked for it; a forked child closes its copies and goes its own way."""
@@ -403,8 +447,8 @@ def test_a_spare_known_clean_but_taken_by_another_store(tmp_path: Path, inline: 
                 renames.append((str(args[0]), str(args[1])))
 
         fileio.recorder = rec
-        b._pools[SITE]._request_fill = lambda pool, after: None  # no refill by B for now: c/ keeps no spare
-        a._pools[SITE]._request_fill = lambda pool, after: None  # nor by A: its next claim must find none
+        b._pools[SITE]._request_fill = lambda pool: None  # no refill by B for now: c/ keeps no spare
+        a._pools[SITE]._request_fill = lambda pool: None  # nor by A: its next claim must find none
         a._pools[SITE]._let_go()  # the entries A built and keeps: for B's claims too (as when A exits)
         conv = new_aa_conv("conv-b")
         b.append(SITE, conv, [{"b": 0}])  # B takes the spare A knows clean

@@ -208,7 +208,7 @@ def test_first_append_syncs_no_manifest_record(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setattr(convpool, "inline_fill", True)
     store = FileStore(root, conversation_pool=True)
     store.append(SITE, "conv-first-00", [{"k": 0}])  # the site's pool is filled after it
-    monkeypatch.setattr(store._pools[SITE], "_request_fill", lambda pool, after: None)  # and not refilled meanwhile
+    monkeypatch.setattr(store._pools[SITE], "_request_fill", lambda pool: None)  # and not refilled meanwhile
     syncs: list[str] = []
     fileio.fault_hook = syncs.append
     try:

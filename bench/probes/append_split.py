@@ -20,6 +20,7 @@ import os
 import shutil
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -32,13 +33,21 @@ SITE = "site-split"
 CONV = "conversation-split"
 
 
-def _timed_durable_calls() -> list[float]:
-    """Wrap ``os.pwritev``, ``os.pwrite`` and ``os.fdatasync`` so that their time adds up in the list's one slot."""
+def timed_durable_calls(names: tuple[str, ...] = ("pwritev", "pwrite", "fdatasync"), calling_thread_only: bool = False
+                        ) -> list[float]:
+    """Wrap the ``os`` functions ``names`` so that their time adds up in the list's one slot.
+
+    ``calling_thread_only``: only the calls made on the thread that wraps them
+    count (not those of sync helpers or background jobs).
+    """
     spent = [0.0]
     clock = time.perf_counter
+    me = threading.get_ident()
 
     def wrap(real: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any) -> Any:
+            if calling_thread_only and threading.get_ident() != me:
+                return real(*args)
             t = clock()
             try:
                 return real(*args)
@@ -47,9 +56,8 @@ def _timed_durable_calls() -> list[float]:
 
         return call
 
-    os.pwritev = wrap(os.pwritev)
-    os.pwrite = wrap(os.pwrite)
-    os.fdatasync = wrap(os.fdatasync)
+    for name in names:
+        setattr(os, name, wrap(getattr(os, name)))
     return spent
 
 
@@ -58,7 +66,7 @@ def main() -> None:
     ap.add_argument("items", nargs="*", type=int, default=[1, 10])
     ap.add_argument("-n", type=int, default=2000, help="appends per backend")
     args = ap.parse_args()
-    spent = _timed_durable_calls()
+    spent = timed_durable_calls()
     clock = time.perf_counter
     for items in args.items:
         root = tempfile.mkdtemp(prefix="append-split-", dir=".")

@@ -205,7 +205,7 @@ def record(
     real_fill = convpool.request_fill
     preallocation.run_extension = _JOBS.append if ahead else (lambda job: None)
 
-    def fill_later(pool: convpool.SitePool, after: Any = None, fill: Callable[[], None] | None = None) -> None:
+    def fill_later(pool: convpool.SitePool, fill: Callable[[], None] | None = None) -> None:
         _JOBS.append(pool.fill if fill is None else fill)
 
     convpool.request_fill = fill_later

@@ -70,7 +70,7 @@ def _read_elsewhere(root: Path, conv: str) -> dict[str, Any]:
 def held_fills(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Pool fills (which sync a claim's directories) are queued, never run: the window stays open."""
     queued: list[Any] = []
-    monkeypatch.setattr(convpool, "request_fill", lambda pool, after=None, fill=None: queued.append(fill))
+    monkeypatch.setattr(convpool, "request_fill", lambda pool, fill=None: queued.append(fill))
     return queued
 
 
