@@ -49,12 +49,20 @@ class ToolCaller:
 
 
 def tree(root: Path) -> dict[str, tuple[int, int, int]]:
-    """Every entry under ``root`` (not following links): relative path -> (mode, size, allocated bytes)."""
+    """Every entry under ``root`` (not following links): relative path -> (mode, size, allocated bytes).
+
+    An entry renamed or removed between the walk's listing and its ``lstat`` (a pool
+    fill's temporary entry moving into place) is left out: the tree is changing, which
+    the next snapshot shows.
+    """
     out: dict[str, tuple[int, int, int]] = {}
     for dirpath, dirnames, filenames in os.walk(root):
         for name in dirnames + filenames:
             path = os.path.join(dirpath, name)
-            st = os.lstat(path)
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue
             out[os.path.relpath(path, root)] = (st.st_mode, st.st_size, st.st_blocks * 512)
     return out
 
