@@ -158,13 +158,20 @@ def site_usage(root: str, site: str) -> Usage:
 
 
 def accountable_usage(root: str, site: str) -> Usage:
-    """:func:`site_usage`, with the site's pool counted as full (what the account starts from)."""
-    usage = site_usage(root, site)
+    """:func:`site_usage`, with the site's pool counted as full (what the account starts from).
+
+    An entry being built (``t-``) counts as one of the pool's entries, as a ready
+    one (``e-``) does: the walk counts what it holds so far, and it is not
+    estimated a second time. The pool is listed before the walk, so that an entry
+    listed as being built and found ready by the walk is counted once.
+    """
     try:
         names = os.listdir(layout.pool_dir(layout.site_dir(root, site)))
     except (FileNotFoundError, NotADirectoryError):
         names = []
-    missing = max(0, convpool.TARGET - sum(n.startswith(layout.POOL_READY_PREFIX) for n in names))
+    usage = site_usage(root, site)
+    prefixes = (layout.POOL_READY_PREFIX, layout.POOL_BUILDING_PREFIX)
+    missing = max(0, convpool.TARGET - sum(n.startswith(prefixes) for n in names))
     usage.bytes += missing * POOL_ENTRY_BYTES
     usage.files += missing * POOL_ENTRY_FILES
     return usage
