@@ -18,7 +18,10 @@ the call like any tool, then returns the structured result stored in
 the baseline that a ``recall_memory`` returning the same bytes is compared with.
 It shapes its result the way ``recall_memory`` does (``mcp_adapter.wire``:
 the stored JSON, escaped for the text block each call, spliced into the HTTP
-response), so the two differ only by the store's read and its encoding.
+response). The two differ by the store's read and its encoding, and by what
+``call_tool`` does for every product tool and this one skips: the call's
+bookkeeping (``requestlog.ToolCall``: its metrics and request-line fields) and
+the arguments' validation.
 """
 
 from __future__ import annotations
