@@ -155,6 +155,7 @@ STAGES: tuple[tuple[str, str], ...] = (
     ("SDK body-size limit (not on POST /mcp)", "mcp.server.transport_security:RequestBodyLimitMiddleware.__call__"),
     ("single exchange, in place (below: the SDK's kernel)", "convmem.mcp_adapter.exchange:SingleExchange.answer"),
     ("  JSON-RPC parse and header checks", "convmem.mcp_adapter.exchange:SingleExchange._request_of"),
+    ("    JSON-RPC parse (msgspec, or the SDK's union)", "convmem.mcp_adapter.envelope:parse"),
     ("    Host/Origin/Content-Type checks", "mcp.server.transport_security:"
      "TransportSecurityMiddleware.validate_request"),
     ("  the SDK's kernel and the response", "convmem.mcp_adapter.exchange:SingleExchange._reply"),
@@ -165,7 +166,7 @@ STAGES: tuple[tuple[str, str], ...] = (
     ("      result sieve (serialize_server_result)", "mcp_types.methods:serialize_server_result"),
     ("      connection teardown (aclose_shielded)", "mcp.server.runner:aclose_shielded"),
     ("    born-ready connection", "convmem.mcp_adapter.exchange:_born_ready"),
-    ("    response JSON (model_dump_json)", "pydantic.main:BaseModel.model_dump_json"),
+    ("    response JSON (msgspec, or the SDK's model)", "convmem.mcp_adapter.envelope:encode_response"),
     ("tool call (everything below)", "convmem.mcp_adapter.server:call_tool"),
     ("  authentication (header cache)", "convmem.mcp_adapter.auth:Authenticator.authenticate"),
     ("  argument validation", "convmem.mcp_adapter.validation:parse_arguments"),
