@@ -182,30 +182,30 @@ class SingleExchange:
         :attr:`fallback` with the body replayed.
         """
         request = Request(scope, receive)
-        message = await self._request_of(request, body, passed)
+        if passed not in self._passed and not await self._headers_pass(request, passed):
+            return None
+        message = envelope.parse(body)  # None: not a JSON-RPC request, the SDK's to answer
         if message is None:
             return None
         return await self._reply(request, message, version)
 
-    async def _request_of(
-        self, request: Request, body: bytes, headers: tuple[bytes | None, ...]
-    ) -> envelope.Request | None:
-        """The JSON-RPC request, when the SDK's transport would dispatch it; None to let the SDK answer.
+    async def _headers_pass(self, request: Request, headers: tuple[bytes | None, ...]) -> bool:
+        """True if the request passes the transport's header checks (Host/Origin, Accept, Content-Type).
 
         ``headers`` are the request's :data:`_CHECKED_HEADERS`, the only input of
-        the header checks: a combination that passed them once passes without
-        running them again (at most :data:`_PASSED_MAX` combinations are
-        remembered; a failing one is checked every time, so it logs as the SDK does).
+        the checks: a combination that passed once is remembered and not
+        checked again (:meth:`answer` looks it up; at most :data:`_PASSED_MAX`
+        combinations are remembered; a failing one is checked every time, so
+        it logs as the SDK does).
         """
-        if headers not in self._passed:
-            if await self.security.validate_request(request, is_post=True) is not None:
-                return None
-            has_json, _ = check_accept_headers(request)
-            if not has_json or not _json_content_type(request):
-                return None
-            if len(self._passed) < _PASSED_MAX:
-                self._passed.add(headers)
-        return envelope.parse(body)
+        if await self.security.validate_request(request, is_post=True) is not None:
+            return False
+        has_json, _ = check_accept_headers(request)
+        if not has_json or not _json_content_type(request):
+            return False
+        if len(self._passed) < _PASSED_MAX:
+            self._passed.add(headers)
+        return True
 
     async def _reply(self, request: Request, message: envelope.Request, version: str | None) -> bytes:
         """Run the SDK's kernel for ``message``: its response's body, as the SDK's transport writes it."""
