@@ -102,6 +102,8 @@ def _bodies(draw: st.DrawFn) -> bytes:
 @example(b'{"jsonrpc":"2.0","id":"\\ud800","method":"p"}')
 @example(b'{"jsonrpc":"2.0","id":1,"method":"p","params":{"x":"\xed\xa0\x80"}}')
 @example(b'{"jsonrpc":"2.0","id":18446744073709551616,"id":2,"method":"p","params":{"a":1,"a":[2]}}')
+@example(b'{"jsonrpc":"2.0","id":1,"method":"p","params":{"x":' + b"9" * 4000 + b"}}")  # a big integer, same value
+@example(b'{"jsonrpc":"2.0","id":1,"method":"p","params":{"x":' + b"9" * 5000 + b"}}")  # past both decoders' limit
 def test_parse_gives_what_the_sdks_parse_gives(body: bytes) -> None:
     ours, theirs = _ours(body), _sdk_parse(body)
     assert _same(ours, theirs), (body, ours, theirs)
@@ -164,6 +166,7 @@ def _nested(depth: int) -> dict[str, Any]:
 @example(1, {"t": (1, 2), "sub": _Str("x")})
 @example(1, _nested(40))
 @example(1, _nested(10))
+@example(1, {"huge": 10**5000, "negative": -(10**4000)})
 def test_encode_response_writes_what_the_sdks_model_writes(request_id: Any, result: dict[str, Any]) -> None:
     assert _our_encode(request_id, result) == _sdk_encode(request_id, result)
 
