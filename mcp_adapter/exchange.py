@@ -12,7 +12,9 @@ drops the plumbing:
 
 * The request is checked exactly as the SDK's transport checks it (Host and
   Origin via its :class:`TransportSecurityMiddleware`, ``Accept``,
-  ``Content-Type``, JSON parse, JSON-RPC validation with its own adapter).
+  ``Content-Type``, JSON parse, JSON-RPC validation: the common request's
+  exact shape by msgspec, anything else by the SDK's own adapter, see
+  :mod:`.envelope`).
   Anything that is not a well-formed JSON-RPC *request* on the handshake-era
   path (an error of any kind, a notification, a response, a 2026 protocol
   version, a GET or DELETE) is handed to the SDK's own handler with the body
@@ -25,8 +27,9 @@ drops the plumbing:
   back-channel, the Starlette request as ``request_context``. The result or
   the error is written as the SDK's transport writes it
   (``JSONRPCResponse``/``JSONRPCError``, ``model_dump_json(by_alias=True,
-  exclude_unset=True)``, ``Content-Type: application/json``), handler
-  exceptions mapped by the SDK's own ladder.
+  exclude_unset=True)``, ``Content-Type: application/json``; a result of
+  plain JSON types by msgspec, byte for byte the same: :mod:`.envelope`),
+  handler exceptions mapped by the SDK's own ladder.
 
 ``tests/test_mcp_exchange.py`` sends the same requests through both paths and
 checks the responses are byte for byte the same.
