@@ -12,7 +12,9 @@ drops the plumbing:
 
 * The request is checked exactly as the SDK's transport checks it (Host and
   Origin via its :class:`TransportSecurityMiddleware`, ``Accept``,
-  ``Content-Type``, JSON parse, JSON-RPC validation with its own adapter).
+  ``Content-Type``, JSON parse, JSON-RPC validation: the common request's
+  exact shape by msgspec, anything else by the SDK's own adapter, see
+  :mod:`.envelope`).
   Anything that is not a well-formed JSON-RPC *request* on the handshake-era
   path (an error of any kind, a notification, a response, a 2026 protocol
   version, a GET or DELETE) is handed to the SDK's own handler with the body
@@ -25,8 +27,9 @@ drops the plumbing:
   back-channel, the Starlette request as ``request_context``. The result or
   the error is written as the SDK's transport writes it
   (``JSONRPCResponse``/``JSONRPCError``, ``model_dump_json(by_alias=True,
-  exclude_unset=True)``, ``Content-Type: application/json``), handler
-  exceptions mapped by the SDK's own ladder.
+  exclude_unset=True)``, ``Content-Type: application/json``; a result of
+  plain JSON types by msgspec, byte for byte the same: :mod:`.envelope`),
+  handler exceptions mapped by the SDK's own ladder.
 
 ``tests/test_mcp_exchange.py`` sends the same requests through both paths and
 checks the responses are byte for byte the same.
@@ -38,10 +41,11 @@ import inspect
 import logging
 from collections.abc import Iterable, Mapping
 from contextlib import AsyncExitStack
+from functools import cached_property
+from types import SimpleNamespace
 from typing import Any
 
 import anyio
-import pydantic_core
 from mcp.server.connection import Connection
 from mcp.server.runner import ServerRunner, aclose_shielded
 from mcp.server.streamable_http import CONTENT_TYPE_JSON, check_accept_headers
@@ -58,15 +62,14 @@ from mcp_types import (
     ErrorData,
     Implementation,
     JSONRPCError,
-    JSONRPCRequest,
-    JSONRPCResponse,
     RequestId,
-    jsonrpc_message_adapter,
 )
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from . import envelope
 
 # The dispatcher logs unmapped handler exceptions under its own name; so do we.
 _dispatch_logger = logging.getLogger("mcp.shared.jsonrpc_dispatcher")
@@ -76,6 +79,8 @@ _TRANSPORT = TransportContext(kind="streamable-http", can_send_request=False)
 _JSON_HEADERS = [(b"content-type", CONTENT_TYPE_JSON.encode())]
 #: The headers the transport's checks read (Host/Origin, Content-Type, Accept): their values decide the checks.
 _CHECKED_HEADERS = (b"host", b"origin", b"content-type", b"accept")
+#: Each of :data:`_CHECKED_HEADERS` by its place in that tuple.
+_CHECKED_SLOTS = {name: slot for slot, name in enumerate(_CHECKED_HEADERS)}
 #: Most header combinations remembered as passing (clients send a handful; anything past this is checked each time).
 _PASSED_MAX = 64
 
@@ -180,51 +185,46 @@ class SingleExchange:
         :attr:`fallback` with the body replayed.
         """
         request = Request(scope, receive)
-        message = await self._request_of(request, body, passed)
+        if passed not in self._passed and not await self._headers_pass(request, passed):
+            return None
+        message = envelope.parse(body)  # None: not a JSON-RPC request, the SDK's to answer
         if message is None:
             return None
         return await self._reply(request, message, version)
 
-    async def _request_of(
-        self, request: Request, body: bytes, headers: tuple[bytes | None, ...]
-    ) -> JSONRPCRequest | None:
-        """The JSON-RPC request, when the SDK's transport would dispatch it; None to let the SDK answer.
+    async def _headers_pass(self, request: Request, headers: tuple[bytes | None, ...]) -> bool:
+        """True if the request passes the transport's header checks (Host/Origin, Accept, Content-Type).
 
         ``headers`` are the request's :data:`_CHECKED_HEADERS`, the only input of
-        the header checks: a combination that passed them once passes without
-        running them again (at most :data:`_PASSED_MAX` combinations are
-        remembered; a failing one is checked every time, so it logs as the SDK does).
+        the checks: a combination that passed once is remembered and not
+        checked again (:meth:`answer` looks it up; at most :data:`_PASSED_MAX`
+        combinations are remembered; a failing one is checked every time, so
+        it logs as the SDK does).
         """
-        if headers not in self._passed:
-            if await self.security.validate_request(request, is_post=True) is not None:
-                return None
-            has_json, _ = check_accept_headers(request)
-            if not has_json or not _json_content_type(request):
-                return None
-            if len(self._passed) < _PASSED_MAX:
-                self._passed.add(headers)
-        try:
-            message = jsonrpc_message_adapter.validate_python(pydantic_core.from_json(body), by_name=False)
-        except (ValueError, ValidationError):
-            return None
-        return message if isinstance(message, JSONRPCRequest) else None
+        if await self.security.validate_request(request, is_post=True) is not None:
+            return False
+        has_json, _ = check_accept_headers(request)
+        if not has_json or not _json_content_type(request):
+            return False
+        if len(self._passed) < _PASSED_MAX:
+            self._passed.add(headers)
+        return True
 
-    async def _reply(self, request: Request, message: JSONRPCRequest, version: str | None) -> bytes:
+    async def _reply(self, request: Request, message: envelope.Request, version: str | None) -> bytes:
         """Run the SDK's kernel for ``message``: its response's body, as the SDK's transport writes it."""
         metadata = ServerMessageMetadata(request_context=request, can_send_request=False)
         dctx = _DispatchContext(message.id, metadata)
         connection = _born_ready(version or DEFAULT_NEGOTIATED_VERSION, self._ready())
-        reply: JSONRPCResponse | JSONRPCError
         try:
             result = await _serve_one(self.manager.app, dctx, message, connection, self.manager._lifespan_state)
-            reply = JSONRPCResponse(jsonrpc="2.0", id=message.id, result=result)
         except Exception as exc:
             error = handler_exception_to_error_data(exc)
             if error is None:
                 _dispatch_logger.exception("handler for %r raised", message.method)
                 error = ErrorData(code=0, message=str(exc))  # the dispatcher's catch-all, pinned for v1 compat
             reply = JSONRPCError(jsonrpc="2.0", id=message.id, error=error)
-        return reply.model_dump_json(by_alias=True, exclude_unset=True).encode()
+            return reply.model_dump_json(by_alias=True, exclude_unset=True).encode()
+        return envelope.encode_response(message.id, result)
 
 
 def reply_headers(body: bytes) -> list[tuple[bytes, bytes]]:
@@ -238,14 +238,16 @@ def checked_headers(headers: Iterable[tuple[bytes, bytes]]) -> tuple[str | None,
     The values are what the transport's checks read (Starlette's ``Headers.get`` gives the first of a name).
     """
     version: str | None = None
-    checked: dict[bytes, bytes] = {}
+    found: list[bytes | None] = [None] * len(_CHECKED_HEADERS)
     for key, value in headers:
         if key == _PROTOCOL_HEADER:
             if version is None:
                 version = value.decode("latin-1")
-        elif key in _CHECKED_HEADERS and key not in checked:
-            checked[key] = value
-    return version, tuple(checked.get(name) for name in _CHECKED_HEADERS)
+            continue
+        slot = _CHECKED_SLOTS.get(key)
+        if slot is not None and found[slot] is None:
+            found[slot] = value
+    return version, tuple(found)
 
 
 def _validates_none(model: type[BaseModel]) -> bool:
@@ -319,24 +321,44 @@ class _WatchedExitStack(AsyncExitStack):
         super()._push_exit_callback(callback, is_sync)  # type: ignore[misc]
 
 
+def _on_request_is_the_method() -> bool:
+    """True if the SDK's ``ServerRunner.on_request`` is a cached property giving the runner's ``_on_request``."""
+    prop = ServerRunner.__dict__.get("on_request")
+    if not isinstance(prop, cached_property):
+        return False
+    probe = SimpleNamespace(_on_request=object())
+    return bool(prop.func(probe) is probe._on_request)
+
+
+#: ``runner.on_request`` is ``runner._on_request``, cached on the runner (checked at import).
+_ON_REQUEST_IS_THE_METHOD = _on_request_is_the_method()
+
+
 async def _serve_one(
-    server: Any, dctx: _DispatchContext, message: JSONRPCRequest, connection: Connection, lifespan_state: Any
+    server: Any, dctx: _DispatchContext, message: envelope.Request, connection: Connection, lifespan_state: Any
 ) -> dict[str, Any]:
-    """:func:`mcp.server.runner.serve_one`, step for step, without its two per-request costs that carry nothing.
+    """:func:`mcp.server.runner.serve_one`, step for step, without its per-request costs that carry nothing.
 
     The SDK's driver builds a :class:`ServerRunner`, runs its ``on_request``
     and unwinds the connection's exit stack under a shielded, bounded cancel
     scope. Here the unwinding is skipped when nothing was pushed on the stack
     (unwinding an empty stack does nothing; ``_WatchedExitStack`` sees every
-    push), and the runner's cached ``on_request`` (a bound method of the
-    runner, stored on it: a reference cycle) is dropped afterwards, so the
-    request's objects are freed at once rather than by the cycle collector.
+    push), and the runner's ``_on_request`` is called directly: ``on_request``
+    is a cached property that gives exactly that bound method
+    (:data:`_ON_REQUEST_IS_THE_METHOD`, checked at import) and stores it on the
+    runner, a reference cycle the cycle collector would have to free. Should
+    a later SDK make it anything else, its ``on_request`` is used and the
+    cached value dropped afterwards, so the request's objects are still freed
+    at once.
     """
     runner = ServerRunner(server, connection, lifespan_state)
     try:
+        if _ON_REQUEST_IS_THE_METHOD:
+            return await runner._on_request(dctx, message.method, message.params)
         return await runner.on_request(dctx, message.method, message.params)
     finally:
-        runner.__dict__.pop("on_request", None)
+        if not _ON_REQUEST_IS_THE_METHOD:
+            runner.__dict__.pop("on_request", None)
         if not isinstance(connection.exit_stack, _WatchedExitStack) or connection.exit_stack.used:
             await aclose_shielded(connection)
 

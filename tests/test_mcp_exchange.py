@@ -22,6 +22,8 @@ from typing import Any
 
 import anyio
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mcp.server.transport_security import RequestBodyLimitMiddleware
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Message
@@ -107,6 +109,23 @@ CASES: list[tuple[str, bytes, dict[str, str | None]]] = [
     ("bad Origin", rpc("ping"), {"origin": "http://attacker.example"}),
     ("2026 protocol", rpc("ping"), {"mcp-protocol-version": "2026-07-28"}),
     ("unknown protocol header", rpc("ping"), {"mcp-protocol-version": "bogus"}),
+    # The envelope's shortcuts (mcp_adapter.envelope) and the bodies they leave to the SDK's parse.
+    ("compact body, padded", b' {"jsonrpc":"2.0","id":7,"method":"ping"}\n', {}),
+    ("ping, explicit null params", rpc("ping")[:-1] + b', "params": null}', {}),
+    ("ping, big integer id", rpc("ping", id=2**70), {}),
+    ("ping, duplicate ids", b'{"jsonrpc": "2.0", "id": 1, "id": "two", "method": "ping"}', {}),
+    ("ping with an extra member", b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "result": {}}', {}),
+    ("ping, float id", b'{"jsonrpc": "2.0", "id": 1.0, "method": "ping"}', {}),
+    ("ping, boolean id", b'{"jsonrpc": "2.0", "id": true, "method": "ping"}', {}),
+    ("ping, NaN in params", b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"x": NaN}}', {}),
+    ("ping, lone surrogate id", b'{"jsonrpc": "2.0", "id": "\\ud800", "method": "ping"}', {}),
+    ("body not UTF-8", b'{"jsonrpc": "2.0", "id": 1, "method": "\xff"}', {}),
+    ("byte-order mark", b"\xef\xbb\xbf" + rpc("ping"), {}),
+    ("tool call, float and big integer arguments", call("recall_memory", {"conversation_id": "exchange-conv-1",
+                                                                          "count": 2.5, "x": 2**70}), {}),
+    ("append, text needing escapes", call("append_memory", {"conversation_id": "exchange-conv-2",
+                                                            "items": [{"k": "\x00\x1f\"\\/\u2028\U0001f600"}]}), {}),
+    ("recall of escaped text", call("recall_memory", {"conversation_id": "exchange-conv-2", "count": 5}), {}),
 ]
 
 
@@ -197,6 +216,28 @@ async def test_the_fast_path_serves_well_formed_requests_itself(
         assert status == 200 and b'"conversations"' in body and not handed_over
         status, _, _ = await _request(fast, rpc("notifications/initialized", id=None), {})
         assert status == 202 and handed_over == ["/mcp"]
+
+
+_HEADER_NAMES = st.sampled_from(
+    [b"host", b"origin", b"content-type", b"accept", b"mcp-protocol-version", b"authorization", b"x-other"]
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.tuples(_HEADER_NAMES, st.binary(max_size=6)), max_size=10))
+def test_checked_headers_gives_the_first_value_of_each_name(headers: list[tuple[bytes, bytes]]) -> None:
+    def first(name: bytes) -> bytes | None:
+        return next((value for key, value in headers if key == name), None)
+
+    version = first(b"mcp-protocol-version")
+    checked = tuple(first(name) for name in exchange._CHECKED_HEADERS)
+    expected = (None if version is None else version.decode("latin-1"), checked)
+    assert exchange.checked_headers(headers) == expected
+
+
+def test_the_runner_is_driven_through_its_own_on_request_method() -> None:
+    # on_request is the SDK's cached property giving _on_request; the exchange calls that method itself.
+    assert exchange._ON_REQUEST_IS_THE_METHOD
 
 
 def _walk(app: Any) -> list[Any]:
