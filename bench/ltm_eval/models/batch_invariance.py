@@ -46,6 +46,7 @@ VARIANTS: dict[str, str] = {
     "nbits8-b64-acc4.onnx": "weight-only int8 MatMulNBits, block 64, accuracy_level 4",
     "rowasym-int8pc.onnx": "int8 weights per channel, activations quantised per row (uint8, min/max), plain ONNX ops",
     "static-minmax.onnx": "static QDQ int8 (weights per channel, activations per tensor, min/max over the memories)",
+    "static-minmax-wmm.onnx": "the same, the MatMuls by a weight only (the attention's two products stay fp32)",
 }
 
 
@@ -135,8 +136,10 @@ def memory_texts() -> list[str]:
     return [f"{d.summary} {d.details}" for d in memories()]
 
 
-def make_static(src: Path, dst: Path) -> None:
-    """Static QDQ int8 of every MatMul: weights per channel, activations one fixed scale per tensor (min/max)."""
+def make_static(src: Path, dst: Path, *, weights_only: bool) -> None:
+    """Static QDQ int8 of every MatMul (of those by a weight only if ``weights_only``): weights per channel,
+    activations one fixed scale per tensor, from their min and max over :func:`memory_texts`."""
+    import onnx
     from onnxruntime.quantization import (
         CalibrationDataReader,
         CalibrationMethod,
@@ -163,9 +166,12 @@ def make_static(src: Path, dst: Path) -> None:
 
     pre = dst.with_suffix(".pre.onnx")
     quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
+    g = onnx.load(str(pre)).graph
+    weights = {i.name for i in g.initializer}
+    products = [n.name for n in g.node if n.op_type == "MatMul" and n.input[1] not in weights]
     quantize_static(str(pre), str(dst), Reader(), quant_format=QuantFormat.QDQ, op_types_to_quantize=["MatMul"],
                     per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                    calibrate_method=CalibrationMethod.MinMax)
+                    calibrate_method=CalibrationMethod.MinMax, nodes_to_exclude=products if weights_only else [])
 
 
 def evaluate(name: str, argv: Sequence[str]) -> int:
@@ -182,7 +188,7 @@ def make() -> None:
         if name.startswith("row"):
             make_per_row(src, WORK / name)
         if name.startswith("static-"):
-            make_static(src, WORK / name)
+            make_static(src, WORK / name, weights_only=name.endswith("-wmm.onnx"))
         if name.startswith("nbits8-"):
             _, b, a = name.removesuffix(".onnx").split("-")
             make_nbits(src, WORK / name, int(b[1:]), int(a[3:]))
