@@ -96,7 +96,7 @@ def parallel_figures(rows: int, threads: int, calls: int = 200, seed: int = 7) -
             f"{many:.0f} calls/s ({cn:.2f} cores used): {many / one:.2f}x")
 
 
-def _batched(enc: Encoder, texts: Sequence[str]) -> Vectors:
+def batched_vectors(enc: Encoder, texts: Sequence[str]) -> Vectors:
     """Unit vectors of ``texts`` from one run of the encoder's session: padded, masked, mean over own tokens."""
     tok: Any = enc._tokenizer  # the probe reads the encoder's own tokenizer and session: the same model
     encs = tok.encode_batch(list(texts))
@@ -129,14 +129,14 @@ def encoder_figures(batch: int, repeat: int) -> str:
 
     def batched() -> None:
         for g in groups:
-            _batched(enc, g)
+            batched_vectors(enc, g)
 
     one = best_ms(each, max(2, repeat // 4), calls=1) / len(hints)
     many = best_ms(batched, max(2, repeat // 4), calls=1) / len(hints)
     worst = 0.0
     for g in groups:
         alone = np.stack([enc.embed_one(h) for h in g])
-        worst = max(worst, float((1.0 - (alone * _batched(enc, g)).sum(axis=1)).max()))
+        worst = max(worst, float((1.0 - (alone * batched_vectors(enc, g)).sum(axis=1)).max()))
     return (f"encoder, {len(hints)} labelled hints: {one:.3f} ms per hint one per run, {many:.3f} ms per hint "
             f"{batch} per run; largest 1 - cosine between a hint's vectors made the two ways {worst:.1e}")
 
