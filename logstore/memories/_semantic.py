@@ -145,7 +145,9 @@ class SemanticIndex:
     def remove(self, key: int) -> None:
         row = self._key_row.pop(key, None)
         if row is not None:
-            self._set_rows(row, np.zeros((1, self._dim), dtype=np.float32))
+            self._m[row] = 0.0  # what _set_rows stores for a zero vector, without computing it
+            self._q[row] = ZERO_POINT
+            self._scale[row] = self._err[row] = self._qnorm[row] = 0.0
             self._used[row] = False
             self._active[row] = False
             self._free.append(row)
