@@ -5,8 +5,7 @@
 the ones in flight at the same moment share work. This measures the two candidates, in one thread, best of
 ``--repeat`` blocks (least disturbed by other load):
 
-- **The matrix product** (what ``SemanticIndex.scores`` ran for every row before it scored int8 rows first, and
-  still runs for the rows it rescores exactly): numpy's ``einsum`` of ``--rows`` unit vectors (384 float32
+- **The matrix product** (``SemanticIndex.scores``): numpy's ``einsum`` of ``--rows`` unit vectors (384 float32
   dims, 15 MB at 10,000) with one query, against one ``einsum`` with ``--batch`` queries (the matrix read once),
   per query; whether each query's scores come out bitwise equal to its own product (a search's hits must not
   depend on what ran beside it); and numpy's ``matmul`` (BLAS, with its own threads) the same two ways.

@@ -39,7 +39,7 @@ import numpy as np
 from .. import fileio
 from . import vectors
 from ._lexical import DEFAULT_WEIGHTS, LexicalIndex, query_terms
-from ._semantic import Embedder, Scores, SemanticIndex, Vectors
+from ._semantic import Embedder, SemanticIndex, Vectors
 
 #: How many recent answers a retriever keeps (see ``Retriever._answers``).
 ANSWERS_KEPT = 64
@@ -580,7 +580,7 @@ class Retriever:
 
     @staticmethod
     def _judged(view: _View, db: sqlite3.Connection | None, ordered: Sequence[tuple[str, float]],
-                sims: Scores | None, terms: Sequence[str], words: Vectors | None,
+                sims: Vectors | None, terms: Sequence[str], words: Vectors | None,
                 holding: _HoldingAll) -> Iterable[Hit]:
         """Hits of ``ordered`` (id, fused score) with their similarity and relevance (see :class:`Tuning`)."""
         keys = [view.entries[mid].key for mid, _ in ordered]
@@ -657,7 +657,7 @@ class Retriever:
 
     def _rankings(self, view: _View, db: sqlite3.Connection | None, terms: list[str], holding: _HoldingAll,
                   qvec: Vectors | None, category: str | None, tags: tuple[str, ...], include_deleted: bool,
-                  depth: int) -> tuple[list[str], list[str], Scores | None]:
+                  depth: int) -> tuple[list[str], list[str], Vectors | None]:
         """The lexical and semantic rankings of a query of ``terms`` (memory ids, best first, filtered, at most
         ``depth``) and the similarities of every row to ``qvec``.
 
