@@ -15,7 +15,8 @@ every unusual body is the SDK's:
   the same values: it is strict where pydantic is lax (``1.0`` or ``true`` as
   an id, ``NaN``, a number out of a float's range are refused) and it refuses
   every body the SDK refuses (invalid UTF-8 or JSON, lone surrogates, extra
-  members). A refused body goes to the SDK's union, which classifies it
+  members), and it is given no body that could nest containers deeper than
+  the SDK's parser allows. A refused body goes to the SDK's union, which classifies it
   (a request with extra members, a notification, an error, a response).
 * :func:`encode_response`: the response to a result made only of dicts with
   string keys, lists, strings, integers, booleans and ``None`` (exactly
@@ -41,6 +42,12 @@ from pydantic import ValidationError
 #: Deepest result :func:`encode_response` gives to msgspec (a deeper one is the SDK's to encode).
 _MAX_DEPTH = 32
 
+#: pydantic_core's parser refuses containers nested more than about 200 deep (200 objects, 201 arrays),
+#: msgspec's about 1,000: a body with at most this many ``{`` and ``[`` (inside strings too) cannot nest
+#: deeper than the SDK accepts, and only such a body is given to msgspec; any other is the SDK's to parse,
+#: so a deep one gets the SDK's parse error.
+_OPENERS_SAFE = 200
+
 
 class WireRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """A JSON-RPC request of the exact shape the SDK's ``JSONRPCRequest`` validates, decoded by msgspec."""
@@ -60,10 +67,11 @@ _encoder = msgspec.json.Encoder()
 
 def parse(body: bytes) -> Request | None:
     """The JSON-RPC request in ``body``, as the SDK's union gives it; None when the body is not a valid request."""
-    try:
-        return _decoder.decode(body)
-    except msgspec.DecodeError:  # ValidationError is a DecodeError: any other shape is the SDK's to classify
-        pass
+    if len(body) <= _OPENERS_SAFE or body.count(b"{") + body.count(b"[") <= _OPENERS_SAFE:
+        try:
+            return _decoder.decode(body)
+        except msgspec.DecodeError:  # ValidationError is a DecodeError: any other shape is the SDK's to classify
+            pass
     try:
         message = jsonrpc_message_adapter.validate_python(pydantic_core.from_json(body), by_name=False)
     except (ValueError, ValidationError):

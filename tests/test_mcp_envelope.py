@@ -104,6 +104,13 @@ def _bodies(draw: st.DrawFn) -> bytes:
 @example(b'{"jsonrpc":"2.0","id":18446744073709551616,"id":2,"method":"p","params":{"a":1,"a":[2]}}')
 @example(b'{"jsonrpc":"2.0","id":1,"method":"p","params":{"x":' + b"9" * 4000 + b"}}")  # a big integer, same value
 @example(b'{"jsonrpc":"2.0","id":1,"method":"p","params":{"x":' + b"9" * 5000 + b"}}")  # past both decoders' limit
+@example(b'{"jsonrpc":"2.0","id":1,"method":"p","params":{"x":' + b"[" * 197 + b"]" * 197 + b"}}")  # within both
+@example(b'{"jsonrpc":"2.0","id":1,"method":"p","params":{"x":' + b"[" * 198 + b"]" * 198 + b"}}")  # the SDK's limit
+@example(b'{"jsonrpc":"2.0","id":1,"method":"p","params":{"x":' + b"[" * 199 + b"]" * 199 + b"}}")
+@example(b'{"jsonrpc":"2.0","id":1,"method":"p","params":{"x":' + b"[" * 500 + b"]" * 500 + b"}}")  # past the SDK's
+@example(b'{"jsonrpc":"2.0","id":1,"method":"p","params":{"x":' + b"[" * 1000 + b"]" * 1000 + b"}}")  # past msgspec's
+@example(b'{"jsonrpc":"2.0","id":1,"method":"p","params":{"x":' + b"[" * 100000 + b"]" * 100000 + b"}}")
+@example(b'{"jsonrpc":"2.0","id":1,"method":"p","params":{"x":"' + b"[" * 300 + b'"}}')  # brackets in a string
 def test_parse_gives_what_the_sdks_parse_gives(body: bytes) -> None:
     ours, theirs = _ours(body), _sdk_parse(body)
     assert _same(ours, theirs), (body, ours, theirs)
