@@ -67,7 +67,7 @@ def bare_main() -> None:
     from starlette.routing import Route
 
     from convmem.cli import build_parser
-    from convmem.mcp_adapter import serve
+    from convmem.mcp_adapter import serve, tls
 
     async def mcp(request: Request) -> Response:
         await request.body()
@@ -77,7 +77,7 @@ def bare_main() -> None:
     app = Starlette(routes=[Route("/mcp", mcp, methods=["POST"])])
     sock = serve._bind("127.0.0.1", 0)
     config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False, server_header=False,
-                            **serve.connection_limits(args))
+                            **serve.connection_limits(args), **tls.uvicorn_options(args))  # forwarded headers too
     server = uvicorn.Server(config)
     port = sock.getsockname()[1]
     print(f"bare app listening on 127.0.0.1:{port}\n  MCP endpoint: http://127.0.0.1:{port}/mcp\n\n"
