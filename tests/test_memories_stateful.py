@@ -190,7 +190,8 @@ class PgMemoriesVsModel(MemoriesVsModel):
         dsn = pg_support.session_dsn()
         if dsn is None:
             node_support.cannot_run(pg_support.missing_reason())
-        self.stores = MemoryStores("postgres", Path(tempfile.mkdtemp(prefix="convmem-mem-stateful-pg-")), dsn)
+        self.tmp = Path(tempfile.mkdtemp(prefix="convmem-mem-stateful-pg-"))
+        self.stores = MemoryStores("postgres", self.tmp, dsn)
         super().__init__()
 
     def _open(self) -> Any:
@@ -205,6 +206,7 @@ class PgMemoriesVsModel(MemoriesVsModel):
     def teardown(self) -> None:
         self.stores.cleanup()
         shutil.rmtree(self.dir, ignore_errors=True)
+        shutil.rmtree(self.tmp, ignore_errors=True)  # the directory made for the PostgreSQL stores
 
 
 PgMemoriesVsModel.TestCase.settings = settings(
