@@ -40,15 +40,14 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from convmem.logstore.memories.retrieval import MemoryDoc, Retriever
 
 from . import mcpserver
 from .context import Ctx
 from .ltm_eval import memories, no_answer, queries
-from .ltm_eval.concurrency import interleaved
 from .ltm_eval.evaluate import abstention_figures, at_scale, docs_only, evaluate, shared_embedder
+from .memory_inflight import IN_FLIGHT
 from .util import CONVMEM, Row, engine_sync_disabled, paired_median_diff_ci
 
 SITE_SIZE = 10_000
@@ -166,67 +165,26 @@ ltm.close()
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-#: Searches in flight for the concurrency figure.
-IN_FLIGHT = 8
-
-
-class _Overlap:
-    """The shipped encoder, counting how many of its encodes ran at once at most (what the locks allowed)."""
-
-    def __init__(self) -> None:
-        import threading
-
-        from convmem.logstore.memories.encoder import default_encoder
-
-        self.inner = default_encoder()
-        self.dim = self.inner.dim
-        self.model_id = self.inner.model_id
-        self._lock = threading.Lock()
-        self.now = self.most = 0
-
-    def embed_one(self, text: str) -> Any:
-        with self._lock:
-            self.now += 1
-            self.most = max(self.most, self.now)
-        try:
-            return self.inner.embed_one(text)
-        finally:
-            with self._lock:
-                self.now -= 1
-
-    def embed(self, texts: Sequence[str]) -> Any:
-        return self.inner.embed(texts)
-
-
 def _inflight_row(ctx: Ctx, data_dir: str) -> Row:
     """memory_search's p50 with ``IN_FLIGHT`` calls in flight (threads, as a server's workers run them) over
     its p50 alone, on the 10,000-memory site, in alternating blocks (``interleaved``: both see the same load);
-    every call encodes its query and ranks (no cached answer)."""
-    from convmem.logstore.memories import LongTermMemory  # type: ignore[attr-defined,unused-ignore]
-
-    texts = list(dict.fromkeys(q.text for q in queries()))
-    rounds, per_thread = (3, 10) if ctx.quick else (8, 10)
-    overlap = _Overlap()
-    ltm = LongTermMemory(data_dir, retriever_factory=lambda d: Retriever(d, answers_kept=0, query_vectors_kept=0,
-                                                                         embedder=overlap))
-    try:
-        for t in texts[:30]:  # warm up: the open, the encoder's arena
-            ltm.search(mcpserver.SITE, t, limit=10)
-        overlap.most = 0
-        res = interleaved(lambda i: ltm.search(mcpserver.SITE, texts[i % len(texts)], limit=10), IN_FLIGHT,
-                          rounds, per_thread)
-    finally:
-        ltm.close()
-    p_alone, p_together = statistics.median(res.alone), statistics.median(res.together)
+    every call encodes its query and ranks (no cached answer). Measured in a fresh process that starts as
+    ``convmem serve`` does (:mod:`bench.memory_inflight`: SQLite's heap statistics turned off first)."""
+    cmd = [sys.executable, "-m", "bench.memory_inflight", data_dir, "--site", mcpserver.SITE]
+    out = subprocess.run(cmd + (["--quick"] if ctx.quick else []), check=True, capture_output=True, text=True)
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    p_alone, p_together = statistics.median(r["alone"]), statistics.median(r["together"])
+    stats = "SQLite heap statistics off" if r["statistics_off"] else f"({r['statistics_detail']})"
     return Row("memory", f"memory_search p50 with {IN_FLIGHT} calls in flight vs alone ({SITE_SIZE:,} memories, "
-               f"{os.cpu_count()} cores)", "ratio", higher_better=False, samples={CONVMEM: [res.ratio]},
-               note=f"{res.summary(IN_FLIGHT)}; {len(res.together)} calls in flight, {len(res.alone)} alone, "
-                    f"in {rounds} alternating rounds; at most {overlap.most} encodes at once",
-               extra={"headline": "ltm_search_inflight_vs_alone", "value": res.ratio,
+               f"{os.cpu_count()} cores)", "ratio", higher_better=False, samples={CONVMEM: [r["ratio"]]},
+               note=f"{r['summary']}; {len(r['together'])} calls in flight, {len(r['alone'])} alone, "
+                    f"in {r['rounds']} alternating rounds; at most {r['encodes_at_once']} encodes at once; {stats}",
+               extra={"headline": "ltm_search_inflight_vs_alone", "value": r["ratio"],
                       "inflight_ms": p_together, "alone_ms": p_alone, "in_flight": IN_FLIGHT,
-                      "calls_per_s": len(res.together) / res.wall_together, "encodes_at_once": overlap.most,
-                      "cpu_alone_ms": res.cpu_alone, "cpu_inflight_ms": res.cpu_together,
-                      "cores_alone": res.cores[0], "cores_inflight": res.cores[1]})
+                      "calls_per_s": len(r["together"]) / r["wall_together"], "encodes_at_once": r["encodes_at_once"],
+                      "cpu_alone_ms": r["cpu_alone"], "cpu_inflight_ms": r["cpu_together"],
+                      "cores_alone": r["cores"][0], "cores_inflight": r["cores"][1],
+                      "sqlite_statistics_off": r["statistics_off"]})
 
 
 #: The many-sites figure: sites, memories each, the store's budget (memories held over all sites), rounds.

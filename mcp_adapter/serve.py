@@ -27,6 +27,7 @@ import uvicorn
 from mcp.server.stdio import stdio_server
 
 from convmem.logstore import MemoryStore, SiteQuota, StoreError, open_store
+from convmem.logstore.memories import turn_off_sqlite_statistics
 from convmem.logstore.site_credentials import (
     DEMO_SITE,
     CredentialError,
@@ -64,6 +65,16 @@ def _configure_logging(level: str, fmt: str = "text") -> None:
     if level != "debug":
         for name in ("mcp.server.streamable_http", "mcp.server.streamable_http_manager"):
             logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _quiet_sqlite_statistics() -> None:
+    """SQLite's heap statistics off, before anything opens SQLite or starts a thread (each worker runs this too).
+
+    Their mutex serialised the BM25 lookups of concurrent memory searches; see
+    :mod:`logstore.memories.sqlite_statistics`. ``CONVMEM_SQLITE_MEMSTATUS=1`` keeps them.
+    """
+    outcome = turn_off_sqlite_statistics()
+    (logger.warning if outcome.failed else logger.info)(outcome.detail)
 
 
 def _choice(args: argparse.Namespace) -> StoreChoice | None:
@@ -333,6 +344,7 @@ def _quiet_signals() -> None:
 def serve_http(args: argparse.Namespace) -> int:
     """Serve MCP over streamable HTTP until SIGTERM/SIGINT. Returns the exit status."""
     _configure_logging(args.log_level, args.log_format)
+    _quiet_sqlite_statistics()
     refused = tls.check_options(args) or (tls.check_files(args.tls_cert, args.tls_key) if args.tls_cert else None)
     # Both start-up refusals are argument checks, made before anything is created; each is printed.
     refusal = bind_policy_refusal(args.host, args.allowed_hosts) or workers.check_count(args)
@@ -489,6 +501,7 @@ async def _serve_uvicorn(
 def serve_stdio(args: argparse.Namespace) -> int:
     """Serve one MCP client over stdin/stdout as ``--site``, after verifying CONVMEM_PASSWORD."""
     _configure_logging(args.log_level, args.log_format)
+    _quiet_sqlite_statistics()
     if not args.site:
         print("convmem: --stdio needs --site NAME (or CONVMEM_SITE)", file=sys.stderr)
         return 2

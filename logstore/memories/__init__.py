@@ -22,6 +22,7 @@ from .errors import (
 )
 from .interface import LongTermStore, StoredMemory
 from .record import WRITABLE_FIELDS, Fields, Memory, is_memory_id, new_memory_id, parse_fields
+from .sqlite_statistics import turn_off_sqlite_statistics
 from .store import LongTermMemory
 
 __all__ = [
@@ -42,4 +43,5 @@ __all__ = [
     "limits",
     "new_memory_id",
     "parse_fields",
+    "turn_off_sqlite_statistics",
 ]
