@@ -70,15 +70,16 @@ class McpEndpoint:
         self.body_timeout = body_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        handler = self._takes(scope)
-        if handler is None:
+        taken = self._takes(scope)
+        if taken is None:
             await self.layers(scope, receive, send)
             return
+        handler, version, passed = taken
         response = _Response(send)
         info, token = requestlog.begin(scope)
         try:
             try:
-                await self._serve(scope, receive, response, handler, info)
+                await self._serve(scope, receive, response, handler, info, version, passed)
             finally:
                 requestlog.end(info, token, scope)
         except Exception as exc:
@@ -86,8 +87,12 @@ class McpEndpoint:
                 await self.layers.error_response(Request(scope), exc)(scope, receive, send)
             raise
 
-    def _takes(self, scope: Scope) -> ASGIApp | None:
-        """The exchange handler when the fast path serves this request (see the module docstring), else None."""
+    def _takes(self, scope: Scope) -> tuple[ASGIApp, str | None, tuple[bytes | None, ...]] | None:
+        """The exchange handler when the fast path serves this request (see the module docstring), else None.
+
+        With the handler: what :func:`.exchange.checked_headers` gives for the
+        request's headers, read in the same pass over them.
+        """
         if (
             scope["type"] != "http"
             or scope["method"] != "POST"
@@ -99,24 +104,42 @@ class McpEndpoint:
         declared: int | None = None
         seen_length = False
         credentials = 0
+        version: str | None = None
+        found: list[bytes | None] = [None] * len(exchange._CHECKED_HEADERS)
+        checked = exchange._CHECKED_SLOTS
         for key, value in scope["headers"]:
-            if key == b"content-length" and not seen_length:
-                seen_length = True
-                try:
-                    declared = int(value)
-                except ValueError:
-                    return None
+            if key == b"content-length":
+                if not seen_length:
+                    seen_length = True
+                    try:
+                        declared = int(value)
+                    except ValueError:
+                        return None
             elif key == b"authorization":
                 credentials += 1
+            elif key == exchange._PROTOCOL_HEADER:
+                if version is None:
+                    version = value.decode("latin-1")
+            else:
+                slot = checked.get(key)
+                if slot is not None and found[slot] is None:
+                    found[slot] = value
         if declared is None or declared > self.small_body or credentials > 1:
             return None
         handler = self.direct.handler()
         if isinstance(handler, SingleExchange) and not handler.running():
             return None
-        return handler
+        return handler, version, tuple(found)
 
     async def _serve(
-        self, scope: Scope, receive: Receive, response: _Response, handler: ASGIApp, info: requestlog.RequestInfo
+        self,
+        scope: Scope,
+        receive: Receive,
+        response: _Response,
+        handler: ASGIApp,
+        info: requestlog.RequestInfo,
+        version: str | None,
+        passed: tuple[bytes | None, ...],
     ) -> None:
         counted = requestlog.counting(info, receive)
         body = await read_body(counted, self.small_body, self.body_timeout)
@@ -130,7 +153,6 @@ class McpEndpoint:
         scope["endpoint"], scope["path_params"] = direct.route.endpoint, {}
         reply = None
         if isinstance(handler, SingleExchange):
-            version, passed = exchange.checked_headers(scope["headers"])
             if version is None or version in HANDSHAKE_PROTOCOL_VERSIONS:
                 reply = await handler.answer(scope, counted, body, version, passed)
         if reply is None:  # the exchange's own fallback, or a handler that is not the exchange

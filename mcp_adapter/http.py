@@ -230,9 +230,13 @@ async def read_body(receive: Receive, limit: int, timeout: float) -> bytes | int
     time passes for the body (messages the server holds already are taken without a turn of the event loop),
     so a body that is there with its head, the usual case, is read without a timer.
     """
+    message = at_once(receive)
+    if type(message) is dict and message["type"] == "http.request" and not message.get("more_body", False):
+        chunk = message.get("body", b"")
+        if type(chunk) is bytes and len(chunk) <= limit:
+            return chunk  # the whole body in one message (what _Chunks would keep and join)
     body = _Chunks(limit)
-    while body.more:
-        message = at_once(receive)
+    while True:
         if isinstance(message, Begun):
             refused: int | None = None
             with Deadline(timeout) as deadline:  # perf: a timer, not a cancel scope (see .deadline)
@@ -245,7 +249,9 @@ async def read_body(receive: Receive, limit: int, timeout: float) -> bytes | int
         refused = body.take(message)
         if refused is not None:
             return refused
-    return body.joined()
+        if not body.more:
+            return body.joined()
+        message = at_once(receive)
 
 
 class _Chunks:

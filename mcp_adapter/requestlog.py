@@ -204,9 +204,13 @@ def _direct_handler(level: int) -> logging.StreamHandler[Any] | None:
     return handler
 
 
+#: The record's clock: since Python 3.13 a LogRecord takes its time from ``time.time_ns()``.
+_NS_CLOCK = sys.version_info >= (3, 13)
+
+
 def _now() -> tuple[float, float]:
     """``created`` and ``msecs`` as a LogRecord made now has them."""
-    if sys.version_info >= (3, 13):  # pragma: no cover - the record's clock since 3.13
+    if _NS_CLOCK:  # pragma: no cover - the record's clock since 3.13
         ns = time.time_ns()
         return ns / 1e9, (ns % 1_000_000_000) // 1_000_000 + 0.0
     created = time.time()
@@ -219,16 +223,26 @@ def direct_line(formatter: TextFormatter, level: int, created: float, msecs: flo
 
 
 def _write_direct(handler: logging.StreamHandler[Any], level: int, info: RequestInfo) -> None:
-    """What ``handler.handle(record)`` does with the request line's record, without the record."""
+    """What ``handler.handle(record)`` does with the request line's record, without the record.
+
+    The line is :func:`direct_line` of the record's fields, made in one
+    f-string: the time stamp from the formatter's per-second cache
+    (:meth:`TextFormatter.stamp`), the pairs from ``info``
+    (:func:`info_pairs`), the handler's terminator; then one ``write`` and
+    the handler's ``flush``, under the handler's lock, errors handled as
+    ``StreamHandler.emit`` handles them.
+    """
+    latency_ms = round((time.perf_counter() - info.started) * 1000, 3)  # RequestInfo.latency_ms, inlined
+    created, msecs = _now()
     formatter = handler.formatter
     assert isinstance(formatter, TextFormatter)
-    latency_ms = info.latency_ms()
-    created, msecs = _now()
     handler.acquire()
     try:
         stream = handler.stream
-        head = f"{formatter.stamp(created, msecs)} {logging.getLevelName(level)} {logger.name}: request "
-        stream.write(head + info_pairs(info, latency_ms) + handler.terminator)
+        stream.write(
+            f"{formatter.stamp(created, msecs)} {logging.getLevelName(level)} {logger.name}: request "
+            f"{info_pairs(info, latency_ms)}{handler.terminator}"
+        )
         if stream and hasattr(stream, "flush"):
             stream.flush()
     except RecursionError:  # as StreamHandler.emit
@@ -517,10 +531,50 @@ def _pairs(fields: dict[str, Any]) -> str:
 def info_pairs(info: RequestInfo, latency_ms: float) -> str:
     """``_pairs(info.fields(latency_ms))``, the usual line's pairs written from ``info`` without the dictionary.
 
-    The usual line: a status that is an ``int`` or None, byte counts that are
-    ``int``, every string non-empty and free of what :data:`_SPECIAL` matches
-    (one search over them all, as in :func:`_pairs`); any other goes through :func:`_pairs`.
+    The usual line: a status that is an ``int``, byte counts that are ``int``,
+    a request id, client, method, path and outcome, and a site, tool or error
+    code when there is one; every string non-empty and free of what
+    :data:`_SPECIAL` matches (one search over them all, as in :func:`_pairs`).
+    It is written in one f-string; any other line goes through
+    :func:`_other_pairs`.
     """
+    request_id, client, method, path, outcome = info.request_id, info.client, info.method, info.path, info.outcome
+    status, request_bytes, response_bytes = info.status, info.request_bytes, info.response_bytes
+    if not (
+        type(request_id) is str and request_id and type(client) is str and client and type(method) is str
+        and method and type(path) is str and path and type(outcome) is str and outcome and type(status) is int
+        and type(request_bytes) is int and type(response_bytes) is int
+    ):  # fmt: skip
+        return _other_pairs(info, latency_ms)
+    texts = f"{request_id}{client}{method}{path}{outcome}"
+    site, tool, error_code = info.site, info.tool, info.error_code
+    between = code = ""  # the site and tool pairs (after the status), the error code's (after the outcome)
+    if site is not None:
+        if type(site) is not str or not site:
+            return _other_pairs(info, latency_ms)
+        texts += site
+        between = f" site={site}"
+    if tool is not None:
+        if type(tool) is not str or not tool:
+            return _other_pairs(info, latency_ms)
+        texts += tool
+        between += f" tool={tool}"
+    if error_code is not None:
+        if type(error_code) is not str or not error_code:
+            return _other_pairs(info, latency_ms)
+        texts += error_code
+        code = f" error_code={error_code}"
+    if _SPECIAL.search(texts) is not None:
+        return _other_pairs(info, latency_ms)
+    return (
+        f"request_id={request_id} client={client} method={method} path={path} status={status}{between} "
+        f"outcome={outcome}{code} latency_ms={latency_ms} request_bytes={request_bytes} "
+        f"response_bytes={response_bytes}"
+    )
+
+
+def _other_pairs(info: RequestInfo, latency_ms: float) -> str:
+    """:func:`info_pairs` of a line with a field missing (no status, no client...) or one to escape or quote."""
     status, request_bytes, response_bytes = info.status, info.request_bytes, info.response_bytes
     texts = (info.request_id, info.client, info.method, info.path, info.site, info.tool, info.outcome, info.error_code)
     if (status is None or type(status) is int) and type(request_bytes) is int and type(response_bytes) is int:
