@@ -73,7 +73,7 @@ def cpu_seconds(pid: int) -> float:
         try:
             with open(f"/proc/{pid}/task/{task}/schedstat") as f:
                 total += int(f.read().split()[0])
-        except FileNotFoundError:  # the thread ended meanwhile
+        except (FileNotFoundError, ProcessLookupError):  # the thread ended meanwhile (ESRCH once its file is open)
             continue
     return total / 1e9
 
